@@ -1,0 +1,69 @@
+//! Throwaway Redis servers and clusters for redsem's tests.
+//!
+//! Every test starts its own [`RedisServer`] (or [`RedisCluster`]) on a free port in a fresh
+//! temporary directory, and the server dies with it: [`Drop`] kills and reaps the process and
+//! removes the directory. Readiness is detected by polling, never by fixed sleeps, and every
+//! panic message carries the tail of the server log.
+//!
+//! The binaries come from `$REDSEM_REDIS_SERVER` and `$REDSEM_REDIS_CLI`, or `redis-server`
+//! and `redis-cli` on the `PATH` (`apt-get install -y redis-server` installs both).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redsem_test::{RedisServer, within};
+//!
+//! # async fn example() {
+//! let server = RedisServer::start();
+//! let client = server.client();
+//! let mut con = within(Duration::from_secs(5), "connect", client.get_multiplexed_async_connection())
+//!     .await
+//!     .expect("connect to the test server");
+//! let pong: String = redis::cmd("PING").query_async(&mut con).await.expect("PING");
+//! assert_eq!(pong, "PONG");
+//! # }
+//! ```
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod cluster;
+mod port;
+mod server;
+
+use std::future::IntoFuture;
+use std::time::{Duration, Instant};
+
+pub use cluster::RedisCluster;
+pub use server::RedisServer;
+
+/// How long the polling loops sleep between two checks.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// Await `fut` for at most `limit`; panic with `what` and the limit if it takes longer.
+///
+/// Wrap every wait in a test with it, so a hang fails the test instead of stalling CI.
+///
+/// # Panics
+///
+/// If `fut` has not completed after `limit`.
+pub async fn within<F: IntoFuture>(limit: Duration, what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(output) => output,
+        Err(_) => panic!("timed out: {what} did not complete within {limit:?}"),
+    }
+}
+
+/// Poll `cond` every few ms until it returns true, panicking with `what` after `limit` (sync, for use outside async code).
+///
+/// # Panics
+///
+/// If `cond` has not returned `true` after `limit`.
+#[track_caller]
+pub fn eventually(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out: {what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}

@@ -1,0 +1,299 @@
+//! `Redsem`, the entry point: one command connection, one pub/sub connection, shared by
+//! every primitive and task made from it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Result, invalid};
+use crate::keys;
+use crate::lease::{LeaseOptions, LeaseSemaphore};
+use crate::mutex::Mutex;
+use crate::notify::Notifier;
+use crate::types::PermitId;
+
+/// The connection every command goes through: multiplexed and reconnecting.
+pub(crate) type Conn = ConnectionManager;
+
+/// Options for [`Redsem::connect_with`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RedsemOptions {
+    /// Every key and channel redsem writes starts with this (default `redsem`).
+    pub prefix: String,
+    /// How long one connection attempt may take (default 2 s).
+    pub connect_timeout: Duration,
+    /// How long one command may take before it fails as unavailable (default 5 s).
+    pub response_timeout: Duration,
+}
+
+impl Default for RedsemOptions {
+    fn default() -> Self {
+        RedsemOptions {
+            prefix: "redsem".to_owned(),
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RedsemOptions {
+    /// Set the key prefix.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Set the connect timeout.
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Set the per-command response timeout.
+    #[must_use]
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+}
+
+/// A handle to one Redis deployment: the entry point of redsem.
+///
+/// It owns one multiplexed, auto-reconnecting command connection and, once something waits,
+/// one pub/sub connection; every primitive and permit made from it shares both. Cloning is
+/// cheap (an `Arc`); the connections close when the last clone and the last permit are gone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+/// let jobs = redsem.lease_semaphore("nightly-export", 2)?;
+/// let permit = jobs.try_acquire().await?;
+/// println!("token {} slot {}", permit.token(), permit.slot());
+/// permit.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Redsem {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) conn: Conn,
+    pub(crate) client: redis::Client,
+    pub(crate) prefix: String,
+    /// The channel on which this client's queued requests are told they were granted.
+    pub(crate) wake_channel: String,
+    notifier: OnceCell<Notifier>,
+    /// Cancelled when the last handle goes: stops the pub/sub task.
+    pub(crate) closed: CancellationToken,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+impl fmt::Debug for Redsem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redsem")
+            .field("prefix", &self.shared.prefix)
+            .field("server", &self.shared.client.get_connection_info().addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Redsem {
+    /// Connect to the Redis at `url` with the default options.
+    ///
+    /// `url` is `redis://[user:password@]host[:port][/db]` (or `rediss://` when built with TLS
+    /// support in the `redis` crate).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379/0").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL, [`Error::Unavailable`] when Redis cannot
+    /// be reached, [`Error::Redis`] when it refuses the connection (bad password, ...).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future drops the half-open connection.
+    pub async fn connect(url: &str) -> Result<Redsem> {
+        Self::connect_with(url, RedsemOptions::default()).await
+    }
+
+    /// Connect to the Redis at `url` with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// use redsem::{Redsem, RedsemOptions};
+    /// let redsem = Redsem::connect_with(
+    ///     "redis://127.0.0.1:6379",
+    ///     RedsemOptions::default().prefix("myapp"),
+    /// )
+    /// .await?;
+    /// assert_eq!(redsem.prefix(), "myapp");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Redsem::connect`]; also [`Error::InvalidArgument`] for an empty prefix.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn connect_with(url: &str, options: RedsemOptions) -> Result<Redsem> {
+        if options.prefix.is_empty() {
+            return Err(invalid("the key prefix must not be empty"));
+        }
+        let client =
+            redis::Client::open(url).map_err(|e| invalid(format!("bad redis url {url:?}: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let client_id = PermitId::random();
+        Ok(Redsem {
+            shared: Arc::new(Shared {
+                conn,
+                client,
+                wake_channel: keys::wake_channel(&options.prefix, client_id.as_str()),
+                prefix: options.prefix,
+                notifier: OnceCell::new(),
+                closed: CancellationToken::new(),
+            }),
+        })
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// A fair lease semaphore named `name` with `capacity` units and default options.
+    ///
+    /// Makes no round trip: the capacity is checked against the one stored with the semaphore
+    /// when it is first used.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let exports = redsem.lease_semaphore("exports", 4)?;
+    /// let permit = exports.acquire().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name or a capacity of 0.
+    pub fn lease_semaphore(&self, name: &str, capacity: u32) -> Result<LeaseSemaphore> {
+        self.lease_semaphore_with(name, capacity, LeaseOptions::default())
+    }
+
+    /// A fair lease semaphore with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// use redsem::LeaseOptions;
+    /// let options = LeaseOptions::default()
+    ///     .lease(Duration::from_secs(10))
+    ///     .label("10.0.0.7")
+    ///     .one_per_label(true);
+    /// let jobs = redsem.lease_semaphore_with("migrate", 3, options)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name, a capacity of 0, or a lease or waiter
+    /// lease too short to renew (under 30 ms).
+    pub fn lease_semaphore_with(
+        &self,
+        name: &str,
+        capacity: u32,
+        options: LeaseOptions,
+    ) -> Result<LeaseSemaphore> {
+        LeaseSemaphore::new(self.clone(), name, capacity, options)
+    }
+
+    /// A distributed mutex: a lease semaphore of capacity 1 named `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let lock = redsem.mutex("ledger")?;
+    /// let guard = lock.lock().await?;
+    /// // ... write with guard.token() as the fencing token ...
+    /// guard.unlock().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        self.mutex_with(name, LeaseOptions::default())
+    }
+
+    /// A distributed mutex with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// let lock = redsem.mutex_with("ledger", redsem::LeaseOptions::default().lease(Duration::from_secs(5)))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Redsem::lease_semaphore_with`].
+    pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
+        Ok(Mutex::new(self.lease_semaphore_with(name, 1, options)?))
+    }
+
+    pub(crate) fn conn(&self) -> Conn {
+        self.shared.conn.clone()
+    }
+
+    /// The pub/sub side, started on first use.
+    pub(crate) async fn notifier(&self) -> &Notifier {
+        self.shared
+            .notifier
+            .get_or_init(|| async { Notifier::start(&self.shared) })
+            .await
+    }
+}

@@ -1,0 +1,178 @@
+//! The one error type of redsem.
+
+use std::time::Duration;
+
+/// A `Result` whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in redsem.
+///
+/// Expected outcomes of a synchronization primitive ([`Error::NoPermit`], [`Error::Timeout`],
+/// [`Error::NotHeld`], ...) are variants of their own, so callers can match on them; transport
+/// and server failures keep the [`redis::RedisError`] that caused them in
+/// [`source()`](std::error::Error::source). Use the `is_*` helpers rather than matching
+/// message text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Redis could not be reached: connection refused, dropped, or a command timed out.
+    #[error("redis unavailable: {0}")]
+    Unavailable(#[source] redis::RedisError),
+    /// Redis answered with an error that redsem does not expect.
+    #[error("redis error: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// `try_*` found no room: all units in use, or other requests are queued first.
+    #[error("no permit of {name:?} available ({in_use} of {capacity} in use, {waiters} waiting)")]
+    NoPermit {
+        /// Name of the primitive.
+        name: String,
+        /// Capacity in force.
+        capacity: u32,
+        /// Units held when the attempt was made.
+        in_use: u64,
+        /// Requests queued ahead when the attempt was made.
+        waiters: u64,
+    },
+    /// A waiting acquire ran out of time.
+    #[error("timed out after {waited:?} waiting for {name:?}")]
+    Timeout {
+        /// Name of the primitive.
+        name: String,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// A refresh or release of a permit that is no longer held (released, or its lease ended).
+    #[error("permit {id} of {name:?} is not held")]
+    NotHeld {
+        /// Name of the semaphore.
+        name: String,
+        /// The permit id.
+        id: String,
+    },
+    /// A permit was lost while in use: its lease ended or may have ended before it was renewed.
+    #[error("lease of permit {id} of {name:?} lost")]
+    LeaseLost {
+        /// Name of the semaphore.
+        name: String,
+        /// The permit id.
+        id: String,
+    },
+    /// The semaphore is in use with a different capacity than the one it was opened with.
+    #[error("capacity {requested} of {name:?} differs from capacity {current} in force")]
+    CapacityConflict {
+        /// Name of the semaphore.
+        name: String,
+        /// Capacity this handle was opened with.
+        requested: u32,
+        /// Capacity stored with the semaphore.
+        current: u32,
+    },
+    /// With one permit per label, the label already holds (or waits for) a permit.
+    #[error("{name:?} already held by {label:?}")]
+    AlreadyHeld {
+        /// Name of the semaphore.
+        name: String,
+        /// The holder label.
+        label: String,
+    },
+    /// An argument was rejected before anything was sent to Redis.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A key where redsem keeps its state holds a value of another type; it was left untouched.
+    #[error("key {key:?} holds a {actual}, expected a {expected}; left untouched")]
+    WrongType {
+        /// The key.
+        key: String,
+        /// The type found.
+        actual: String,
+        /// The type redsem keeps there.
+        expected: String,
+    },
+    /// A script answered in a shape redsem does not understand (a bug or a foreign script).
+    #[error("unexpected reply from {script}: {detail}")]
+    Protocol {
+        /// Which script.
+        script: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// True when the request could not be granted: [`Error::NoPermit`] or [`Error::Timeout`].
+    pub fn is_not_acquired(&self) -> bool {
+        matches!(self, Error::NoPermit { .. } | Error::Timeout { .. })
+    }
+
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// True for [`Error::NotHeld`] and [`Error::LeaseLost`].
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Error::NotHeld { .. } | Error::LeaseLost { .. })
+    }
+
+    /// True when Redis could not be reached.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Error::Unavailable(_))
+    }
+
+    /// True for [`Error::InvalidArgument`].
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_))
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(err: redis::RedisError) -> Self {
+        if err.is_io_error()
+            || err.is_connection_refusal()
+            || err.is_connection_dropped()
+            || err.is_timeout()
+        {
+            Error::Unavailable(err)
+        } else {
+            Error::Redis(err)
+        }
+    }
+}
+
+pub(crate) fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_values() {
+        let err = Error::CapacityConflict {
+            name: "jobs".into(),
+            requested: 5,
+            current: 3,
+        };
+        assert_eq!(
+            err.to_string(),
+            "capacity 5 of \"jobs\" differs from capacity 3 in force"
+        );
+        let err = Error::NoPermit {
+            name: "jobs".into(),
+            capacity: 2,
+            in_use: 2,
+            waiters: 1,
+        };
+        assert!(err.is_not_acquired());
+        assert!(err.to_string().contains("2 of 2 in use, 1 waiting"));
+    }
+
+    #[test]
+    fn connection_refusal_is_unavailable() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::from(redis::RedisError::from(io));
+        assert!(err.is_unavailable(), "{err:?}");
+        assert!(std::error::Error::source(&err).is_some());
+    }
+}

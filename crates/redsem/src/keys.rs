@@ -1,0 +1,68 @@
+//! Every Redis key and channel name redsem uses is built here, and only here.
+//!
+//! Keys read `<prefix>:{<kind>:<name>}:<part>`: all keys of one primitive share the text up to
+//! the closing brace, so they hash to one cluster slot whatever the name contains.
+
+/// The keys of one lease semaphore, in the order the `lease_*.lua` scripts expect them.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseKeys {
+    pub(crate) all: [String; 7],
+}
+
+impl LeaseKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let base = format!("{prefix}:{{lease:{name}}}");
+        let part = |p: &str| format!("{base}:{p}");
+        LeaseKeys {
+            all: [
+                part("holders"),
+                part("queue"),
+                part("waiters"),
+                part("records"),
+                part("meta"),
+                part("free"),
+                part("token"),
+            ],
+        }
+    }
+}
+
+/// The channel on which one `Redsem` client is told that one of its queued requests was granted.
+pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
+    format!("{prefix}:wake:{client_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes: the first `{...}` with something inside.
+    fn hash_tag(key: &str) -> &str {
+        if let Some(open) = key.find('{')
+            && let Some(len) = key[open + 1..].find('}')
+            && len > 0
+        {
+            return &key[open + 1..open + 1 + len];
+        }
+        key
+    }
+
+    #[test]
+    fn all_keys_share_one_hash_tag_and_the_prefix() {
+        for name in ["jobs", "a}b", "{x}", "", "weird:{name"] {
+            let keys = LeaseKeys::new("redsem", name);
+            let tag = hash_tag(&keys.all[0]);
+            for key in &keys.all {
+                assert!(key.starts_with("redsem:{lease:"), "{key}");
+                assert_eq!(hash_tag(key), tag, "{key} of {name:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn keys_are_readable() {
+        let keys = LeaseKeys::new("p", "build");
+        assert_eq!(keys.all[0], "p:{lease:build}:holders");
+        assert_eq!(keys.all[6], "p:{lease:build}:token");
+    }
+}

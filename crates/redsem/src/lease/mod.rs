@@ -1,0 +1,675 @@
+//! The fair lease semaphore: `LeaseSemaphore` hands out `LeasePermit`s.
+
+mod permit;
+mod status;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use permit::LeasePermit;
+pub use status::{Holder, Status, Waiter};
+
+use crate::client::Redsem;
+use crate::error::{Error, Result, invalid};
+use crate::keys::LeaseKeys;
+use crate::script::{self, Acquire, Release, Request};
+use crate::types::PermitId;
+
+/// The shortest lease (and waiter lease) accepted: renewing every third of it must be possible.
+pub const MIN_LEASE: Duration = Duration::from_millis(30);
+/// The longest lease accepted.
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Options of a [`LeaseSemaphore`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let options = redsem::LeaseOptions::default()
+///     .lease(Duration::from_secs(10))
+///     .label("worker-7");
+/// assert_eq!(options.lease, Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseOptions {
+    /// How long a permit lives without renewal (default 30 s). The keepalive renews it every
+    /// third of this.
+    pub lease: Duration,
+    /// How long a queued request keeps its place without checking in (default 10 s). A waiter
+    /// checks in every third of it; a crashed waiter stops blocking the queue after this.
+    pub waiter_lease: Duration,
+    /// A label recorded with each permit (a host name, an IP, a job id); shown by `status`.
+    pub label: Option<String>,
+    /// At most one live permit or queued request per label (default off): a second request of
+    /// the same label gets [`Error::AlreadyHeld`].
+    pub one_per_label: bool,
+    /// Renew permits in the background (default on). Without it a permit lives one lease
+    /// unless [`LeasePermit::refresh`] is called.
+    pub keepalive: bool,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            lease: Duration::from_secs(30),
+            waiter_lease: Duration::from_secs(10),
+            label: None,
+            one_per_label: false,
+            keepalive: true,
+        }
+    }
+}
+
+impl LeaseOptions {
+    /// Set the lease duration.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Set the waiter lease duration.
+    #[must_use]
+    pub fn waiter_lease(mut self, waiter_lease: Duration) -> Self {
+        self.waiter_lease = waiter_lease;
+        self
+    }
+
+    /// Set the holder label.
+    #[must_use]
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Allow at most one live permit per label.
+    #[must_use]
+    pub fn one_per_label(mut self, on: bool) -> Self {
+        self.one_per_label = on;
+        self
+    }
+
+    /// Turn the background renewal on or off.
+    #[must_use]
+    pub fn keepalive(mut self, on: bool) -> Self {
+        self.keepalive = on;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (what, d) in [("lease", self.lease), ("waiter lease", self.waiter_lease)] {
+            if d < MIN_LEASE {
+                return Err(invalid(format!(
+                    "{what} {d:?} is too short to renew; the minimum is {MIN_LEASE:?}"
+                )));
+            }
+            if d > MAX_LEASE {
+                return Err(invalid(format!(
+                    "{what} {d:?} is longer than the maximum {MAX_LEASE:?}"
+                )));
+            }
+        }
+        if self.label.as_deref() == Some("") {
+            return Err(invalid(
+                "the label must not be empty (use None for no label)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A fair, counting semaphore shared through Redis, whose permits are leases.
+///
+/// * At most `capacity` units are held at any instant of Redis time.
+/// * Each grant gets a [`FencingToken`](crate::FencingToken) larger than every earlier one and
+///   a slot number in `0..capacity`, distinct among live holders.
+/// * Waiters are served strictly first-in-first-out; a `try_acquire` fails while anyone waits.
+/// * A permit is renewed in the background; if its holder dies, it comes back within one lease.
+///
+/// Cloning is cheap and clones share the capacity set by [`LeaseSemaphore::set_capacity`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+/// let sem = redsem.lease_semaphore("reports", 2)?;
+/// let permit = sem.acquire().await?;
+/// tokio::select! {
+///     () = permit.lost() => eprintln!("lease lost, stopping"),
+///     () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+/// }
+/// permit.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeaseSemaphore {
+    inner: Arc<SemInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SemInner {
+    pub(crate) redsem: Redsem,
+    pub(crate) name: String,
+    pub(crate) keys: LeaseKeys,
+    capacity: AtomicU32,
+    pub(crate) options: LeaseOptions,
+}
+
+/// When a request gives up.
+#[derive(Debug, Clone, Copy)]
+enum Patience {
+    /// One attempt, never queued.
+    None,
+    /// Queued until the deadline.
+    Until(Instant),
+    /// Queued until granted.
+    Forever,
+}
+
+impl LeaseSemaphore {
+    pub(crate) fn new(
+        redsem: Redsem,
+        name: &str,
+        capacity: u32,
+        options: LeaseOptions,
+    ) -> Result<Self> {
+        if name.is_empty() {
+            return Err(invalid("the semaphore name must not be empty"));
+        }
+        if capacity == 0 {
+            return Err(invalid("capacity must be at least 1, got 0"));
+        }
+        options.validate()?;
+        let keys = LeaseKeys::new(redsem.prefix(), name);
+        Ok(LeaseSemaphore {
+            inner: Arc::new(SemInner {
+                redsem,
+                name: name.to_owned(),
+                keys,
+                capacity: AtomicU32::new(capacity),
+                options,
+            }),
+        })
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The capacity this handle requests (the one it was opened with, or last set).
+    pub fn capacity(&self) -> u32 {
+        self.inner.capacity.load(Ordering::Relaxed)
+    }
+
+    /// The options of this handle.
+    pub fn options(&self) -> &LeaseOptions {
+        &self.inner.options
+    }
+
+    /// Take one unit if one is free and nobody waits; one round trip, never queued.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// match sem.try_acquire().await {
+    ///     Ok(permit) => println!("got slot {}", permit.slot()),
+    ///     Err(e) if e.is_not_acquired() => println!("busy, try later"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoPermit`] when all units are held or others wait; [`Error::CapacityConflict`]
+    /// when the semaphore is in use with another capacity; [`Error::AlreadyHeld`] under
+    /// [`LeaseOptions::one_per_label`]; [`Error::WrongType`] when one of its keys holds a
+    /// foreign value; [`Error::Unavailable`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped after the request was sent, a unit granted meanwhile stays held
+    /// until its lease ends (nothing renews it).
+    pub async fn try_acquire(&self) -> Result<LeasePermit> {
+        self.request(1, Patience::None).await
+    }
+
+    /// Take `units` units at once if they are free and nobody waits.
+    ///
+    /// The permit carries `units` slots ([`LeasePermit::slots`]) and one fencing token.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.try_acquire_many(2).await?;
+    /// assert_eq!(permit.slots().len(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseSemaphore::try_acquire`]; [`Error::InvalidArgument`] when `units` is 0 or
+    /// larger than the capacity.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseSemaphore::try_acquire`].
+    pub async fn try_acquire_many(&self, units: u32) -> Result<LeasePermit> {
+        self.request(units, Patience::None).await
+    }
+
+    /// Wait in line for one unit, as long as it takes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire().await?;
+    /// // ... use the resource, passing permit.token() along ...
+    /// permit.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityConflict`], [`Error::AlreadyHeld`], [`Error::WrongType`] as for
+    /// [`LeaseSemaphore::try_acquire`]; [`Error::Unavailable`] when Redis cannot be reached
+    /// while queuing or checking in.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future (or a surrounding timeout) withdraws the request, and a
+    /// unit granted to it in the meantime is released; the place in the queue is lost. The
+    /// withdrawal is sent in the background; if it cannot be, the waiter lease cleans up.
+    pub async fn acquire(&self) -> Result<LeasePermit> {
+        self.request(1, Patience::Forever).await
+    }
+
+    /// Wait in line for `units` units at once.
+    ///
+    /// A large request at the head of the line is never overtaken by smaller ones behind it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire_many(3).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseSemaphore::acquire`]; [`Error::InvalidArgument`] when `units` is 0 or larger
+    /// than the capacity.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseSemaphore::acquire`].
+    pub async fn acquire_many(&self, units: u32) -> Result<LeasePermit> {
+        self.request(units, Patience::Forever).await
+    }
+
+    /// Wait in line for one unit for at most `wait`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// match sem.acquire_timeout(Duration::from_secs(5)).await {
+    ///     Ok(permit) => permit.release().await?,
+    ///     Err(e) if e.is_timeout() => eprintln!("gave up"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `wait` runs out (the request is withdrawn first); otherwise as
+    /// [`LeaseSemaphore::acquire`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseSemaphore::acquire`].
+    pub async fn acquire_timeout(&self, wait: Duration) -> Result<LeasePermit> {
+        self.acquire_many_timeout(1, wait).await
+    }
+
+    /// Wait in line for `units` units for at most `wait`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire_many_timeout(2, std::time::Duration::from_secs(1)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseSemaphore::acquire_timeout`] and [`LeaseSemaphore::acquire_many`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseSemaphore::acquire`].
+    pub async fn acquire_many_timeout(&self, units: u32, wait: Duration) -> Result<LeasePermit> {
+        let patience = match Instant::now().checked_add(wait) {
+            Some(deadline) => Patience::Until(deadline),
+            None => Patience::Forever,
+        };
+        self.request(units, patience).await
+    }
+
+    /// A snapshot of the semaphore: capacity in force, live holders, queued requests.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let status = sem.status().await?;
+    /// for holder in &status.holders {
+    ///     println!("{} token {} expires in {:?}", holder.id, holder.token, holder.expires_in);
+    /// }
+    /// println!("{} waiting", status.waiters.len());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn status(&self) -> Result<Status> {
+        let raw = script::lease_status(&mut self.inner.redsem.conn(), &self.inner.keys).await?;
+        Ok(Status::from_raw(raw))
+    }
+
+    /// Change the capacity stored with the semaphore, whoever holds it.
+    ///
+    /// Shrinking never revokes live permits: new grants wait until the units in use fall below
+    /// the new capacity. Growing admits queued requests at once. Returns the previous capacity,
+    /// if one was stored. This handle adopts the new capacity; other handles opened with the
+    /// old one get [`Error::CapacityConflict`] while the semaphore is in use.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let before = sem.set_capacity(10).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for 0; [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the change may or may not have been made.
+    pub async fn set_capacity(&self, capacity: u32) -> Result<Option<u32>> {
+        if capacity == 0 {
+            return Err(invalid("capacity must be at least 1, got 0"));
+        }
+        let old =
+            script::lease_set_capacity(&mut self.inner.redsem.conn(), &self.inner.keys, capacity)
+                .await?;
+        self.inner.capacity.store(capacity, Ordering::Relaxed);
+        Ok(old)
+    }
+
+    /// Extend the lease of the permit `id` (held by any process) to `lease` from now.
+    ///
+    /// For tools that hold permits across processes (the CLI's `acquire` / `refresh`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let id = redsem::PermitId::new("0123456789abcdef0123456789abcdef");
+    /// sem.refresh_id(&id, std::time::Duration::from_secs(30)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if the permit is gone; [`Error::InvalidArgument`] for a lease out of
+    /// range; [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the lease may or may not have been extended.
+    pub async fn refresh_id(&self, id: &PermitId, lease: Duration) -> Result<()> {
+        LeaseOptions::default().lease(lease).validate()?;
+        let held = script::lease_refresh(
+            &mut self.inner.redsem.conn(),
+            &self.inner.keys,
+            id.as_str(),
+            lease,
+        )
+        .await?;
+        if held {
+            Ok(())
+        } else {
+            Err(self.inner.not_held(id))
+        }
+    }
+
+    /// Release the permit `id` (held by any process), or withdraw the queued request `id`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// sem.release_id(&redsem::PermitId::new("0123456789abcdef0123456789abcdef")).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if there is no such permit or request; [`Error::WrongType`],
+    /// [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the permit may or may not have been released.
+    pub async fn release_id(&self, id: &PermitId) -> Result<()> {
+        match self.inner.release(id.as_str()).await? {
+            Release::Released | Release::Dequeued => Ok(()),
+            Release::NotHeld => Err(self.inner.not_held(id)),
+        }
+    }
+
+    async fn request(&self, units: u32, patience: Patience) -> Result<LeasePermit> {
+        let capacity = self.capacity();
+        if units == 0 || units > capacity {
+            return Err(invalid(format!(
+                "cannot request {units} units of {:?}: must be 1..={capacity}",
+                self.inner.name
+            )));
+        }
+        let id = PermitId::random();
+        let started = Instant::now();
+        let options = &self.inner.options;
+        let mut req = Request {
+            id: id.as_str(),
+            capacity,
+            units,
+            lease: options.lease,
+            label: options.label.as_deref().unwrap_or(""),
+            one_per_label: options.one_per_label,
+            wait: false,
+            waiter_lease: options.waiter_lease,
+            channel: &self.inner.redsem.shared.wake_channel,
+        };
+        let mut conn = self.inner.redsem.conn();
+
+        if let Patience::None = patience {
+            let sent = Instant::now();
+            return match script::lease_acquire(&mut conn, &self.inner.keys, &req).await? {
+                Acquire::Granted { token, slots } => Ok(self.permit(id, token, slots, sent)),
+                Acquire::Busy { in_use, waiters } => Err(Error::NoPermit {
+                    name: self.inner.name.clone(),
+                    capacity,
+                    in_use,
+                    waiters,
+                }),
+                other => Err(self.refusal(other, capacity)),
+            };
+        }
+
+        req.wait = true;
+        let mailbox = self
+            .inner
+            .redsem
+            .notifier()
+            .await
+            .register(id.as_str())
+            .await;
+        let mut withdraw = Withdraw {
+            sem: Some(self.inner.clone()),
+            id: id.clone(),
+        };
+        let mut sent = Instant::now();
+        let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
+        loop {
+            match reply {
+                Acquire::Granted { token, slots } => {
+                    withdraw.disarm();
+                    return Ok(self.permit(id, token, slots, sent));
+                }
+                Acquire::Queued { recheck, .. } => {
+                    let mut nap = recheck;
+                    if let Patience::Until(deadline) = patience {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            withdraw.now().await?;
+                            return Err(Error::Timeout {
+                                name: self.inner.name.clone(),
+                                waited: now - started,
+                            });
+                        }
+                        nap = nap.min(deadline - now);
+                    }
+                    tokio::select! {
+                        () = mailbox.woken() => {}
+                        () = tokio::time::sleep(nap) => {}
+                    }
+                    sent = Instant::now();
+                    reply = script::lease_poll(
+                        &mut conn,
+                        &self.inner.keys,
+                        id.as_str(),
+                        options.lease,
+                        options.waiter_lease,
+                    )
+                    .await?;
+                }
+                Acquire::Gone => {
+                    // Our place was dropped (we did not check in within the waiter lease, or
+                    // the capacity shrank below our request): queue again.
+                    tracing::warn!(semaphore = %self.inner.name, id = %id, "queued request was dropped; queuing again");
+                    sent = Instant::now();
+                    reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
+                }
+                other => {
+                    withdraw.disarm();
+                    return Err(self.refusal(other, capacity));
+                }
+            }
+        }
+    }
+
+    fn permit(&self, id: PermitId, token: u64, slots: Vec<u32>, sent: Instant) -> LeasePermit {
+        LeasePermit::start(self.inner.clone(), id, token, slots, sent)
+    }
+
+    fn refusal(&self, reply: Acquire, requested: u32) -> Error {
+        let name = self.inner.name.clone();
+        match reply {
+            Acquire::Conflict { current } => Error::CapacityConflict {
+                name,
+                requested,
+                current,
+            },
+            Acquire::Label(label) => Error::AlreadyHeld { name, label },
+            Acquire::TooBig { capacity } => invalid(format!(
+                "cannot request more units of {name:?} than its capacity {capacity}"
+            )),
+            other => Error::Protocol {
+                script: "lease_acquire",
+                detail: format!("unexpected reply {other:?}"),
+            },
+        }
+    }
+}
+
+impl SemInner {
+    pub(crate) async fn release(&self, id: &str) -> Result<Release> {
+        script::lease_release(&mut self.redsem.conn(), &self.keys, id).await
+    }
+
+    pub(crate) fn not_held(&self, id: &PermitId) -> Error {
+        Error::NotHeld {
+            name: self.name.clone(),
+            id: id.to_string(),
+        }
+    }
+}
+
+/// Withdraws a queued request (and gives back a unit granted to it) unless disarmed: on drop
+/// in the background, or awaited with [`Withdraw::now`].
+struct Withdraw {
+    sem: Option<Arc<SemInner>>,
+    id: PermitId,
+}
+
+impl Withdraw {
+    fn disarm(&mut self) {
+        self.sem = None;
+    }
+
+    async fn now(&mut self) -> Result<()> {
+        if let Some(sem) = self.sem.take() {
+            sem.release(self.id.as_str()).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        let Some(sem) = self.sem.take() else { return };
+        let id = self.id.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(err) = sem.release(id.as_str()).await {
+                    tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
+                        "could not withdraw a cancelled request; its waiter lease will");
+                }
+            });
+        }
+    }
+}

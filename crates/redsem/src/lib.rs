@@ -1,0 +1,72 @@
+//! Distributed synchronization primitives on Redis, for services and jobs that run on many
+//! machines and must not overrun a shared resource.
+//!
+//! * [`LeaseSemaphore`]: a fair counting semaphore whose permits are leases, renewed in the
+//!   background, each with a [`FencingToken`] and a slot number. Waiters are served strictly
+//!   first-in-first-out; a crashed holder's permit comes back within one lease.
+//! * [`Mutex`]: a lease semaphore of capacity 1.
+//!
+//! Everything goes through a [`Redsem`] handle: one multiplexed command connection and one
+//! pub/sub connection per process, whatever the number of primitives, permits and waiters.
+//!
+//! # Guarantees
+//!
+//! * At no instant of Redis time are more than `capacity` units held.
+//! * Fencing tokens strictly increase in grant order over the life of a semaphore; the slots of
+//!   live holders are distinct and below the capacity.
+//! * Time comes from the Redis server (`TIME` inside scripts), never from client clocks.
+//! * A permit reports itself lost ([`LeasePermit::lost`]) no later than its lease could have
+//!   ended, even if the process was paused or cut off.
+//! * Every operation is one Lua script: one round trip, atomic, no outer lock.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # async fn example() -> redsem::Result<()> {
+//! let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+//! let sem = redsem.lease_semaphore("nightly-export", 2)?;
+//! let permit = sem.acquire().await?;
+//! println!("running in slot {} with token {}", permit.slot(), permit.token());
+//! permit.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Cancel safety
+//!
+//! Dropping an acquire future (or timing it out) withdraws the request; a unit granted to it
+//! in the meantime is released. Each async method documents its own case.
+//!
+//! # When not to use this
+//!
+//! Redis replication is asynchronous: after a failover, a promoted replica may not know the
+//! latest grants. Use the fencing token on the protected resource when that matters.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::panic,
+        clippy::print_stdout,
+        clippy::unwrap_used,
+        clippy::expect_used
+    )
+)]
+
+mod client;
+mod error;
+mod keys;
+mod lease;
+mod mutex;
+mod notify;
+mod script;
+mod types;
+
+pub use client::{Redsem, RedsemOptions};
+pub use error::{Error, Result};
+pub use lease::{
+    Holder, LeaseOptions, LeasePermit, LeaseSemaphore, MAX_LEASE, MIN_LEASE, Status, Waiter,
+};
+pub use mutex::{Mutex, MutexGuard};
+pub use redis;
+pub use types::{FencingToken, PermitId};

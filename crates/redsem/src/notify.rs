@@ -1,0 +1,265 @@
+//! The pub/sub side of a `Redsem`: one connection, shared by every waiter of the process.
+//!
+//! A script that grants a queued request publishes the request id on the channel of the client
+//! that queued it; the task here routes the message to that one waiter. Broadcast channels
+//! (a latch reaching zero) wake every local listener of the channel. If the connection drops,
+//! the task reconnects, subscribes again and wakes every waiter once so each re-checks: a lost
+//! message costs latency, never liveness (waiters also re-check on a timer).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Shared;
+
+/// How long a new waiter waits for the first subscription before relying on its timer alone.
+const FIRST_SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Routes {
+    /// Queued requests of this client, by request id.
+    waiters: HashMap<String, Arc<Notify>>,
+    /// Broadcast channels with local listeners: (listener count, their notifier).
+    channels: HashMap<String, (usize, Arc<Notify>)>,
+}
+
+/// Handle to the pub/sub task.
+pub(crate) struct Notifier {
+    routes: Arc<Mutex<Routes>>,
+    /// Counts successful (re)subscriptions; 0 until the first one.
+    subscribed: watch::Receiver<u64>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+#[allow(dead_code)] // Subscribe/Unsubscribe come from `listen`, whose first user is the latch.
+enum Command {
+    Subscribe(String),
+    Unsubscribe(String),
+}
+
+fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
+    // A panic while holding this lock cannot leave the maps inconsistent (single inserts/removes).
+    routes
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Notifier {
+    pub(crate) fn start(shared: &Shared) -> Notifier {
+        let routes = Arc::new(Mutex::new(Routes::default()));
+        let (subscribed_tx, subscribed) = watch::channel(0);
+        let (commands, commands_rx) = mpsc::unbounded_channel();
+        let task = Task {
+            client: shared.client.clone(),
+            own_channel: shared.wake_channel.clone(),
+            routes: routes.clone(),
+            subscribed: subscribed_tx,
+            commands: commands_rx,
+            closed: shared.closed.clone(),
+        };
+        tokio::spawn(task.run());
+        Notifier {
+            routes,
+            subscribed,
+            commands,
+        }
+    }
+
+    /// Route wake-ups for request `id` to the returned registration. Returns once the
+    /// subscription is in place (or after a bounded wait if pub/sub is unreachable), so a
+    /// grant published right after this cannot be missed.
+    pub(crate) async fn register(&self, id: &str) -> Registration {
+        let notify = Arc::new(Notify::new());
+        lock(&self.routes)
+            .waiters
+            .insert(id.to_owned(), notify.clone());
+        self.wait_subscribed().await;
+        Registration {
+            routes: self.routes.clone(),
+            id: id.to_owned(),
+            notify,
+        }
+    }
+
+    /// Listen to broadcast `channel`; the subscription lasts while any listener lives.
+    #[allow(dead_code)] // first user: the countdown latch
+    pub(crate) async fn listen(&self, channel: &str) -> Listener {
+        let (notify, first) = {
+            let mut routes = lock(&self.routes);
+            let entry = routes
+                .channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| (0, Arc::new(Notify::new())));
+            entry.0 += 1;
+            (entry.1.clone(), entry.0 == 1)
+        };
+        if first {
+            // Ignored error: the task is gone only when the client is closed.
+            let _ = self.commands.send(Command::Subscribe(channel.to_owned()));
+        }
+        self.wait_subscribed().await;
+        Listener {
+            routes: self.routes.clone(),
+            commands: self.commands.clone(),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+
+    async fn wait_subscribed(&self) {
+        let mut rx = self.subscribed.clone();
+        let _ = tokio::time::timeout(FIRST_SUBSCRIBE_WAIT, rx.wait_for(|n| *n > 0)).await;
+    }
+
+    /// How many requests of this client currently wait for a wake-up.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        lock(&self.routes).waiters.len()
+    }
+}
+
+/// A queued request's mailbox; dropping it stops the routing.
+pub(crate) struct Registration {
+    routes: Arc<Mutex<Routes>>,
+    id: String,
+    notify: Arc<Notify>,
+}
+
+impl Registration {
+    /// Resolves at the next wake-up (one sent before this call is kept and returns at once).
+    pub(crate) async fn woken(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.routes).waiters.remove(&self.id);
+    }
+}
+
+/// A local listener of a broadcast channel.
+#[allow(dead_code)] // first user: the countdown latch
+pub(crate) struct Listener {
+    routes: Arc<Mutex<Routes>>,
+    commands: mpsc::UnboundedSender<Command>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+#[allow(dead_code)] // first user: the countdown latch
+impl Listener {
+    /// The notifier to wait on; create `notified()` before re-checking state so a message
+    /// arriving in between is not missed.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let mut routes = lock(&self.routes);
+        if let Some(entry) = routes.channels.get_mut(&self.channel) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                routes.channels.remove(&self.channel);
+                let _ = self
+                    .commands
+                    .send(Command::Unsubscribe(self.channel.clone()));
+            }
+        }
+    }
+}
+
+struct Task {
+    client: redis::Client,
+    own_channel: String,
+    routes: Arc<Mutex<Routes>>,
+    subscribed: watch::Sender<u64>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    closed: CancellationToken,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match self.session().await {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::warn!(error = %err, "redsem pub/sub connection lost; reconnecting");
+                    self.wake_everyone();
+                }
+            }
+            tokio::select! {
+                () = self.closed.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One connection's life. `Ok` when the client closed, `Err` when the connection failed.
+    async fn session(&mut self) -> redis::RedisResult<()> {
+        let pubsub = self.client.get_async_pubsub().await?;
+        let (mut sink, mut stream) = pubsub.split();
+        let channels: Vec<String> = lock(&self.routes).channels.keys().cloned().collect();
+        sink.subscribe(&self.own_channel).await?;
+        for channel in channels {
+            sink.subscribe(channel).await?;
+        }
+        let reconnected = *self.subscribed.borrow() > 0;
+        self.subscribed.send_modify(|n| *n += 1);
+        if reconnected {
+            // Messages may have been lost while we were away.
+            self.wake_everyone();
+        }
+        loop {
+            tokio::select! {
+                () = self.closed.cancelled() => return Ok(()),
+                msg = stream.next() => {
+                    let Some(msg) = msg else {
+                        return Err(redis::RedisError::from(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "pub/sub stream ended",
+                        )));
+                    };
+                    self.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
+                }
+                Some(cmd) = self.commands.recv() => match cmd {
+                    Command::Subscribe(channel) => sink.subscribe(channel).await?,
+                    Command::Unsubscribe(channel) => sink.unsubscribe(channel).await?,
+                },
+            }
+        }
+    }
+
+    fn dispatch(&self, channel: &str, payload: &[u8]) {
+        let routes = lock(&self.routes);
+        if channel == self.own_channel {
+            if let Some(notify) = std::str::from_utf8(payload)
+                .ok()
+                .and_then(|id| routes.waiters.get(id))
+            {
+                notify.notify_one();
+            }
+        } else if let Some((_, notify)) = routes.channels.get(channel) {
+            notify.notify_waiters();
+        }
+    }
+
+    fn wake_everyone(&self) {
+        let routes = lock(&self.routes);
+        for notify in routes.waiters.values() {
+            notify.notify_one();
+        }
+        for (_, notify) in routes.channels.values() {
+            notify.notify_waiters();
+        }
+    }
+}
