@@ -285,6 +285,57 @@ impl Redsem {
         Ok(Mutex::new(self.lease_semaphore_with(name, 1, options)?))
     }
 
+    /// The names of the lease semaphores under this prefix that have state in Redis (in use,
+    /// or idle for less than an hour). Uses `SCAN`, never `KEYS`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// for name in redsem.lease_semaphore_names().await? {
+    ///     let status = redsem.lease_semaphore(&name, 1)?.status().await?;
+    ///     println!("{name}: {} in use", status.in_use);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Unavailable`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lease_semaphore_names(&self) -> Result<Vec<String>> {
+        let pattern = keys::lease_meta_pattern(&self.shared.prefix);
+        let mut conn = self.conn();
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await?;
+            names.extend(
+                batch
+                    .iter()
+                    .filter_map(|key| keys::lease_name_of_meta(&self.shared.prefix, key)),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     pub(crate) fn conn(&self) -> Conn {
         self.shared.conn.clone()
     }

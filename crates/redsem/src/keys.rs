@@ -27,6 +27,26 @@ impl LeaseKeys {
     }
 }
 
+/// A `SCAN MATCH` pattern for the `meta` key of every lease semaphore under `prefix`.
+pub(crate) fn lease_meta_pattern(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    format!("{escaped}:{{lease:*}}:meta")
+}
+
+/// The semaphore name in a `meta` key found by [`lease_meta_pattern`].
+pub(crate) fn lease_name_of_meta(prefix: &str, key: &str) -> Option<String> {
+    key.strip_prefix(prefix)?
+        .strip_prefix(":{lease:")?
+        .strip_suffix("}:meta")
+        .map(str::to_owned)
+}
+
 /// The channel on which one `Redsem` client is told that one of its queued requests was granted.
 pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
     format!("{prefix}:wake:{client_id}")
@@ -57,6 +77,16 @@ mod tests {
                 assert_eq!(hash_tag(key), tag, "{key} of {name:?}");
             }
         }
+    }
+
+    #[test]
+    fn scan_pattern_escapes_the_prefix_and_names_round_trip() {
+        assert_eq!(lease_meta_pattern("a*b"), "a\\*b:{lease:*}:meta");
+        for name in ["jobs", "a}b", "x:{y}"] {
+            let keys = LeaseKeys::new("p", name);
+            assert_eq!(lease_name_of_meta("p", &keys.all[4]).as_deref(), Some(name));
+        }
+        assert_eq!(lease_name_of_meta("p", "q:{lease:x}:meta"), None);
     }
 
     #[test]

@@ -502,7 +502,53 @@ impl LeaseSemaphore {
         }
     }
 
+    /// Wait in line for `units` units, for at most `wait` (`None`: as long as it takes),
+    /// calling `progress` with the number of requests ahead each time that is learned (when
+    /// queued, and at every check-in).
+    ///
+    /// For progress displays such as the CLI's spinner.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem
+    ///     .acquire_with_progress(1, None, |ahead| eprintln!("{ahead} ahead of us"))
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseSemaphore::acquire_many_timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseSemaphore::acquire`].
+    pub async fn acquire_with_progress(
+        &self,
+        units: u32,
+        wait: Option<Duration>,
+        progress: impl FnMut(u64) + Send,
+    ) -> Result<LeasePermit> {
+        let patience = match wait.and_then(|w| Instant::now().checked_add(w)) {
+            Some(deadline) => Patience::Until(deadline),
+            None => Patience::Forever,
+        };
+        self.request_reporting(units, patience, progress).await
+    }
+
     async fn request(&self, units: u32, patience: Patience) -> Result<LeasePermit> {
+        self.request_reporting(units, patience, |_| {}).await
+    }
+
+    async fn request_reporting(
+        &self,
+        units: u32,
+        patience: Patience,
+        mut progress: impl FnMut(u64) + Send,
+    ) -> Result<LeasePermit> {
         let capacity = self.capacity();
         if units == 0 || units > capacity {
             return Err(invalid(format!(
@@ -560,7 +606,8 @@ impl LeaseSemaphore {
                     withdraw.disarm();
                     return Ok(self.permit(id, token, slots, sent));
                 }
-                Acquire::Queued { recheck, .. } => {
+                Acquire::Queued { position, recheck } => {
+                    progress(position);
                     let mut nap = recheck;
                     if let Patience::Until(deadline) = patience {
                         let now = Instant::now();

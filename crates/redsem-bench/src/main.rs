@@ -1,0 +1,3 @@
+//! The redsem benchmark runner (being built: issue 6).
+
+fn main() {}

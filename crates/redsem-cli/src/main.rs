@@ -1,0 +1,3 @@
+//! The `redsem` command-line tool (being built: issue 4).
+
+fn main() {}
