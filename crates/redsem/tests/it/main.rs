@@ -1,0 +1,8 @@
+//! Integration tests of the redsem library against throwaway `redis-server` processes
+//! (one per test, from `redsem-test`). One binary, one module per topic.
+
+/// Shared helpers: `TestContext`, `within`.
+mod support;
+
+/// Lease semaphore: grants, tokens, slots, renewals, release, status, bad input.
+mod lease;
