@@ -115,12 +115,6 @@ impl Notifier {
         let mut rx = self.subscribed.clone();
         let _ = tokio::time::timeout(FIRST_SUBSCRIBE_WAIT, rx.wait_for(|n| *n > 0)).await;
     }
-
-    /// How many requests of this client currently wait for a wake-up.
-    #[cfg(test)]
-    pub(crate) fn waiting(&self) -> usize {
-        lock(&self.routes).waiters.len()
-    }
 }
 
 /// A queued request's mailbox; dropping it stops the routing.

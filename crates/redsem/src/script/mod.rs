@@ -8,9 +8,9 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::{Script, Value};
 
-use crate::client::Conn;
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
 
@@ -96,7 +96,7 @@ pub(crate) struct Request<'a> {
 }
 
 pub(crate) async fn lease_acquire(
-    conn: &mut Conn,
+    conn: &mut impl ConnectionLike,
     keys: &LeaseKeys,
     req: &Request<'_>,
 ) -> Result<Acquire> {
@@ -117,7 +117,7 @@ pub(crate) async fn lease_acquire(
 }
 
 pub(crate) async fn lease_poll(
-    conn: &mut Conn,
+    conn: &mut impl ConnectionLike,
     keys: &LeaseKeys,
     id: &str,
     lease: Duration,
@@ -135,7 +135,7 @@ pub(crate) async fn lease_poll(
 
 /// True if the lease was extended, false if the permit is not held.
 pub(crate) async fn lease_refresh(
-    conn: &mut Conn,
+    conn: &mut impl ConnectionLike,
     keys: &LeaseKeys,
     id: &str,
     lease: Duration,
@@ -154,7 +154,11 @@ pub(crate) async fn lease_refresh(
     }
 }
 
-pub(crate) async fn lease_release(conn: &mut Conn, keys: &LeaseKeys, id: &str) -> Result<Release> {
+pub(crate) async fn lease_release(
+    conn: &mut impl ConnectionLike,
+    keys: &LeaseKeys,
+    id: &str,
+) -> Result<Release> {
     let reply: Value = LEASE_RELEASE
         .key(&keys.all[..])
         .arg(id)
@@ -169,7 +173,10 @@ pub(crate) async fn lease_release(conn: &mut Conn, keys: &LeaseKeys, id: &str) -
     }
 }
 
-pub(crate) async fn lease_status(conn: &mut Conn, keys: &LeaseKeys) -> Result<RawStatus> {
+pub(crate) async fn lease_status(
+    conn: &mut impl ConnectionLike,
+    keys: &LeaseKeys,
+) -> Result<RawStatus> {
     let reply: Value = LEASE_STATUS.key(&keys.all[..]).invoke_async(conn).await?;
     let mut r = Reply::new("lease_status", reply)?;
     if r.status != "STATUS" {
@@ -209,7 +216,7 @@ pub(crate) async fn lease_status(conn: &mut Conn, keys: &LeaseKeys) -> Result<Ra
 
 /// Returns the capacity in force before the change, if one was stored.
 pub(crate) async fn lease_set_capacity(
-    conn: &mut Conn,
+    conn: &mut impl ConnectionLike,
     keys: &LeaseKeys,
     capacity: u32,
 ) -> Result<Option<u32>> {

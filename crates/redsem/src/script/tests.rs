@@ -1,1 +1,500 @@
+//! Every lease script called directly, with raw KEYS and ARGV, on a throwaway server.
 
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redsem_test::{RedisCluster, RedisServer, within};
+
+use super::*;
+
+const LIMIT: Duration = Duration::from_secs(10);
+const CHANNEL: &str = "t:wake:test";
+
+async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    within(
+        LIMIT,
+        "connect",
+        server.client().get_multiplexed_async_connection(),
+    )
+    .await
+    .expect("connect")
+}
+
+fn keys() -> LeaseKeys {
+    LeaseKeys::new("t", "s")
+}
+
+fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Request<'a> {
+    Request {
+        id,
+        capacity,
+        units,
+        lease: Duration::from_secs(30),
+        label: "",
+        one_per_label: false,
+        wait,
+        waiter_lease: Duration::from_secs(30),
+        channel: CHANNEL,
+    }
+}
+
+async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
+    within(LIMIT, "lease_acquire", lease_acquire(conn, &keys(), &r))
+        .await
+        .expect("lease_acquire")
+}
+
+#[tokio::test]
+async fn server_computes_the_same_sha_for_every_script() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    for script in [
+        &LEASE_ACQUIRE,
+        &LEASE_POLL,
+        &LEASE_REFRESH,
+        &LEASE_RELEASE,
+        &LEASE_STATUS,
+        &LEASE_SET_CAPACITY,
+    ] {
+        let sha = within(
+            LIMIT,
+            "SCRIPT LOAD",
+            script.prepare_invoke().load_async(&mut conn),
+        )
+        .await
+        .expect("script compiles on the server");
+        assert_eq!(sha, script.get_hash());
+    }
+}
+
+#[tokio::test]
+async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert_eq!(
+        acquire(&mut conn, req("a", 2, 1, false)).await,
+        Acquire::Granted {
+            token: 1,
+            slots: vec![0]
+        }
+    );
+    assert_eq!(
+        acquire(&mut conn, req("b", 2, 1, false)).await,
+        Acquire::Granted {
+            token: 2,
+            slots: vec![1]
+        }
+    );
+    assert_eq!(
+        acquire(&mut conn, req("c", 2, 1, false)).await,
+        Acquire::Busy {
+            in_use: 2,
+            waiters: 0
+        }
+    );
+    // Releasing slot 0 makes it the next one handed out.
+    assert_eq!(
+        lease_release(&mut conn, &keys(), "a")
+            .await
+            .expect("release"),
+        Release::Released
+    );
+    assert_eq!(
+        acquire(&mut conn, req("d", 2, 1, false)).await,
+        Acquire::Granted {
+            token: 3,
+            slots: vec![0]
+        }
+    );
+}
+
+#[tokio::test]
+async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_waiter_id() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
+        .await
+        .expect("pubsub");
+    within(LIMIT, "subscribe", pubsub.subscribe(CHANNEL))
+        .await
+        .expect("subscribe");
+
+    assert!(matches!(
+        acquire(&mut conn, req("a", 1, 1, true)).await,
+        Acquire::Granted { .. }
+    ));
+    let Acquire::Queued { position, recheck } = acquire(&mut conn, req("b", 1, 1, true)).await
+    else {
+        panic!("b should queue");
+    };
+    assert_eq!(position, 0);
+    assert!(recheck <= Duration::from_secs(10), "{recheck:?}");
+    // A try request fails while b waits, even though it is newer.
+    assert!(matches!(
+        acquire(&mut conn, req("c", 1, 1, false)).await,
+        Acquire::Busy { waiters: 1, .. }
+    ));
+
+    lease_release(&mut conn, &keys(), "a")
+        .await
+        .expect("release");
+    let msg = within(LIMIT, "wake-up message", pubsub.on_message().next())
+        .await
+        .expect("a message");
+    assert_eq!(msg.get_payload::<String>().expect("payload"), "b");
+
+    let polled = lease_poll(
+        &mut conn,
+        &keys(),
+        "b",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert_eq!(
+        polled,
+        Acquire::Granted {
+            token: 2,
+            slots: vec![0]
+        }
+    );
+}
+
+#[tokio::test]
+async fn poll_renews_the_waiter_and_an_unknown_id_is_gone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    acquire(&mut conn, req("a", 1, 1, true)).await;
+    acquire(&mut conn, req("b", 1, 1, true)).await;
+    let k = keys();
+    let before: f64 = conn.zscore(&k.all[2], "b").await.expect("zscore");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "b",
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("poll");
+    assert!(matches!(polled, Acquire::Queued { position: 0, .. }));
+    let after: f64 = conn.zscore(&k.all[2], "b").await.expect("zscore");
+    assert!(after >= before + 30_000.0, "{before} -> {after}");
+    let gone = lease_poll(
+        &mut conn,
+        &k,
+        "zz",
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    )
+    .await
+    .expect("poll");
+    assert_eq!(gone, Acquire::Gone);
+}
+
+#[tokio::test]
+async fn refresh_extends_and_fails_for_unknown_or_expired() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut short = req("a", 1, 1, false);
+    short.lease = Duration::from_millis(50);
+    acquire(&mut conn, short).await;
+    let k = keys();
+    assert!(
+        lease_refresh(&mut conn, &k, "a", Duration::from_secs(60))
+            .await
+            .expect("refresh")
+    );
+    let score: f64 = conn.zscore(&k.all[0], "a").await.expect("zscore");
+    let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
+    assert!(ttl > 60_000, "keys outlive the lease: {ttl}");
+    assert!(score > 0.0);
+    assert!(
+        !lease_refresh(&mut conn, &k, "nope", Duration::from_secs(1))
+            .await
+            .expect("refresh")
+    );
+
+    let mut short = req("c", 1, 1, false);
+    short.lease = Duration::from_millis(30);
+    lease_release(&mut conn, &k, "a").await.expect("release");
+    acquire(&mut conn, short).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(
+        !lease_refresh(&mut conn, &k, "c", Duration::from_secs(1))
+            .await
+            .expect("refresh"),
+        "an expired lease cannot be revived"
+    );
+}
+
+#[tokio::test]
+async fn release_withdraws_waiters_and_reports_not_held() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    acquire(&mut conn, req("a", 1, 1, true)).await;
+    acquire(&mut conn, req("b", 1, 1, true)).await;
+    assert_eq!(
+        lease_release(&mut conn, &k, "b").await.expect("release"),
+        Release::Dequeued
+    );
+    assert_eq!(
+        lease_release(&mut conn, &k, "b").await.expect("release"),
+        Release::NotHeld
+    );
+    assert_eq!(
+        lease_release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 0);
+    assert!(status.holders.is_empty() && status.waiters.is_empty());
+}
+
+#[tokio::test]
+async fn status_lists_holders_by_token_and_waiters_in_queue_order() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let mut labelled = req("a", 2, 2, true);
+    labelled.label = "host-a";
+    acquire(&mut conn, labelled).await;
+    acquire(&mut conn, req("w1", 2, 1, true)).await;
+    acquire(&mut conn, req("w2", 2, 2, true)).await;
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.capacity, Some(2));
+    assert_eq!(status.in_use, 2);
+    assert_eq!(status.holders.len(), 1);
+    let h = &status.holders[0];
+    assert_eq!(
+        (h.id.as_str(), h.label.as_str(), h.token),
+        ("a", "host-a", 1)
+    );
+    assert_eq!(h.slots, vec![0, 1]);
+    assert!(h.left_ms > 29_000 && h.left_ms <= 30_000, "{}", h.left_ms);
+    let order: Vec<(&str, u32)> = status
+        .waiters
+        .iter()
+        .map(|w| (w.id.as_str(), w.units))
+        .collect();
+    assert_eq!(order, vec![("w1", 1), ("w2", 2)]);
+}
+
+#[tokio::test]
+async fn set_capacity_grows_admitting_waiters_and_shrinks_without_revoking() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    acquire(&mut conn, req("a", 2, 1, true)).await;
+    acquire(&mut conn, req("b", 2, 1, true)).await;
+    acquire(&mut conn, req("c", 2, 1, true)).await;
+    assert_eq!(
+        lease_set_capacity(&mut conn, &k, 3).await.expect("grow"),
+        Some(2)
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.holders.len(), 3, "the waiter was admitted");
+    let mut slots: Vec<u32> = status
+        .holders
+        .iter()
+        .flat_map(|h| h.slots.clone())
+        .collect();
+    slots.sort();
+    assert_eq!(slots, vec![0, 1, 2]);
+
+    assert_eq!(
+        lease_set_capacity(&mut conn, &k, 1).await.expect("shrink"),
+        Some(3)
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.holders.len(), 3, "live permits are kept");
+    assert!(matches!(
+        acquire(&mut conn, req("d", 1, 1, false)).await,
+        Acquire::Busy { in_use: 3, .. }
+    ));
+    // Once everyone has left, the lowest slot is handed out again.
+    for h in &status.holders {
+        lease_release(&mut conn, &k, &h.id).await.expect("release");
+    }
+    assert_eq!(
+        acquire(&mut conn, req("e", 1, 1, false)).await,
+        Acquire::Granted {
+            token: 4,
+            slots: vec![0]
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_different_capacity_conflicts_only_while_in_use() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    acquire(&mut conn, req("a", 2, 1, false)).await;
+    assert_eq!(
+        acquire(&mut conn, req("b", 3, 1, false)).await,
+        Acquire::Conflict { current: 2 }
+    );
+    lease_release(&mut conn, &k, "a").await.expect("release");
+    assert!(matches!(
+        acquire(&mut conn, req("b", 3, 1, false)).await,
+        Acquire::Granted { .. }
+    ));
+    assert_eq!(
+        acquire(&mut conn, req("c", 3, 4, false)).await,
+        Acquire::TooBig { capacity: 3 }
+    );
+}
+
+#[tokio::test]
+async fn one_per_label_refuses_a_second_request_of_the_label() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut first = req("a", 3, 1, false);
+    first.label = "10.0.0.1";
+    first.one_per_label = true;
+    assert!(matches!(
+        acquire(&mut conn, first).await,
+        Acquire::Granted { .. }
+    ));
+    let mut second = first;
+    second.id = "b";
+    assert_eq!(
+        acquire(&mut conn, second).await,
+        Acquire::Label("10.0.0.1".into())
+    );
+    let mut other = first;
+    other.id = "c";
+    other.label = "10.0.0.2";
+    assert!(matches!(
+        acquire(&mut conn, other).await,
+        Acquire::Granted { .. }
+    ));
+}
+
+#[tokio::test]
+async fn every_script_reports_a_foreign_key_and_leaves_it_alone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for (i, key) in k.all.iter().enumerate() {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        let _: () = conn.set(key, "foreign").await.expect("set");
+        let expect_wrong = |r: Result<()>, script: &str| match r {
+            Err(Error::WrongType { key: got, .. }) => assert_eq!(&got, key, "{script}"),
+            other => panic!("{script} on foreign key #{i}: {other:?}"),
+        };
+        expect_wrong(
+            lease_acquire(&mut conn, &k, &req("a", 1, 1, true))
+                .await
+                .map(drop),
+            "acquire",
+        );
+        expect_wrong(
+            lease_poll(
+                &mut conn,
+                &k,
+                "a",
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            )
+            .await
+            .map(drop),
+            "poll",
+        );
+        expect_wrong(
+            lease_refresh(&mut conn, &k, "a", Duration::from_secs(1))
+                .await
+                .map(drop),
+            "refresh",
+        );
+        expect_wrong(lease_release(&mut conn, &k, "a").await.map(drop), "release");
+        expect_wrong(lease_status(&mut conn, &k).await.map(drop), "status");
+        expect_wrong(
+            lease_set_capacity(&mut conn, &k, 2).await.map(drop),
+            "set_capacity",
+        );
+        let value: String = conn.get(key).await.expect("get");
+        assert_eq!(value, "foreign", "key #{i} was overwritten");
+        let others: usize = conn.exists(&k.all[..]).await.expect("exists");
+        assert_eq!(others, 1, "nothing else was written");
+    }
+}
+
+#[tokio::test]
+async fn idle_keys_expire_but_the_token_counter_does_not() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    acquire(&mut conn, req("a", 1, 1, false)).await;
+    for key in &k.all[..6] {
+        let exists: bool = conn.exists(key).await.expect("exists");
+        if exists {
+            let ttl: i64 = conn.pttl(key).await.expect("pttl");
+            assert!(ttl > 30_000 && ttl <= 30_000 + 3_600_000, "{key}: {ttl}");
+        }
+    }
+    let ttl: i64 = conn.pttl(&k.all[6]).await.expect("pttl");
+    assert_eq!(ttl, -1, "the token counter never expires");
+
+    // Simulate the expiry of everything else: the next grant still gets a larger token.
+    let _: () = conn.del(&k.all[..6]).await.expect("del");
+    assert_eq!(
+        acquire(&mut conn, req("b", 1, 1, false)).await,
+        Acquire::Granted {
+            token: 2,
+            slots: vec![0]
+        }
+    );
+}
+
+#[tokio::test]
+async fn scripts_run_on_a_three_master_cluster() {
+    let cluster = RedisCluster::start(3);
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let mut conn = within(LIMIT, "cluster connect", client.get_async_connection())
+        .await
+        .expect("connect");
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        let k = LeaseKeys::new("t", name);
+        let r = req("x", 2, 1, true);
+        let granted = within(LIMIT, "acquire", lease_acquire(&mut conn, &k, &r))
+            .await
+            .expect("acquire on the cluster");
+        assert!(
+            matches!(granted, Acquire::Granted { token: 1, .. }),
+            "{granted:?}"
+        );
+        let mut r2 = r;
+        r2.id = "y";
+        lease_acquire(&mut conn, &k, &r2).await.expect("second");
+        r2.id = "z";
+        assert!(matches!(
+            lease_acquire(&mut conn, &k, &r2).await.expect("third"),
+            Acquire::Queued { .. }
+        ));
+        assert_eq!(
+            lease_release(&mut conn, &k, "x").await.expect("release"),
+            Release::Released
+        );
+        assert!(matches!(
+            lease_poll(
+                &mut conn,
+                &k,
+                "z",
+                Duration::from_secs(5),
+                Duration::from_secs(5)
+            )
+            .await
+            .expect("poll"),
+            Acquire::Granted { token: 3, .. }
+        ));
+        let status = lease_status(&mut conn, &k).await.expect("status");
+        assert_eq!(status.holders.len(), 2);
+    }
+}
