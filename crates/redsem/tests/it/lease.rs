@@ -1,1 +1,569 @@
+//! Lease semaphore behaviour through the public API: the non-waiting half, leases, loss.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redsem::{Error, LeaseOptions, Redsem, RedsemOptions};
+use tokio::time::Instant;
+
 use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_capacity_holders_with_32_tasks_over_two_clients() {
+    let ctx = TestContext::start().await;
+    let clients = [ctx.redsem.clone(), ctx.client().await];
+    const CAPACITY: u32 = 3;
+    let live = Arc::new(AtomicU32::new(0));
+    let peak = Arc::new(AtomicU32::new(0));
+    let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for t in 0..32 {
+        let sem = clients[t % 2]
+            .lease_semaphore_with("stress", CAPACITY, short(2_000))
+            .expect("semaphore");
+        let (live, peak, grants) = (live.clone(), peak.clone(), grants.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let permit = sem.acquire().await.expect("acquire");
+                let now = live.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                grants
+                    .lock()
+                    .expect("grants")
+                    .push((permit.token().get(), permit.slot()));
+                let slot = permit.slot();
+                assert!(slot < CAPACITY, "slot {slot}");
+                tokio::task::yield_now().await;
+                live.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        within(LIMIT * 3, "stress task", task)
+            .await
+            .expect("task did not panic");
+    }
+    assert!(peak.load(Ordering::SeqCst) <= CAPACITY, "peak {peak:?}");
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        CAPACITY,
+        "the capacity was used"
+    );
+    let grants = grants.lock().expect("grants");
+    let tokens: HashSet<u64> = grants.iter().map(|g| g.0).collect();
+    assert_eq!(tokens.len(), 32 * 5, "every grant has its own token");
+}
+
+#[tokio::test]
+async fn tokens_strictly_increase_and_live_slots_are_distinct() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 4).expect("semaphore");
+    let mut last = 0;
+    let mut held = Vec::new();
+    for round in 0..20 {
+        let permit = within(LIMIT, "try_acquire", sem.try_acquire())
+            .await
+            .expect("a unit is free");
+        assert!(permit.token().get() > last, "round {round}");
+        last = permit.token().get();
+        held.push(permit);
+        let slots: HashSet<u32> = held.iter().map(|p| p.slot()).collect();
+        assert_eq!(slots.len(), held.len(), "distinct slots");
+        assert!(slots.iter().all(|s| *s < 4));
+        if held.len() == 4 {
+            // Release a middle one: its slot is the one handed out next.
+            let freed = held.remove(1);
+            let slot = freed.slot();
+            freed.release().await.expect("release");
+            let next = sem.try_acquire().await.expect("free again");
+            assert_eq!(next.slot(), slot);
+            last = next.token().get();
+            held.push(next);
+            for p in held.drain(..) {
+                p.release().await.expect("release");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn try_acquire_reports_no_permit_with_the_numbers() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    let _held = sem.try_acquire().await.expect("first");
+    match sem.try_acquire().await {
+        Err(Error::NoPermit {
+            capacity: 1,
+            in_use: 1,
+            waiters: 0,
+            ..
+        }) => {}
+        other => panic!("expected NoPermit, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_crashed_holder_is_reclaimed_within_the_lease() {
+    let ctx = TestContext::start().await;
+    let lease = Duration::from_millis(400);
+    {
+        let doomed = ctx.client().await;
+        let sem = doomed
+            .lease_semaphore_with("s", 1, short(400))
+            .expect("semaphore");
+        let permit = sem.try_acquire().await.expect("acquire");
+        // Neither released nor renewed: as if the process died.
+        permit.forget();
+    }
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, short(400))
+        .expect("semaphore");
+    let started = Instant::now();
+    assert!(sem.try_acquire().await.is_err(), "still held at first");
+    let permit = within(LIMIT, "reclaim", sem.acquire())
+        .await
+        .expect("acquired after the lease ended");
+    let took = started.elapsed();
+    assert!(took <= lease + Duration::from_millis(300), "took {took:?}");
+    permit.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn keepalive_keeps_a_permit_for_many_leases() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, short(150))
+        .expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    tokio::select! {
+        () = permit.lost() => panic!("lost while renewed"),
+        () = tokio::time::sleep(Duration::from_millis(1_000)) => {}
+    }
+    assert!(permit.is_held());
+    assert!(sem.try_acquire().await.is_err(), "still held on the server");
+    permit.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn lost_fires_before_the_lease_ends_when_renewals_stop() {
+    let ctx = TestContext::start().await;
+    let options = short(300).keepalive(false);
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, options)
+        .expect("semaphore");
+    let sent = Instant::now();
+    let permit = sem.try_acquire().await.expect("acquire");
+    within(LIMIT, "lost", permit.lost()).await;
+    let fired = Instant::now();
+    assert!(fired <= sent + Duration::from_millis(300) + Duration::from_millis(50));
+    assert!(fired >= sent + Duration::from_millis(250), "not too early");
+    assert!(!permit.is_held());
+    // The server agrees within a moment: another client gets the unit.
+    let other = within(LIMIT, "acquire after loss", sem.acquire())
+        .await
+        .expect("acquire");
+    other.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn lost_fires_before_the_lease_ends_when_the_server_stalls() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, short(300))
+        .expect("semaphore");
+    let sent = Instant::now();
+    let permit = sem.try_acquire().await.expect("acquire");
+    // Freeze the server for longer than the lease.
+    let mut conn = ctx.server.connection();
+    let sleeper = std::thread::spawn(move || {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("1")
+            .query::<()>(&mut conn)
+            .expect("DEBUG SLEEP");
+    });
+    within(
+        Duration::from_secs(2),
+        "lost during the stall",
+        permit.lost(),
+    )
+    .await;
+    let fired = Instant::now();
+    assert!(
+        fired <= sent + Duration::from_millis(300) + Duration::from_millis(50),
+        "lost {:?} after the grant was sent",
+        fired - sent
+    );
+    assert!(!permit.is_held());
+    sleeper.join().expect("DEBUG SLEEP returned");
+    match permit.refresh().await {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("refresh after loss: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn refresh_release_and_not_held() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 2, short(5_000))
+        .expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    let before = permit.expires_at();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    permit.refresh().await.expect("refresh");
+    assert!(permit.expires_at() > before);
+    let id = permit.id().clone();
+    permit.release().await.expect("release");
+    match sem.release_id(&id).await {
+        Err(Error::NotHeld { id: got, .. }) => assert_eq!(got, id.to_string()),
+        other => panic!("second release: {other:?}"),
+    }
+    match sem.refresh_id(&id, Duration::from_secs(1)).await {
+        Err(e) if e.is_not_held() => {}
+        other => panic!("refresh after release: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn forget_leaves_the_permit_until_its_lease_ends_and_by_id_ops_work() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, short(300))
+        .expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    let id = permit.id().clone();
+    permit.forget();
+    sem.refresh_id(&id, Duration::from_secs(5))
+        .await
+        .expect("refresh by id");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(sem.try_acquire().await.is_err(), "refreshed by id: held");
+    sem.release_id(&id).await.expect("release by id");
+    sem.try_acquire()
+        .await
+        .expect("free after release by id")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test]
+async fn dropping_a_permit_releases_it() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    drop(sem.try_acquire().await.expect("acquire"));
+    let again = within(LIMIT, "acquire after drop", sem.acquire())
+        .await
+        .expect("acquire");
+    assert_eq!(again.token().get(), 2);
+    again.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn status_shows_holders_with_labels_tokens_slots_and_time_left() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 3, LeaseOptions::default().label("host-1"))
+        .expect("semaphore");
+    let a = sem.try_acquire().await.expect("a");
+    let b = sem.try_acquire_many(2).await.expect("b");
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.capacity, Some(3));
+    assert_eq!(status.in_use, 3);
+    assert_eq!(status.holders.len(), 2);
+    assert_eq!(status.holders[0].id, *a.id());
+    assert_eq!(status.holders[0].token, a.token());
+    assert_eq!(status.holders[0].label.as_deref(), Some("host-1"));
+    assert_eq!(status.holders[1].slots, b.slots());
+    assert!(status.holders[0].expires_in > Duration::from_secs(29));
+    assert!(status.waiters.is_empty());
+    assert_eq!(
+        ctx.redsem.lease_semaphore_names().await.expect("names"),
+        vec!["s".to_owned()]
+    );
+}
+
+#[tokio::test]
+async fn one_permit_per_label_gives_already_held() {
+    let ctx = TestContext::start().await;
+    let options = LeaseOptions::default()
+        .label("10.1.2.3")
+        .one_per_label(true);
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("jobs", 3, options.clone())
+        .expect("semaphore");
+    let first = sem.try_acquire().await.expect("first");
+    for result in [sem.try_acquire().await, sem.acquire().await] {
+        match result {
+            Err(Error::AlreadyHeld { label, .. }) => assert_eq!(label, "10.1.2.3"),
+            other => panic!("expected AlreadyHeld, got {other:?}"),
+        }
+    }
+    first.release().await.expect("release");
+    sem.try_acquire()
+        .await
+        .expect("free for the label again")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test]
+async fn a_different_capacity_while_in_use_is_a_conflict_naming_both() {
+    let ctx = TestContext::start().await;
+    let two = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    let three = ctx.redsem.lease_semaphore("s", 3).expect("semaphore");
+    let held = two.try_acquire().await.expect("acquire");
+    let err = three.try_acquire().await.expect_err("conflict");
+    assert!(
+        matches!(
+            err,
+            Error::CapacityConflict {
+                requested: 3,
+                current: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains('3') && err.to_string().contains('2'));
+    assert!(matches!(
+        three.acquire().await,
+        Err(Error::CapacityConflict { .. })
+    ));
+    // An explicit change is allowed and never revokes the live permit.
+    assert_eq!(three.set_capacity(3).await.expect("set"), Some(2));
+    assert!(held.is_held());
+    let more = three.try_acquire_many(2).await.expect("room for two more");
+    held.release().await.expect("release");
+    more.release().await.expect("release");
+}
+
+async fn dump_all(ctx: &TestContext) -> Vec<(String, Vec<u8>)> {
+    let mut conn = ctx.raw().await;
+    let mut out = Vec::new();
+    for key in ctx.keys().await {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("DUMP");
+        out.push((key, dump));
+    }
+    out
+}
+
+#[tokio::test]
+async fn bad_input_gets_typed_errors_and_leaves_state_untouched() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    let held = sem.try_acquire().await.expect("acquire");
+    let before = dump_all(&ctx).await;
+
+    let r = &ctx.redsem;
+    let invalid = |e: Error| assert!(e.is_invalid_argument(), "{e:?}");
+    invalid(r.lease_semaphore("", 1).expect_err("empty name"));
+    invalid(r.lease_semaphore("s", 0).expect_err("capacity 0"));
+    invalid(
+        r.lease_semaphore_with("s", 1, short(5))
+            .expect_err("lease too short"),
+    );
+    invalid(
+        r.lease_semaphore_with("s", 1, LeaseOptions::default().lease(Duration::ZERO))
+            .expect_err("lease 0"),
+    );
+    invalid(
+        r.lease_semaphore_with("s", 1, LeaseOptions::default().label(""))
+            .expect_err("empty label"),
+    );
+    invalid(sem.try_acquire_many(0).await.expect_err("0 units"));
+    invalid(sem.try_acquire_many(3).await.expect_err("3 units of 2"));
+    invalid(sem.acquire_many(3).await.expect_err("3 units of 2"));
+    invalid(sem.set_capacity(0).await.expect_err("capacity 0"));
+    invalid(
+        sem.refresh_id(held.id(), Duration::ZERO)
+            .await
+            .expect_err("lease 0"),
+    );
+    invalid(
+        Redsem::connect_with(&ctx.server.url(), RedsemOptions::default().prefix(""))
+            .await
+            .expect_err("empty prefix"),
+    );
+    invalid(Redsem::connect("not a url").await.expect_err("bad url"));
+
+    assert_eq!(dump_all(&ctx).await, before, "stored state untouched");
+    held.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_foreign_key_gives_wrong_type_and_is_not_overwritten() {
+    let ctx = TestContext::start().await;
+    let mut conn = ctx.raw().await;
+    let _: () = conn
+        .set("t:{lease:s}:holders", "not ours")
+        .await
+        .expect("set");
+    let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    match sem.try_acquire().await {
+        Err(Error::WrongType { key, actual, .. }) => {
+            assert_eq!(key, "t:{lease:s}:holders");
+            assert_eq!(actual, "string");
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    assert!(matches!(sem.status().await, Err(Error::WrongType { .. })));
+    let value: String = conn.get("t:{lease:s}:holders").await.expect("get");
+    assert_eq!(value, "not ours");
+    assert_eq!(ctx.keys().await, vec!["t:{lease:s}:holders".to_owned()]);
+}
+
+#[tokio::test]
+async fn scripts_reload_after_script_flush_and_after_a_restart() {
+    let mut ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    sem.try_acquire()
+        .await
+        .expect("first")
+        .release()
+        .await
+        .expect("release");
+    let mut conn = ctx.raw().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("flush");
+    sem.try_acquire()
+        .await
+        .expect("after SCRIPT FLUSH")
+        .release()
+        .await
+        .expect("release");
+
+    ctx.server.restart();
+    // The first command after a restart may see the dropped connection; the manager reconnects.
+    let deadline = Instant::now() + LIMIT;
+    let permit = loop {
+        match sem.try_acquire().await {
+            Ok(permit) => break permit,
+            Err(e) if e.is_unavailable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("after restart: {e:?}"),
+        }
+    };
+    assert_eq!(permit.token().get(), 1, "a fresh server starts over");
+    permit.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let err = Redsem::connect(&url).await.expect_err("nobody listens");
+    assert!(err.is_unavailable(), "{err:?}");
+}
+
+#[tokio::test]
+async fn one_round_trip_per_try_acquire_refresh_and_release() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, LeaseOptions::default().keepalive(false))
+        .expect("semaphore");
+    // Load the scripts first, so NOSCRIPT reloads don't count.
+    let warm = sem.try_acquire().await.expect("warm");
+    warm.refresh().await.expect("warm refresh");
+    warm.release().await.expect("warm release");
+    let mut conn = ctx.raw().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("reset");
+    // Commands run inside a script are counted too, so count what only a client sends.
+    let mut measure = async |what: &str| {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO");
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .expect("reset");
+        let calls = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
+                .and_then(|r| r.split(',').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let inside: u64 = info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_evalsha"))
+            .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        println!(
+            "{what}: {} EVALSHA round trip(s); the script ran {inside} commands inside",
+            calls("evalsha")
+        );
+        (calls("evalsha"), calls("eval") + calls("script"))
+    };
+    let permit = sem.try_acquire().await.expect("acquire");
+    assert_eq!(measure("try_acquire").await, (1, 0));
+    permit.refresh().await.expect("refresh");
+    assert_eq!(measure("refresh").await, (1, 0));
+    permit.release().await.expect("release");
+    assert_eq!(measure("release").await, (1, 0));
+}
+
+#[tokio::test]
+async fn a_hundred_permits_with_keepalive_share_one_connection() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 100, short(300))
+        .expect("semaphore");
+    let mut permits = Vec::new();
+    for _ in 0..100 {
+        permits.push(sem.try_acquire().await.expect("acquire"));
+    }
+    // Several renewal rounds.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(permits.iter().all(|p| p.is_held()));
+    // Our client's one command connection, plus the raw one used to ask.
+    let normal = ctx.clients_of_type("normal").await;
+    let pubsub = ctx.clients_of_type("pubsub").await;
+    println!(
+        "100 permits with keepalive: {normal} normal connections (one is the inspector), {pubsub} pub/sub"
+    );
+    assert_eq!(normal, 2);
+    assert_eq!(pubsub, 0, "nothing waited, so no pub/sub connection");
+    for p in permits {
+        p.release().await.expect("release");
+    }
+}

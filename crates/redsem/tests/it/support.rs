@@ -3,20 +3,20 @@
 use std::time::Duration;
 
 use redsem::{Redsem, RedsemOptions};
-pub use redsem_test::{RedisServer, within};
+pub(crate) use redsem_test::{RedisServer, within};
 
 /// Generous bound for any single wait in a test: a hang fails instead of stalling CI.
-pub const LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const LIMIT: Duration = Duration::from_secs(10);
 
 /// A throwaway server plus a connected client with a per-test prefix.
-pub struct TestContext {
-    pub server: RedisServer,
-    pub redsem: Redsem,
-    pub prefix: String,
+pub(crate) struct TestContext {
+    pub(crate) server: RedisServer,
+    pub(crate) redsem: Redsem,
+    pub(crate) prefix: String,
 }
 
 impl TestContext {
-    pub async fn start() -> TestContext {
+    pub(crate) async fn start() -> TestContext {
         let server = RedisServer::start();
         let prefix = "t".to_owned();
         let redsem = Self::connect_to(&server, &prefix).await;
@@ -28,7 +28,7 @@ impl TestContext {
     }
 
     /// Another, independent client (its own connections) to the same server.
-    pub async fn client(&self) -> Redsem {
+    pub(crate) async fn client(&self) -> Redsem {
         Self::connect_to(&self.server, &self.prefix).await
     }
 
@@ -43,7 +43,7 @@ impl TestContext {
     }
 
     /// A raw async connection for inspecting keys.
-    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn raw(&self) -> redis::aio::MultiplexedConnection {
         within(
             LIMIT,
             "raw connect",
@@ -54,7 +54,7 @@ impl TestContext {
     }
 
     /// Every key on the server, sorted.
-    pub async fn keys(&self) -> Vec<String> {
+    pub(crate) async fn keys(&self) -> Vec<String> {
         let mut conn = self.raw().await;
         let mut keys: Vec<String> = redis::cmd("KEYS")
             .arg("*")
@@ -66,7 +66,7 @@ impl TestContext {
     }
 
     /// `calls` of each `INFO commandstats` entry, e.g. `("evalsha", 3)`.
-    pub async fn command_calls(&self, command: &str) -> u64 {
+    pub(crate) async fn command_calls(&self, command: &str) -> u64 {
         let mut conn = self.raw().await;
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -82,7 +82,7 @@ impl TestContext {
     }
 
     /// The number of connected clients of a given type ("normal" or "pubsub").
-    pub async fn clients_of_type(&self, kind: &str) -> usize {
+    pub(crate) async fn clients_of_type(&self, kind: &str) -> usize {
         let mut conn = self.raw().await;
         let list: String = redis::cmd("CLIENT")
             .arg("LIST")
@@ -96,7 +96,7 @@ impl TestContext {
 }
 
 /// Short leases keep the tests fast; waits are bounded by [`LIMIT`].
-pub fn short(lease_ms: u64) -> redsem::LeaseOptions {
+pub(crate) fn short(lease_ms: u64) -> redsem::LeaseOptions {
     redsem::LeaseOptions::default()
         .lease(Duration::from_millis(lease_ms))
         .waiter_lease(Duration::from_millis(lease_ms))
