@@ -6,3 +6,6 @@ mod support;
 
 /// Lease semaphore: grants, tokens, slots, renewals, release, status, bad input.
 mod lease;
+
+/// Waiting: FIFO order, targeted wake-ups, dead waiters, cancellation, the mutex.
+mod waiting;
