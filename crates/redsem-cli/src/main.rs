@@ -1,3 +1,27 @@
-//! The `redsem` command-line tool (being built: issue 4).
+//! `redsem`: run a command under a distributed permit, and inspect or manage permits, from a
+//! shell. See `redsem --help`.
+//!
+//! The flow is parse ([`cli`]) → validate (value parsers in [`values`], the library's checks)
+//! → execute ([`command`]); every failure is a [`error::CliError`] that carries its exit code, and
+//! only `main` prints it, once, as one line.
 
-fn main() {}
+mod child;
+mod cli;
+mod command;
+mod error;
+mod logging;
+mod output;
+mod request;
+mod signals;
+mod spinner;
+mod values;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    error::install_panic_hook();
+    match cli::run(std::env::args_os()) {
+        Ok(code) => code,
+        Err(err) => err.report(),
+    }
+}

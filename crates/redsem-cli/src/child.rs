@@ -1,0 +1,146 @@
+//! The command `run` starts: spawned with the permit in its environment, bound to this
+//! process's life, signalled, stopped with a grace period, and its exit status as a code.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redsem::LeasePermit;
+
+use crate::error::{CliError, exit};
+
+/// A running command.
+#[derive(Debug)]
+pub(crate) struct Child {
+    process: tokio::process::Child,
+}
+
+/// How a command was stopped after its permit was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// It exited within the grace period after SIGTERM.
+    Terminated,
+    /// It was still running after the grace period and got SIGKILL.
+    Killed,
+}
+
+impl Child {
+    /// Start `command` with `REDSEM_ID`, `REDSEM_TOKEN` and `REDSEM_SLOT` of `permit` in its
+    /// environment and this process's stdin, stdout and stderr. It gets SIGKILL if this
+    /// process dies, so it never runs without someone watching its permit.
+    ///
+    /// # Errors
+    ///
+    /// Exit 127 if the program is not found, 126 if it cannot be started.
+    pub(crate) fn spawn(command: &[OsString], permit: &LeasePermit) -> Result<Self, CliError> {
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| CliError::new(exit::USAGE, "no command to run"))?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .env("REDSEM_ID", permit.id().as_str())
+            .env("REDSEM_TOKEN", permit.token().to_string())
+            .env("REDSEM_SLOT", permit.slot().to_string())
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        die_with_parent(&mut cmd);
+        let process = cmd.spawn().map_err(|e| {
+            let code = match e.kind() {
+                io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            };
+            CliError::new(
+                code,
+                format!("cannot run {}: {e}", program.to_string_lossy()),
+            )
+        })?;
+        tracing::info!(pid = process.id(), "command started");
+        Ok(Child { process })
+    }
+
+    /// Send `signal`, unless the command has already exited (and been reaped).
+    pub(crate) fn signal(&self, signal: Signal) {
+        let Some(pid) = self.process.id().and_then(|p| i32::try_from(p).ok()) else {
+            return;
+        };
+        tracing::info!(pid, signal = signal.as_str(), "signalling the command");
+        if let Err(err) = kill(Pid::from_raw(pid), signal) {
+            tracing::debug!(pid, %err, "could not signal the command; it has exited");
+        }
+    }
+
+    /// Wait for the command to exit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn wait(&mut self) -> Result<ExitStatus, CliError> {
+        self.process.wait().await.map_err(|e| {
+            CliError::new(exit::FAILURE, format!("cannot wait for the command: {e}"))
+        })
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`; returns once it exited.
+    pub(crate) async fn stop(&mut self, grace: Duration) -> Stopped {
+        self.signal(Signal::SIGTERM);
+        if let Ok(Ok(_)) = tokio::time::timeout(grace, self.process.wait()).await {
+            return Stopped::Terminated;
+        }
+        self.signal(Signal::SIGKILL);
+        let _ = self.process.wait().await;
+        Stopped::Killed
+    }
+}
+
+/// The exit code that reports `status`: its code, or 128 + the signal that ended it.
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(exit::FAILURE),
+        (None, Some(signal)) => {
+            exit::SIGNALLED.saturating_add(u8::try_from(signal).unwrap_or(u8::MAX))
+        }
+        (None, None) => exit::FAILURE,
+    }
+}
+
+/// Have the kernel send SIGKILL to the command when this process dies (Linux
+/// `PR_SET_PDEATHSIG`), even by SIGKILL, so that it never runs on without its permit.
+///
+/// The signal is bound to the thread that spawns: `redsem` spawns from the main thread of a
+/// current-thread runtime, which lives as long as the process.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut tokio::process::Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: `pre_exec` runs the closure in the forked child before `exec`. It only makes
+    // the `prctl` and `getppid` system calls, which are async-signal-safe, allocates nothing
+    // and touches no lock or state shared with other threads of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The parent may have died before the prctl: then nobody will kill us; do not run.
+            if nix::unistd::getppid() != parent {
+                return Err(nix::errno::Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_pass_through_and_signals_add_128() {
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+    }
+}

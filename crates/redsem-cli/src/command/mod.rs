@@ -1,0 +1,39 @@
+//! The subcommands, one file each: its arguments (clap) and its `execute`.
+//!
+//! Adding one is one file here plus one line in [`Command`] and one in
+//! [`Command::execute`].
+
+mod acquire;
+mod completions;
+mod refresh;
+mod release;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use crate::cli::Context;
+use crate::error::CliError;
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Command {
+    Run(run::Args),
+    Acquire(acquire::Args),
+    Refresh(refresh::Args),
+    Release(release::Args),
+    Status(status::Args),
+    Completions(completions::Args),
+}
+
+impl Command {
+    pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        match self {
+            Command::Run(args) => args.execute(ctx).await,
+            Command::Acquire(args) => args.execute(ctx).await,
+            Command::Refresh(args) => args.execute(ctx).await,
+            Command::Release(args) => args.execute(ctx).await,
+            Command::Status(args) => args.execute(ctx).await,
+            Command::Completions(args) => args.execute(),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! `CliError`: what went wrong, in one line, and the exit code it ends the process with.
+
+use std::fmt;
+use std::process::ExitCode;
+
+use redsem::Error;
+
+use crate::output;
+
+/// The exit codes of `redsem` (besides 0 and the child's own code in `run`).
+pub(crate) mod exit {
+    /// Any other error: bad state, limit conflict, not held.
+    pub(crate) const FAILURE: u8 = 1;
+    /// Bad flags or values.
+    pub(crate) const USAGE: u8 = 2;
+    /// Redis unreachable (sysexits `EX_UNAVAILABLE`).
+    pub(crate) const UNAVAILABLE: u8 = 69;
+    /// No permit in time (sysexits `EX_TEMPFAIL`).
+    pub(crate) const NOT_ACQUIRED: u8 = 75;
+    /// The lease was lost while `run`'s command ran.
+    pub(crate) const LEASE_LOST: u8 = 76;
+    /// `run`'s command was found but could not be started (as `env` and `timeout` do).
+    pub(crate) const CANNOT_EXECUTE: u8 = 126;
+    /// `run`'s command was not found.
+    pub(crate) const NOT_FOUND: u8 = 127;
+    /// Added to a signal number when a process ended by that signal.
+    pub(crate) const SIGNALLED: u8 = 128;
+}
+
+/// A failure of the command line: printed once by `main` as `redsem: <message>`.
+#[derive(Debug)]
+pub(crate) struct CliError {
+    code: u8,
+    message: String,
+}
+
+impl CliError {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
+        CliError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// Print the one line on stderr and give the exit code.
+    pub(crate) fn report(&self) -> ExitCode {
+        eprintln!("redsem: {self}");
+        ExitCode::from(self.code())
+    }
+}
+
+impl fmt::Display for CliError {
+    /// The message on one line, whatever a cause (a Redis error, a clap error) contained.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut words = self.message.split_whitespace();
+        if let Some(first) = words.next() {
+            f.write_str(first)?;
+        }
+        for word in words {
+            write!(f, " {word}")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<Error> for CliError {
+    fn from(err: Error) -> Self {
+        let code = if err.is_unavailable() {
+            exit::UNAVAILABLE
+        } else if err.is_not_acquired() {
+            exit::NOT_ACQUIRED
+        } else if err.is_invalid_argument() {
+            exit::USAGE
+        } else {
+            exit::FAILURE
+        };
+        let message = match &err {
+            Error::CapacityConflict {
+                name,
+                requested,
+                current,
+            } => format!(
+                "--limit {requested} differs from the limit {current} in force for {name:?} \
+                 while it has holders or waiters"
+            ),
+            Error::Timeout { name, waited } => format!(
+                "no permit of {name:?} within {} (timed out)",
+                output::duration(*waited)
+            ),
+            Error::InvalidArgument(what) => what.clone(),
+            _ => err.to_string(),
+        };
+        CliError::new(code, message)
+    }
+}
+
+/// Print one line and exit 1 on a panic (a bug): never a backtrace. The child of `run` dies
+/// with the process (parent-death signal); a permit comes back when its lease ends.
+pub(crate) fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("panic");
+        let place = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let err = CliError::new(
+            exit::FAILURE,
+            format!("internal error{place}: {what} (a bug; please report it)"),
+        );
+        eprintln!("redsem: {err}");
+        std::process::exit(exit::FAILURE.into());
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_print_on_one_line() {
+        let err = CliError::new(exit::FAILURE, "first\n\n  second\tthird ");
+        assert_eq!(err.to_string(), "first second third");
+    }
+
+    #[test]
+    fn library_errors_carry_their_exit_codes() {
+        let conflict = CliError::from(Error::CapacityConflict {
+            name: "jobs".into(),
+            requested: 5,
+            current: 3,
+        });
+        assert_eq!(conflict.code(), exit::FAILURE);
+        assert!(conflict.to_string().contains("--limit 5"));
+        assert!(conflict.to_string().contains("limit 3"));
+        let not_held = CliError::from(Error::NotHeld {
+            name: "jobs".into(),
+            id: "ab".into(),
+        });
+        assert_eq!(not_held.code(), exit::FAILURE);
+        assert!(not_held.to_string().contains("not held"));
+        let timeout = CliError::from(Error::Timeout {
+            name: "jobs".into(),
+            waited: std::time::Duration::from_millis(500),
+        });
+        assert_eq!(timeout.code(), exit::NOT_ACQUIRED);
+        let invalid = CliError::from(Error::InvalidArgument("bad".into()));
+        assert_eq!(invalid.code(), exit::USAGE);
+    }
+}
