@@ -33,6 +33,21 @@ pub enum Error {
         /// Requests queued ahead when the attempt was made.
         waiters: u64,
     },
+    /// `try_acquire` of a [`PermitSemaphore`](crate::PermitSemaphore) found fewer permits
+    /// available than requested, or other requests queued first.
+    #[error(
+        "{requested} permits of {name:?} not available ({available} available, {waiters} waiting)"
+    )]
+    NotEnoughPermits {
+        /// Name of the semaphore.
+        name: String,
+        /// Permits requested.
+        requested: u32,
+        /// Permits available when the attempt was made (may be negative).
+        available: i64,
+        /// Requests queued ahead when the attempt was made.
+        waiters: u64,
+    },
     /// A waiting acquire ran out of time.
     #[error("timed out after {waited:?} waiting for {name:?}")]
     Timeout {
@@ -99,9 +114,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when the request could not be granted: [`Error::NoPermit`] or [`Error::Timeout`].
+    /// True when the request could not be granted: [`Error::NoPermit`],
+    /// [`Error::NotEnoughPermits`] or [`Error::Timeout`].
     pub fn is_not_acquired(&self) -> bool {
-        matches!(self, Error::NoPermit { .. } | Error::Timeout { .. })
+        matches!(
+            self,
+            Error::NoPermit { .. } | Error::NotEnoughPermits { .. } | Error::Timeout { .. }
+        )
     }
 
     /// True for [`Error::Timeout`].

@@ -52,6 +52,48 @@ pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
     format!("{prefix}:wake:{client_id}")
 }
 
+/// The keys of one permit semaphore, in the order the `permit_*.lua` scripts expect them.
+#[derive(Debug, Clone)]
+pub(crate) struct PermitKeys {
+    pub(crate) all: [String; 6],
+}
+
+impl PermitKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let base = format!("{prefix}:{{permits:{name}}}");
+        let part = |p: &str| format!("{base}:{p}");
+        PermitKeys {
+            all: [
+                part("count"),
+                part("queue"),
+                part("waiters"),
+                part("records"),
+                part("meta"),
+                part("applied"),
+            ],
+        }
+    }
+}
+
+/// The keys of one countdown latch, in the order the `latch_*.lua` scripts expect them, and
+/// the channel on which its waiters hear that it opened.
+#[derive(Debug, Clone)]
+pub(crate) struct LatchKeys {
+    pub(crate) all: [String; 3],
+    pub(crate) channel: String,
+}
+
+impl LatchKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let base = format!("{prefix}:{{latch:{name}}}");
+        let part = |p: &str| format!("{base}:{p}");
+        LatchKeys {
+            all: [part("count"), part("done"), part("applied")],
+            channel: part("opened"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,6 +119,32 @@ mod tests {
                 assert_eq!(hash_tag(key), tag, "{key} of {name:?}");
             }
         }
+    }
+
+    #[test]
+    fn permit_and_latch_keys_share_one_hash_tag_each() {
+        for name in ["jobs", "a}b", "{x}", "", "weird:{name"] {
+            let permits = PermitKeys::new("redsem", name);
+            let latch = LatchKeys::new("redsem", name);
+            for (kind, keys) in [("permits", &permits.all[..]), ("latch", &latch.all[..])] {
+                let tag = hash_tag(&keys[0]);
+                assert_eq!(
+                    tag,
+                    format!("{kind}:{name}").split('}').next().unwrap_or("")
+                );
+                for key in keys {
+                    assert!(key.starts_with(&format!("redsem:{{{kind}:")), "{key}");
+                    assert_eq!(hash_tag(key), tag, "{key} of {name:?}");
+                }
+            }
+            assert!(latch.channel.starts_with("redsem:{latch:"));
+        }
+        assert_eq!(PermitKeys::new("p", "db").all[0], "p:{permits:db}:count");
+        assert_eq!(PermitKeys::new("p", "db").all[5], "p:{permits:db}:applied");
+        let latch = LatchKeys::new("p", "boot");
+        assert_eq!(latch.all[0], "p:{latch:boot}:count");
+        assert_eq!(latch.all[1], "p:{latch:boot}:done");
+        assert_eq!(latch.channel, "p:{latch:boot}:opened");
     }
 
     #[test]

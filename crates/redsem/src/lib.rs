@@ -5,6 +5,9 @@
 //!   background, each with a [`FencingToken`] and a slot number. Waiters are served strictly
 //!   first-in-first-out; a crashed holder's permit comes back within one lease.
 //! * [`Mutex`]: a lease semaphore of capacity 1.
+//! * [`PermitSemaphore`]: Redisson-style counted permits (no owners, no leases), with the same
+//!   FIFO waiting and retry-safe releases.
+//! * [`CountDownLatch`]: a count that, at zero, opens every waiter in every process.
 //!
 //! Everything goes through a [`Redsem`] handle: one multiplexed command connection and one
 //! pub/sub connection per process, whatever the number of primitives, permits and waiters.
@@ -56,17 +59,21 @@
 mod client;
 mod error;
 mod keys;
+mod latch;
 mod lease;
 mod mutex;
 mod notify;
+mod permits;
 mod script;
 mod types;
 
 pub use client::{Redsem, RedsemOptions};
 pub use error::{Error, Result};
+pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{
     Holder, LeaseOptions, LeasePermit, LeaseSemaphore, MAX_LEASE, MIN_LEASE, Status, Waiter,
 };
 pub use mutex::{Mutex, MutexGuard};
+pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
 pub use types::{FencingToken, PermitId};

@@ -36,7 +36,6 @@ pub(crate) struct Notifier {
     commands: mpsc::UnboundedSender<Command>,
 }
 
-#[allow(dead_code)] // Subscribe/Unsubscribe come from `listen`, whose first user is the latch.
 enum Command {
     Subscribe(String),
     Unsubscribe(String),
@@ -87,7 +86,6 @@ impl Notifier {
     }
 
     /// Listen to broadcast `channel`; the subscription lasts while any listener lives.
-    #[allow(dead_code)] // first user: the countdown latch
     pub(crate) async fn listen(&self, channel: &str) -> Listener {
         let (notify, first) = {
             let mut routes = lock(&self.routes);
@@ -138,7 +136,6 @@ impl Drop for Registration {
 }
 
 /// A local listener of a broadcast channel.
-#[allow(dead_code)] // first user: the countdown latch
 pub(crate) struct Listener {
     routes: Arc<Mutex<Routes>>,
     commands: mpsc::UnboundedSender<Command>,
@@ -146,7 +143,6 @@ pub(crate) struct Listener {
     notify: Arc<Notify>,
 }
 
-#[allow(dead_code)] // first user: the countdown latch
 impl Listener {
     /// The notifier to wait on; create `notified()` before re-checking state so a message
     /// arriving in between is not missed.

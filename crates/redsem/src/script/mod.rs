@@ -14,6 +14,9 @@ use redis::{Script, Value};
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
 
+mod counters;
+pub(crate) use counters::*;
+
 macro_rules! lease_script {
     ($file:literal) => {
         LazyLock::new(|| {

@@ -1,0 +1,456 @@
+//! `CountDownLatch`: a count that opens every waiter, in every process, when it reaches zero.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::client::Redsem;
+use crate::error::{Error, Result, invalid};
+use crate::keys::LatchKeys;
+use crate::permits::MAX_PERMITS;
+use crate::script::{self, RawLatchState};
+use crate::types::PermitId;
+
+/// How long an opened latch is reported as [`LatchState::Done`] (then as
+/// [`LatchState::NeverSet`]).
+pub const LATCH_DONE_TTL: Duration = Duration::from_secs(3600);
+
+/// The shortest re-check interval accepted.
+const MIN_RECHECK: Duration = Duration::from_millis(10);
+
+/// Options of a [`CountDownLatch`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let options = redsem::LatchOptions::default().recheck(Duration::from_millis(250));
+/// assert_eq!(options.recheck, Duration::from_millis(250));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LatchOptions {
+    /// How often a waiter re-checks the count without a wake-up (default 1 s): the most a lost
+    /// pub/sub message can delay it.
+    pub recheck: Duration,
+}
+
+impl Default for LatchOptions {
+    fn default() -> Self {
+        LatchOptions {
+            recheck: Duration::from_secs(1),
+        }
+    }
+}
+
+impl LatchOptions {
+    /// Set the re-check interval.
+    #[must_use]
+    pub fn recheck(mut self, recheck: Duration) -> Self {
+        self.recheck = recheck;
+        self
+    }
+}
+
+/// What a [`CountDownLatch`] is doing, from [`CountDownLatch::state`].
+///
+/// # Examples
+///
+/// ```
+/// use redsem::LatchState;
+/// let state = LatchState::Counting(2);
+/// assert!(!state.is_open());
+/// assert!(LatchState::Done.is_open());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LatchState {
+    /// Never set, deleted, or opened more than [`LATCH_DONE_TTL`] ago.
+    NeverSet,
+    /// Set and not yet at zero: this many count-downs remain.
+    Counting(u64),
+    /// Reached zero within the last [`LATCH_DONE_TTL`].
+    Done,
+}
+
+impl LatchState {
+    /// True unless counting: a [`CountDownLatch::wait`] would return at once.
+    pub fn is_open(self) -> bool {
+        !matches!(self, LatchState::Counting(_))
+    }
+}
+
+/// A countdown latch shared through Redis, like Redisson's `RCountDownLatch`: set a count
+/// once, count it down from anywhere, and every waiter in every process returns when it
+/// reaches zero.
+///
+/// * At zero the latch is gone (its count key is deleted) and a message on its channel wakes
+///   every waiter through each client's one shared pub/sub connection; a waiter also re-checks
+///   every [`LatchOptions::recheck`], so a lost message costs latency, never liveness.
+/// * [`wait`](Self::wait) returns at once for a latch that is not counting, whether it opened
+///   or was never set; [`state`](Self::state) tells the two apart (an opened latch is
+///   remembered as [`LatchState::Done`] for [`LATCH_DONE_TTL`]).
+/// * [`count_down`](Self::count_down) is retry-safe: each call carries a request id, is retried
+///   once after a dropped connection, and is applied once.
+///
+/// Cloning is cheap.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+/// let ready = redsem.count_down_latch("workers-ready")?;
+/// ready.try_set_count(3).await?;
+/// // ... in each of three workers, possibly on other machines:
+/// ready.count_down().await?;
+/// // ... in the coordinator:
+/// ready.wait().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct CountDownLatch {
+    inner: Arc<LatchInner>,
+}
+
+#[derive(Debug)]
+struct LatchInner {
+    redsem: Redsem,
+    name: String,
+    keys: LatchKeys,
+    options: LatchOptions,
+}
+
+impl Redsem {
+    /// A countdown latch named `name`, with default options.
+    ///
+    /// Makes no round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let latch = redsem.count_down_latch("migration-done")?;
+    /// latch.wait().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name.
+    pub fn count_down_latch(&self, name: &str) -> Result<CountDownLatch> {
+        self.count_down_latch_with(name, LatchOptions::default())
+    }
+
+    /// A countdown latch named `name`, with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// let options = redsem::LatchOptions::default().recheck(Duration::from_millis(200));
+    /// let latch = redsem.count_down_latch_with("migration-done", options)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name or a re-check interval under 10 ms.
+    pub fn count_down_latch_with(
+        &self,
+        name: &str,
+        options: LatchOptions,
+    ) -> Result<CountDownLatch> {
+        if name.is_empty() {
+            return Err(invalid("the latch name must not be empty"));
+        }
+        if options.recheck < MIN_RECHECK {
+            return Err(invalid(format!(
+                "re-check interval {:?} is too short; the minimum is {MIN_RECHECK:?}",
+                options.recheck
+            )));
+        }
+        Ok(CountDownLatch {
+            inner: Arc::new(LatchInner {
+                redsem: self.clone(),
+                name: name.to_owned(),
+                keys: LatchKeys::new(self.prefix(), name),
+                options,
+            }),
+        })
+    }
+}
+
+impl CountDownLatch {
+    /// The latch's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The options of this handle.
+    pub fn options(&self) -> &LatchOptions {
+        &self.inner.options
+    }
+
+    /// Set the count to `count` unless the latch is counting already. Returns true if this
+    /// call set it. An opened latch can be set again.
+    ///
+    /// Retry-safe: after a dropped connection the call is repeated once with the same request
+    /// id, and answers true if the first attempt set it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// if !latch.try_set_count(3).await? {
+    ///     println!("already counting: {}", latch.count().await?);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for 0 or a count above 2<sup>53</sup> - 1;
+    /// [`Error::WrongType`] when one of its keys holds a foreign value (left untouched);
+    /// [`Error::Unavailable`] when Redis cannot be reached (also on the retry).
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the count may or may not have been set.
+    pub async fn try_set_count(&self, count: u64) -> Result<bool> {
+        if count == 0 || count > MAX_PERMITS.unsigned_abs() {
+            return Err(invalid(format!(
+                "the count of latch {:?} must be 1..={MAX_PERMITS}, got {count}",
+                self.inner.name
+            )));
+        }
+        let inner = &self.inner;
+        let request = PermitId::random();
+        script::retry_once("try_set_count", || async {
+            script::latch_try_set(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                request.as_str(),
+                count,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// Take one from the count; at zero the latch opens: it is gone, and every waiter returns.
+    ///
+    /// Counting down a latch that is not counting (never set, opened, deleted) does nothing.
+    /// Retry-safe: after a dropped connection the call is repeated once with the same request
+    /// id, and applied once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// latch.count_down().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`] as for
+    /// [`try_set_count`](Self::try_set_count).
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the count may or may not have been taken down.
+    pub async fn count_down(&self) -> Result<()> {
+        let inner = &self.inner;
+        let request = PermitId::random();
+        script::retry_once("count_down", || async {
+            script::latch_count_down(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The count-downs remaining: 0 when the latch is not counting (opened, never set or
+    /// deleted; [`state`](Self::state) tells which).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// println!("{} to go", latch.count().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn count(&self) -> Result<u64> {
+        Ok(match self.state().await? {
+            LatchState::Counting(n) => n,
+            LatchState::NeverSet | LatchState::Done => 0,
+        })
+    }
+
+    /// Whether the latch is counting, opened (within [`LATCH_DONE_TTL`]), or never set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// use redsem::LatchState;
+    /// match latch.state().await? {
+    ///     LatchState::NeverSet => println!("nobody set it up (yet)"),
+    ///     LatchState::Counting(n) => println!("{n} to go"),
+    ///     LatchState::Done => println!("open"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn state(&self) -> Result<LatchState> {
+        let inner = &self.inner;
+        Ok(
+            match script::latch_state(&mut inner.redsem.conn(), &inner.keys).await? {
+                RawLatchState::Counting(n) => LatchState::Counting(n),
+                RawLatchState::Done => LatchState::Done,
+                RawLatchState::Never => LatchState::NeverSet,
+            },
+        )
+    }
+
+    /// Wait until the latch is not counting: it reached zero, was deleted, or was never set
+    /// (check [`state`](Self::state) first where "never set" must not pass).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// latch.wait().await?;
+    /// println!("everyone is ready");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a check.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: waiting changes nothing in Redis.
+    pub async fn wait(&self) -> Result<()> {
+        self.wait_until(None).await
+    }
+
+    /// Wait until the latch is not counting, for at most `wait`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// match latch.wait_timeout(Duration::from_secs(30)).await {
+    ///     Ok(()) => println!("open"),
+    ///     Err(e) if e.is_timeout() => println!("still {} to go", latch.count().await?),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `wait` runs out; otherwise as [`wait`](Self::wait).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wait_timeout(&self, wait: Duration) -> Result<()> {
+        self.wait_until(Instant::now().checked_add(wait)).await
+    }
+
+    /// Remove the latch (also its done marker). Returns true if it was counting; its waiters
+    /// then return.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
+    /// latch.delete().await?;
+    /// assert_eq!(latch.state().await?, redsem::LatchState::NeverSet);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] (nothing is deleted), [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the latch may or may not have been deleted.
+    pub async fn delete(&self) -> Result<bool> {
+        let inner = &self.inner;
+        script::latch_delete(&mut inner.redsem.conn(), &inner.keys).await
+    }
+
+    async fn counting(&self) -> Result<bool> {
+        Ok(!self.state().await?.is_open())
+    }
+
+    async fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
+        let started = Instant::now();
+        if !self.counting().await? {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let listener = inner
+            .redsem
+            .notifier()
+            .await
+            .listen(&inner.keys.channel)
+            .await;
+        loop {
+            // Registered before the check, so a message published in between is kept.
+            let mut opened = pin!(listener.notify().notified());
+            opened.as_mut().enable();
+            if !self.counting().await? {
+                return Ok(());
+            }
+            let mut nap = inner.options.recheck;
+            if let Some(deadline) = deadline {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::Timeout {
+                        name: inner.name.clone(),
+                        waited: now - started,
+                    });
+                }
+                nap = nap.min(deadline - now);
+            }
+            tokio::select! {
+                () = opened => {}
+                () = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,643 @@
+//! `PermitSemaphore`: Redisson-style counted permits, with strictly FIFO waiting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::client::Redsem;
+use crate::error::{Error, Result, invalid};
+use crate::keys::PermitKeys;
+use crate::lease::{MAX_LEASE, MIN_LEASE};
+use crate::script::{self, Addition, PermitAcquire};
+use crate::types::PermitId;
+
+/// The largest magnitude a permit count may reach: Redis scripts count in doubles.
+pub const MAX_PERMITS: i64 = (1 << 53) - 1;
+
+/// Options of a [`PermitSemaphore`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// let options = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(3));
+/// assert_eq!(options.waiter_lease, Duration::from_secs(3));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitOptions {
+    /// How long a queued request keeps its place without checking in (default 10 s). A waiter
+    /// checks in every third of it, and also re-checks then if a wake-up message was lost; a
+    /// crashed waiter stops blocking the queue after this, and permits handed to it that it
+    /// never collected come back.
+    pub waiter_lease: Duration,
+}
+
+impl Default for PermitOptions {
+    fn default() -> Self {
+        PermitOptions {
+            waiter_lease: Duration::from_secs(10),
+        }
+    }
+}
+
+impl PermitOptions {
+    /// Set the waiter lease.
+    #[must_use]
+    pub fn waiter_lease(mut self, waiter_lease: Duration) -> Self {
+        self.waiter_lease = waiter_lease;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let d = self.waiter_lease;
+        if d < MIN_LEASE {
+            return Err(invalid(format!(
+                "waiter lease {d:?} is too short to renew; the minimum is {MIN_LEASE:?}"
+            )));
+        }
+        if d > MAX_LEASE {
+            return Err(invalid(format!(
+                "waiter lease {d:?} is longer than the maximum {MAX_LEASE:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A counting semaphore of plain permits shared through Redis, like Redisson's `RSemaphore`:
+/// a number of available permits that anyone may take from ([`acquire`](Self::acquire)) and
+/// add to ([`release`](Self::release), [`add_permits`](Self::add_permits)).
+///
+/// Permits have no owners and no leases, by design: a process that dies holding permits does
+/// not give them back. Use a [`LeaseSemaphore`](crate::LeaseSemaphore) when that matters.
+///
+/// * The count may be set once ([`try_set_permits`](Self::try_set_permits)) and may go below
+///   zero ([`add_permits`](Self::add_permits) with a negative number).
+/// * Waiters are served strictly first-in-first-out; a request for `n` permits at the head of
+///   the line is woken when `n` are available, and is never overtaken by smaller requests
+///   behind it. A [`try_acquire`](Self::try_acquire) fails while anyone waits.
+/// * A release wakes exactly the waiters it satisfies, through the client's one shared pub/sub
+///   connection; a waiter also re-checks every third of its waiter lease, so a lost message
+///   costs latency, never liveness.
+/// * Releases and additions are retry-safe: each call carries a request id, is retried once
+///   after a dropped connection, and is applied once.
+///
+/// Cloning is cheap.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+/// let downloads = redsem.permit_semaphore("downloads")?;
+/// downloads.try_set_permits(3).await?;
+/// downloads.acquire(1).await?;
+/// // ... download ...
+/// downloads.release(1).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PermitSemaphore {
+    inner: Arc<PermitInner>,
+}
+
+#[derive(Debug)]
+struct PermitInner {
+    redsem: Redsem,
+    name: String,
+    keys: PermitKeys,
+    options: PermitOptions,
+}
+
+/// When a request gives up.
+#[derive(Debug, Clone, Copy)]
+enum Patience {
+    /// One attempt, never queued.
+    None,
+    /// Queued until the deadline.
+    Until(Instant),
+    /// Queued until granted.
+    Forever,
+}
+
+impl Redsem {
+    /// A permit semaphore named `name`, with default options.
+    ///
+    /// Makes no round trip; a semaphore that was never set has 0 permits available.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let slots = redsem.permit_semaphore("gpu")?;
+    /// slots.try_set_permits(4).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name.
+    pub fn permit_semaphore(&self, name: &str) -> Result<PermitSemaphore> {
+        self.permit_semaphore_with(name, PermitOptions::default())
+    }
+
+    /// A permit semaphore named `name`, with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// let options = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(3));
+    /// let slots = redsem.permit_semaphore_with("gpu", options)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty name, or a waiter lease shorter than
+    /// [`MIN_LEASE`] or longer than [`MAX_LEASE`].
+    pub fn permit_semaphore_with(
+        &self,
+        name: &str,
+        options: PermitOptions,
+    ) -> Result<PermitSemaphore> {
+        if name.is_empty() {
+            return Err(invalid("the semaphore name must not be empty"));
+        }
+        options.validate()?;
+        Ok(PermitSemaphore {
+            inner: Arc::new(PermitInner {
+                redsem: self.clone(),
+                name: name.to_owned(),
+                keys: PermitKeys::new(self.prefix(), name),
+                options,
+            }),
+        })
+    }
+}
+
+impl PermitSemaphore {
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The options of this handle.
+    pub fn options(&self) -> &PermitOptions {
+        &self.inner.options
+    }
+
+    /// Set the number of available permits to `permits`, only if it was never set (or the
+    /// semaphore was deleted). A count that went down to 0 counts as set.
+    ///
+    /// Returns true if this call set it. Requests already waiting are served at once.
+    /// Retry-safe: after a dropped connection the call is repeated once with the same request
+    /// id, and answers true if the first attempt set it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// if sem.try_set_permits(5).await? {
+    ///     println!("initialised with 5 permits");
+    /// }
+    /// assert!(!sem.try_set_permits(7).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when one of its keys holds a foreign value (left untouched);
+    /// [`Error::Unavailable`] when Redis cannot be reached (also on the retry).
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the count may or may not have been set.
+    pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
+        let inner = &self.inner;
+        let request = PermitId::random();
+        script::retry_once("try_set_permits", || async {
+            script::permit_try_set(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                request.as_str(),
+                permits,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// Add `delta` permits (a negative `delta` takes them away; the count may go below zero,
+    /// and then acquires wait until enough are added or released).
+    ///
+    /// Sets the count if it was never set (from 0). Waiters that now fit are served.
+    /// Retry-safe: after a dropped connection the call is repeated once with the same request
+    /// id, and applied once.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// sem.add_permits(-5).await?;
+    /// assert_eq!(sem.available_permits().await?, -5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the count would leave ±[`MAX_PERMITS`] (nothing is
+    /// changed); [`Error::WrongType`], [`Error::Unavailable`] as for
+    /// [`try_set_permits`](Self::try_set_permits).
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the permits may or may not have been added.
+    pub async fn add_permits(&self, delta: i64) -> Result<()> {
+        if !(-MAX_PERMITS..=MAX_PERMITS).contains(&delta) {
+            return Err(invalid(format!(
+                "cannot add {delta} permits to {:?}: the limit is ±{MAX_PERMITS}",
+                self.inner.name
+            )));
+        }
+        self.add(delta, "add_permits").await
+    }
+
+    /// Give back `permits` permits, served to the waiters at the head of the line that now
+    /// fit. Anyone may release, also permits it never acquired (they are plain counts).
+    ///
+    /// Retry-safe: after a dropped connection the call is repeated once with the same request
+    /// id, and applied once. Releasing 0 permits does nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// sem.acquire(2).await?;
+    /// sem.release(2).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`add_permits`](Self::add_permits).
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the permits may or may not have been released.
+    pub async fn release(&self, permits: u32) -> Result<()> {
+        if permits == 0 {
+            return Ok(());
+        }
+        self.add(i64::from(permits), "release").await
+    }
+
+    /// Take `permits` permits if that many are available and nobody waits; one round trip,
+    /// never queued.
+    ///
+    /// Taking 0 permits succeeds without a round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// match sem.try_acquire(2).await {
+    ///     Ok(()) => sem.release(2).await?,
+    ///     Err(e) if e.is_not_acquired() => println!("busy: {e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotEnoughPermits`] when fewer are available or others wait;
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the future is dropped (or fails to hear the answer) after the request was
+    /// sent, permits it took are given back in the background.
+    pub async fn try_acquire(&self, permits: u32) -> Result<()> {
+        self.take(permits, Patience::None).await
+    }
+
+    /// Wait in line for `permits` permits, as long as it takes.
+    ///
+    /// Waits also on a semaphore that was never set, until permits are set or added. Taking
+    /// 0 permits succeeds without a round trip.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// sem.acquire(4).await?;
+    /// // ... use the four units ...
+    /// sem.release(4).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached while queuing
+    /// or checking in.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future (or a surrounding timeout) withdraws the request, and
+    /// permits handed to it in the meantime are given back: a cancelled acquire takes nothing.
+    /// The withdrawal is sent in the background; if it cannot be, the waiter lease cleans up.
+    pub async fn acquire(&self, permits: u32) -> Result<()> {
+        self.take(permits, Patience::Forever).await
+    }
+
+    /// Wait in line for `permits` permits for at most `wait`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// use std::time::Duration;
+    /// match sem.acquire_timeout(1, Duration::from_secs(5)).await {
+    ///     Ok(()) => sem.release(1).await?,
+    ///     Err(e) if e.is_timeout() => eprintln!("gave up"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when `wait` runs out (the request is withdrawn first, and permits
+    /// handed to it meanwhile are given back); otherwise as [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, permits: u32, wait: Duration) -> Result<()> {
+        let patience = match Instant::now().checked_add(wait) {
+            Some(deadline) => Patience::Until(deadline),
+            None => Patience::Forever,
+        };
+        self.take(permits, patience).await
+    }
+
+    /// The permits available now: negative after [`add_permits`](Self::add_permits) took more
+    /// than there were, 0 for a semaphore that was never set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// println!("{} permits available", sem.available_permits().await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn available_permits(&self) -> Result<i64> {
+        let inner = &self.inner;
+        let availability = script::permit_available(&mut inner.redsem.conn(), &inner.keys).await?;
+        Ok(availability.available)
+    }
+
+    /// Take every available permit; returns how many were taken. A count at or below zero is
+    /// left as it is and 0 is returned (unlike Java's `drainPermits`, a negative count is not
+    /// reset).
+    ///
+    /// Not retried: a repeated drain would take permits released in between.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// let taken = sem.drain_permits().await?;
+    /// sem.release(u32::try_from(taken).unwrap_or(u32::MAX)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the permits may or may not have been taken.
+    pub async fn drain_permits(&self) -> Result<u64> {
+        let inner = &self.inner;
+        script::permit_drain(&mut inner.redsem.conn(), &inner.keys).await
+    }
+
+    /// Remove the semaphore: its count and its queue. Returns true if its count was set.
+    ///
+    /// Afterwards it is as if never set: [`try_set_permits`](Self::try_set_permits) succeeds
+    /// again. Requests waiting on it notice at their next check-in and queue again.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::PermitSemaphore) -> redsem::Result<()> {
+    /// sem.delete().await?;
+    /// assert!(sem.try_set_permits(2).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] (nothing is deleted), [`Error::Unavailable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// If dropped after sending, the semaphore may or may not have been deleted.
+    pub async fn delete(&self) -> Result<bool> {
+        let inner = &self.inner;
+        script::permit_delete(&mut inner.redsem.conn(), &inner.keys).await
+    }
+
+    async fn add(&self, delta: i64, what: &'static str) -> Result<()> {
+        let inner = &self.inner;
+        let request = PermitId::random();
+        let added = script::retry_once(what, || async {
+            script::permit_add(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                request.as_str(),
+                delta,
+            )
+            .await
+        })
+        .await?;
+        match added {
+            Addition::Applied(_) | Addition::Repeated(_) => Ok(()),
+            Addition::OutOfRange(available) => Err(invalid(format!(
+                "cannot add {delta} permits to {:?}: {available} available, and the count must stay within ±{MAX_PERMITS}",
+                inner.name
+            ))),
+        }
+    }
+
+    async fn take(&self, permits: u32, patience: Patience) -> Result<()> {
+        if permits == 0 {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let id = PermitId::random();
+        let started = Instant::now();
+        let wait = !matches!(patience, Patience::None);
+        let waiter_lease = inner.options.waiter_lease;
+        let channel = &inner.redsem.shared.wake_channel;
+        let mut conn = inner.redsem.conn();
+        // Routed before the request is queued, so a grant published right after cannot be missed.
+        let mailbox = if wait {
+            Some(inner.redsem.notifier().await.register(id.as_str()).await)
+        } else {
+            None
+        };
+        let mut withdraw = Withdraw {
+            sem: Some(inner.clone()),
+            id: id.clone(),
+        };
+        let mut reply = script::permit_acquire(
+            &mut conn,
+            &inner.keys,
+            id.as_str(),
+            permits,
+            wait,
+            waiter_lease,
+            channel,
+        )
+        .await?;
+        let mut polled = false;
+        loop {
+            match reply {
+                PermitAcquire::Granted => {
+                    withdraw.disarm();
+                    return Ok(());
+                }
+                PermitAcquire::Busy { available, waiters } => {
+                    withdraw.disarm();
+                    return Err(Error::NotEnoughPermits {
+                        name: inner.name.clone(),
+                        requested: permits,
+                        available,
+                        waiters,
+                    });
+                }
+                PermitAcquire::Queued { recheck, .. } => {
+                    let Some(mailbox) = &mailbox else {
+                        return Err(protocol("a try request was queued"));
+                    };
+                    let mut nap = recheck;
+                    if let Patience::Until(deadline) = patience {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            withdraw.now().await?;
+                            return Err(Error::Timeout {
+                                name: inner.name.clone(),
+                                waited: now - started,
+                            });
+                        }
+                        nap = nap.min(deadline - now);
+                    }
+                    tokio::select! {
+                        () = mailbox.woken() => {}
+                        () = tokio::time::sleep(nap) => {}
+                    }
+                    reply = script::permit_poll(&mut conn, &inner.keys, id.as_str(), waiter_lease)
+                        .await?;
+                    polled = true;
+                }
+                PermitAcquire::Gone if polled => {
+                    // Our place was dropped (we did not check in within the waiter lease, or
+                    // the semaphore was deleted): queue again.
+                    tracing::warn!(semaphore = %inner.name, id = %id, "queued request was dropped; queuing again");
+                    polled = false;
+                    reply = script::permit_acquire(
+                        &mut conn,
+                        &inner.keys,
+                        id.as_str(),
+                        permits,
+                        wait,
+                        waiter_lease,
+                        channel,
+                    )
+                    .await?;
+                }
+                PermitAcquire::Gone => {
+                    withdraw.disarm();
+                    return Err(protocol("a new request was refused as withdrawn"));
+                }
+            }
+        }
+    }
+}
+
+fn protocol(detail: &str) -> Error {
+    Error::Protocol {
+        script: "permit_acquire",
+        detail: detail.to_owned(),
+    }
+}
+
+impl PermitInner {
+    async fn withdraw(&self, id: &str) -> Result<()> {
+        script::permit_withdraw(&mut self.redsem.conn(), &self.keys, id)
+            .await
+            .map(drop)
+    }
+}
+
+/// Withdraws a request (and gives back permits handed to it) unless disarmed: on drop in the
+/// background, or awaited with [`Withdraw::now`].
+struct Withdraw {
+    sem: Option<Arc<PermitInner>>,
+    id: PermitId,
+}
+
+impl Withdraw {
+    fn disarm(&mut self) {
+        self.sem = None;
+    }
+
+    async fn now(&mut self) -> Result<()> {
+        if let Some(sem) = self.sem.take() {
+            sem.withdraw(self.id.as_str()).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        let Some(sem) = self.sem.take() else { return };
+        let id = self.id.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(err) = sem.withdraw(id.as_str()).await {
+                    tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
+                        "could not withdraw a cancelled request; its waiter lease will");
+                }
+            });
+        }
+    }
+}
