@@ -349,3 +349,554 @@ fn decode_deleted(script: &'static str, reply: Value) -> Result<bool> {
     }
     Ok(r.int()? == 1)
 }
+
+#[cfg(test)]
+mod tests {
+    //! Every permit and latch script called directly, with raw KEYS and ARGV, on a throwaway
+    //! server.
+
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use redis::AsyncCommands;
+    use redis::aio::MultiplexedConnection;
+    use redsem_test::{RedisCluster, RedisServer, within};
+
+    use super::*;
+    use crate::error::Error;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+    const CHANNEL: &str = "t:wake:test";
+    const LONG: Duration = Duration::from_secs(30);
+
+    async fn connect(server: &RedisServer) -> MultiplexedConnection {
+        within(
+            LIMIT,
+            "connect",
+            server.client().get_multiplexed_async_connection(),
+        )
+        .await
+        .expect("connect")
+    }
+
+    async fn subscribe(server: &RedisServer, channel: &str) -> redis::aio::PubSub {
+        let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
+            .await
+            .expect("pubsub");
+        within(LIMIT, "subscribe", pubsub.subscribe(channel))
+            .await
+            .expect("subscribe");
+        pubsub
+    }
+
+    async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
+        let msg = within(LIMIT, "a message", pubsub.on_message().next())
+            .await
+            .expect("a message");
+        msg.get_payload().expect("payload")
+    }
+
+    fn pk() -> PermitKeys {
+        PermitKeys::new("t", "p")
+    }
+
+    fn lk() -> LatchKeys {
+        LatchKeys::new("t", "l")
+    }
+
+    async fn acquire(
+        conn: &mut MultiplexedConnection,
+        id: &str,
+        permits: u32,
+        wait: bool,
+        waiter_lease: Duration,
+    ) -> PermitAcquire {
+        within(
+            LIMIT,
+            "permit_acquire",
+            permit_acquire(conn, &pk(), id, permits, wait, waiter_lease, CHANNEL),
+        )
+        .await
+        .expect("permit_acquire")
+    }
+
+    async fn poll(conn: &mut MultiplexedConnection, id: &str) -> PermitAcquire {
+        permit_poll(conn, &pk(), id, LONG).await.expect("poll")
+    }
+
+    async fn add(conn: &mut MultiplexedConnection, request: &str, delta: i64) -> Addition {
+        permit_add(conn, &pk(), request, delta).await.expect("add")
+    }
+
+    async fn available(conn: &mut MultiplexedConnection) -> i64 {
+        permit_available(conn, &pk())
+            .await
+            .expect("available")
+            .available
+    }
+
+    #[tokio::test]
+    async fn server_computes_the_same_sha_for_every_counter_script() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        for script in [
+            &PERMIT_ACQUIRE,
+            &PERMIT_POLL,
+            &PERMIT_WITHDRAW,
+            &PERMIT_ADD,
+            &PERMIT_TRY_SET,
+            &PERMIT_AVAILABLE,
+            &PERMIT_DRAIN,
+            &PERMIT_DELETE,
+            &LATCH_TRY_SET,
+            &LATCH_COUNT_DOWN,
+            &LATCH_STATE,
+            &LATCH_DELETE,
+        ] {
+            let sha = within(
+                LIMIT,
+                "SCRIPT LOAD",
+                script.prepare_invoke().load_async(&mut conn),
+            )
+            .await
+            .expect("script compiles on the server");
+            assert_eq!(sha, script.get_hash());
+        }
+    }
+
+    #[tokio::test]
+    async fn acquire_takes_available_permits_and_try_reports_busy() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        assert!(permit_try_set(&mut conn, &pk(), "s", 3).await.expect("set"));
+        assert_eq!(
+            acquire(&mut conn, "a", 2, false, LONG).await,
+            PermitAcquire::Granted
+        );
+        assert_eq!(
+            acquire(&mut conn, "b", 2, false, LONG).await,
+            PermitAcquire::Busy {
+                available: 1,
+                waiters: 0
+            }
+        );
+        assert_eq!(available(&mut conn).await, 1);
+        // A repeated acquire with a collected id is granted again, and takes nothing more.
+        assert_eq!(
+            acquire(&mut conn, "a", 2, false, LONG).await,
+            PermitAcquire::Granted
+        );
+        assert_eq!(available(&mut conn).await, 1);
+    }
+
+    #[tokio::test]
+    async fn waiters_are_granted_in_arrival_order_and_woken_by_their_id() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let mut pubsub = subscribe(&server, CHANNEL).await;
+        assert!(permit_try_set(&mut conn, &pk(), "s", 0).await.expect("set"));
+        assert!(matches!(
+            acquire(&mut conn, "a", 2, true, LONG).await,
+            PermitAcquire::Queued { position: 0, .. }
+        ));
+        let PermitAcquire::Queued { position, recheck } =
+            acquire(&mut conn, "b", 1, true, LONG).await
+        else {
+            panic!("b should queue");
+        };
+        assert_eq!(position, 1);
+        assert_eq!(recheck, Duration::from_secs(10));
+        // A try request fails while others wait.
+        assert_eq!(
+            acquire(&mut conn, "c", 1, false, LONG).await,
+            PermitAcquire::Busy {
+                available: 0,
+                waiters: 2
+            }
+        );
+
+        // One permit: a (2) still does not fit, and b behind it does not overtake it.
+        assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(1));
+        assert!(matches!(
+            poll(&mut conn, "b").await,
+            PermitAcquire::Queued { position: 1, .. }
+        ));
+        assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(0));
+        assert_eq!(next_message(&mut pubsub).await, "a");
+        assert_eq!(poll(&mut conn, "a").await, PermitAcquire::Granted);
+        assert_eq!(
+            poll(&mut conn, "a").await,
+            PermitAcquire::Granted,
+            "a repeated poll"
+        );
+        assert!(matches!(
+            poll(&mut conn, "b").await,
+            PermitAcquire::Queued { position: 0, .. }
+        ));
+        assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(0));
+        assert_eq!(next_message(&mut pubsub).await, "b");
+        assert_eq!(poll(&mut conn, "b").await, PermitAcquire::Granted);
+        assert_eq!(poll(&mut conn, "zz").await, PermitAcquire::Gone);
+    }
+
+    #[tokio::test]
+    async fn an_add_repeated_with_the_same_request_id_is_applied_once() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        assert_eq!(add(&mut conn, "r1", 2).await, Addition::Applied(2));
+        assert_eq!(add(&mut conn, "r1", 2).await, Addition::Repeated(2));
+        assert_eq!(available(&mut conn).await, 2);
+        assert_eq!(add(&mut conn, "r2", -5).await, Addition::Applied(-3));
+        assert_eq!(add(&mut conn, "r2", -5).await, Addition::Repeated(-3));
+        assert_eq!(available(&mut conn).await, -3);
+    }
+
+    #[tokio::test]
+    async fn try_set_sets_only_a_count_never_set_and_a_repeat_answers_set() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let shared = conn.clone();
+        let set = move |id: &'static str, n: u32| {
+            let mut conn = shared.clone();
+            async move { permit_try_set(&mut conn, &pk(), id, n).await.expect("set") }
+        };
+        assert!(set("s1", 0).await, "a count of 0 is a count");
+        assert!(set("s1", 0).await, "the same request answers the same");
+        assert!(!set("s2", 5).await, "0 counts as set");
+        assert_eq!(available(&mut conn).await, 0);
+        assert!(permit_delete(&mut conn, &pk()).await.expect("delete"));
+        assert!(!permit_delete(&mut conn, &pk()).await.expect("delete"));
+        assert!(set("s3", 5).await, "set again after a delete");
+        assert_eq!(available(&mut conn).await, 5);
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_request_takes_nothing_whatever_its_state() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = pk();
+        // Waiting: just leaves.
+        assert!(matches!(
+            acquire(&mut conn, "w", 1, true, LONG).await,
+            PermitAcquire::Queued { .. }
+        ));
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "w").await.expect("withdraw"),
+            Withdrawal::Withdrawn
+        );
+        // Granted while it waited, not collected: gives the permits back.
+        assert!(matches!(
+            acquire(&mut conn, "g", 2, true, LONG).await,
+            PermitAcquire::Queued { position: 0, .. }
+        ));
+        assert_eq!(add(&mut conn, "r1", 2).await, Addition::Applied(0));
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "g").await.expect("withdraw"),
+            Withdrawal::Returned(2)
+        );
+        assert_eq!(available(&mut conn).await, 2);
+        // Collected, but the caller never heard: gives them back as well.
+        assert_eq!(
+            acquire(&mut conn, "c", 2, false, LONG).await,
+            PermitAcquire::Granted
+        );
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+            Withdrawal::Returned(2)
+        );
+        assert_eq!(available(&mut conn).await, 2);
+        // Twice, or unknown: nothing.
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+            Withdrawal::Unknown
+        );
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "never")
+                .await
+                .expect("withdraw"),
+            Withdrawal::Unknown
+        );
+        assert_eq!(available(&mut conn).await, 2);
+        // A late acquire with a withdrawn id (sent before the withdrawal, arriving after).
+        assert_eq!(
+            acquire(&mut conn, "never", 1, false, LONG).await,
+            PermitAcquire::Gone
+        );
+        assert_eq!(available(&mut conn).await, 2);
+    }
+
+    #[tokio::test]
+    async fn withdrawing_the_head_lets_the_waiters_behind_it_through() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let mut pubsub = subscribe(&server, CHANNEL).await;
+        assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(1));
+        acquire(&mut conn, "big", 2, true, LONG).await;
+        acquire(&mut conn, "small", 1, true, LONG).await;
+        permit_withdraw(&mut conn, &pk(), "big")
+            .await
+            .expect("withdraw");
+        assert_eq!(next_message(&mut pubsub).await, "small");
+        assert_eq!(poll(&mut conn, "small").await, PermitAcquire::Granted);
+        assert_eq!(available(&mut conn).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_dead_waiter_is_dropped_within_its_waiter_lease_and_gives_back_a_grant() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let short = Duration::from_millis(100);
+        assert!(matches!(
+            acquire(&mut conn, "dead", 1, true, short).await,
+            PermitAcquire::Queued { .. }
+        ));
+        assert_eq!(add(&mut conn, "r1", 0).await, Addition::Applied(0));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(1));
+        assert_eq!(
+            acquire(&mut conn, "live", 1, false, LONG).await,
+            PermitAcquire::Granted,
+            "the dead waiter no longer blocks"
+        );
+
+        // Granted while it waited, and never collected: the permit comes back.
+        acquire(&mut conn, "dead2", 1, true, short).await;
+        assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(0));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(available(&mut conn).await, 1);
+        assert_eq!(poll(&mut conn, "dead2").await, PermitAcquire::Gone);
+    }
+
+    #[tokio::test]
+    async fn the_count_stays_within_two_to_the_53() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let max = (1_i64 << 53) - 1;
+        assert_eq!(add(&mut conn, "r1", max).await, Addition::Applied(max));
+        assert_eq!(add(&mut conn, "r2", 1).await, Addition::OutOfRange(max));
+        assert_eq!(
+            add(&mut conn, "r3", -max).await,
+            Addition::Applied(0),
+            "and back"
+        );
+    }
+
+    #[tokio::test]
+    async fn drain_takes_what_is_available_and_leaves_a_negative_count_alone() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 0);
+        let exists: bool = conn.exists(&pk().all[0]).await.expect("exists");
+        assert!(!exists, "draining a semaphore never set does not set it");
+        add(&mut conn, "r1", 5).await;
+        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 5);
+        assert_eq!(available(&mut conn).await, 0);
+        add(&mut conn, "r2", -3).await;
+        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 0);
+        assert_eq!(available(&mut conn).await, -3);
+    }
+
+    #[tokio::test]
+    async fn bookkeeping_keys_expire_but_the_count_does_not() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = pk();
+        add(&mut conn, "r1", 1).await;
+        acquire(&mut conn, "a", 1, false, LONG).await;
+        acquire(&mut conn, "b", 1, true, LONG).await;
+        for key in &k.all[1..] {
+            let ttl: i64 = conn.pttl(key).await.expect("pttl");
+            assert!(ttl > 30_000 && ttl <= 30_000 + 120_000, "{key}: {ttl}");
+        }
+        let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
+        assert_eq!(ttl, -1, "the count never expires");
+    }
+
+    #[tokio::test]
+    async fn every_permit_script_reports_a_foreign_key_and_leaves_it_alone() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = pk();
+        for (i, key) in k.all.iter().enumerate() {
+            let _: () = conn.del(&k.all[..]).await.expect("del");
+            // A list where we keep a string or a zset; text where we keep a number.
+            let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+            let mut conn2 = conn.clone();
+            let results: Vec<(&str, Result<()>)> = vec![
+                (
+                    "acquire",
+                    permit_acquire(&mut conn2, &k, "a", 1, true, LONG, CHANNEL)
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "poll",
+                    permit_poll(&mut conn2, &k, "a", LONG).await.map(drop),
+                ),
+                (
+                    "withdraw",
+                    permit_withdraw(&mut conn2, &k, "a").await.map(drop),
+                ),
+                ("add", permit_add(&mut conn2, &k, "r", 1).await.map(drop)),
+                (
+                    "try_set",
+                    permit_try_set(&mut conn2, &k, "r", 1).await.map(drop),
+                ),
+                (
+                    "available",
+                    permit_available(&mut conn2, &k).await.map(drop),
+                ),
+                ("drain", permit_drain(&mut conn2, &k).await.map(drop)),
+                ("delete", permit_delete(&mut conn2, &k).await.map(drop)),
+            ];
+            for (script, result) in results {
+                match result {
+                    Err(Error::WrongType { key: got, .. }) => assert_eq!(&got, key, "{script}"),
+                    other => panic!("{script} on foreign key #{i}: {other:?}"),
+                }
+            }
+            let value: Vec<String> = conn.lrange(key, 0, -1).await.expect("lrange");
+            assert_eq!(value, ["foreign"], "key #{i} was overwritten");
+            let others: usize = conn.exists(&k.all[..]).await.expect("exists");
+            assert_eq!(others, 1, "nothing else was written");
+        }
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        let _: () = conn.set(&k.all[0], "three").await.expect("set");
+        match permit_add(&mut conn, &k, "r", 1).await {
+            Err(Error::WrongType { key, expected, .. }) => {
+                assert_eq!(
+                    (key.as_str(), expected.as_str()),
+                    (k.all[0].as_str(), "integer")
+                );
+            }
+            other => panic!("a non-numeric count: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_latch_counts_down_once_per_request_and_publishes_at_zero() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = lk();
+        let mut pubsub = subscribe(&server, &k.channel).await;
+        assert_eq!(
+            latch_state(&mut conn, &k).await.expect("state"),
+            RawLatchState::Never
+        );
+        assert!(latch_try_set(&mut conn, &k, "s1", 3).await.expect("set"));
+        assert!(latch_try_set(&mut conn, &k, "s1", 3).await.expect("repeat"));
+        assert!(!latch_try_set(&mut conn, &k, "s2", 9).await.expect("set"));
+        let (shared, shared_keys) = (conn.clone(), k.clone());
+        let down = move |id: &'static str| {
+            let mut conn = shared.clone();
+            let k = shared_keys.clone();
+            async move {
+                latch_count_down(&mut conn, &k, id)
+                    .await
+                    .expect("count_down")
+            }
+        };
+        assert_eq!(down("c1").await, CountDown::Counted(2));
+        assert_eq!(
+            down("c1").await,
+            CountDown::Repeated(2),
+            "retried: applied once"
+        );
+        assert_eq!(down("c2").await, CountDown::Counted(1));
+        assert_eq!(down("c3").await, CountDown::Counted(0));
+        assert_eq!(next_message(&mut pubsub).await, "opened");
+        assert_eq!(down("c3").await, CountDown::Repeated(0));
+        assert_eq!(down("c4").await, CountDown::Absent);
+        assert_eq!(
+            latch_state(&mut conn, &k).await.expect("state"),
+            RawLatchState::Done
+        );
+        let exists: bool = conn.exists(&k.all[0]).await.expect("exists");
+        assert!(!exists, "the count key is gone at zero");
+        let ttl: i64 = conn.pttl(&k.all[1]).await.expect("pttl");
+        assert!(ttl > 3_590_000 && ttl <= 3_600_000, "done marker ttl {ttl}");
+
+        // An opened latch can be set again; deleting a counting one wakes its waiters.
+        assert!(latch_try_set(&mut conn, &k, "s3", 2).await.expect("set"));
+        assert_eq!(
+            latch_state(&mut conn, &k).await.expect("state"),
+            RawLatchState::Counting(2)
+        );
+        assert!(latch_delete(&mut conn, &k).await.expect("delete"));
+        assert_eq!(next_message(&mut pubsub).await, "opened");
+        assert!(!latch_delete(&mut conn, &k).await.expect("delete"));
+        assert_eq!(
+            latch_state(&mut conn, &k).await.expect("state"),
+            RawLatchState::Never
+        );
+        let left: usize = conn.exists(&k.all[..]).await.expect("exists");
+        assert_eq!(left, 0);
+    }
+
+    #[tokio::test]
+    async fn every_latch_script_reports_a_foreign_key_and_leaves_it_alone() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = lk();
+        for (i, key) in k.all.iter().enumerate() {
+            let _: () = conn.del(&k.all[..]).await.expect("del");
+            let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+            let mut conn2 = conn.clone();
+            let results: Vec<(&str, Result<()>)> = vec![
+                (
+                    "try_set",
+                    latch_try_set(&mut conn2, &k, "r", 1).await.map(drop),
+                ),
+                (
+                    "count_down",
+                    latch_count_down(&mut conn2, &k, "r").await.map(drop),
+                ),
+                ("state", latch_state(&mut conn2, &k).await.map(drop)),
+                ("delete", latch_delete(&mut conn2, &k).await.map(drop)),
+            ];
+            for (script, result) in results {
+                match result {
+                    Err(Error::WrongType { key: got, .. }) => assert_eq!(&got, key, "{script}"),
+                    other => panic!("{script} on foreign key #{i}: {other:?}"),
+                }
+            }
+            let value: Vec<String> = conn.lrange(key, 0, -1).await.expect("lrange");
+            assert_eq!(value, ["foreign"], "key #{i} was overwritten");
+        }
+    }
+
+    #[tokio::test]
+    async fn counter_scripts_run_on_a_three_master_cluster() {
+        let cluster = RedisCluster::start(3);
+        let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+        let mut conn = within(LIMIT, "cluster connect", client.get_async_connection())
+            .await
+            .expect("connect");
+        for name in ["a", "b", "c", "d", "e", "f"] {
+            let k = PermitKeys::new("t", name);
+            assert!(permit_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+            let granted = permit_acquire(&mut conn, &k, "x", 1, true, LONG, CHANNEL).await;
+            assert_eq!(granted.expect("acquire"), PermitAcquire::Granted);
+            let queued = permit_acquire(&mut conn, &k, "y", 1, true, LONG, CHANNEL).await;
+            assert!(
+                matches!(queued, Ok(PermitAcquire::Queued { .. })),
+                "{queued:?}"
+            );
+            permit_add(&mut conn, &k, "r", 1).await.expect("release");
+            let polled = permit_poll(&mut conn, &k, "y", LONG).await.expect("poll");
+            assert_eq!(polled, PermitAcquire::Granted);
+            permit_withdraw(&mut conn, &k, "y").await.expect("withdraw");
+            assert!(permit_delete(&mut conn, &k).await.expect("delete"));
+
+            let k = LatchKeys::new("t", name);
+            assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+            let down = latch_count_down(&mut conn, &k, "c")
+                .await
+                .expect("count_down");
+            assert_eq!(down, CountDown::Counted(0));
+            let state = latch_state(&mut conn, &k).await.expect("state");
+            assert_eq!(state, RawLatchState::Done);
+            latch_delete(&mut conn, &k).await.expect("delete");
+        }
+    }
+}
