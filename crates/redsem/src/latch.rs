@@ -291,7 +291,8 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`], [`Error::Unavailable`].
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached (the read is
+    /// tried once more after a dropped connection).
     ///
     /// # Cancel safety
     ///
@@ -321,20 +322,23 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`], [`Error::Unavailable`].
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached (the read is
+    /// tried once more after a dropped connection).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn state(&self) -> Result<LatchState> {
         let inner = &self.inner;
-        Ok(
-            match script::latch_state(&mut inner.redsem.conn(), &inner.keys).await? {
-                RawLatchState::Counting(n) => LatchState::Counting(n),
-                RawLatchState::Done => LatchState::Done,
-                RawLatchState::Never => LatchState::NeverSet,
-            },
-        )
+        let state = script::retry_once("state", || async {
+            script::latch_state(&mut inner.redsem.conn(), &inner.keys).await
+        })
+        .await?;
+        Ok(match state {
+            RawLatchState::Counting(n) => LatchState::Counting(n),
+            RawLatchState::Done => LatchState::Done,
+            RawLatchState::Never => LatchState::NeverSet,
+        })
     }
 
     /// Wait until the latch is not counting: it reached zero, was deleted, or was never set
@@ -352,7 +356,8 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a check.
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a check
+    /// (each check is tried once more after a dropped connection).
     ///
     /// # Cancel safety
     ///

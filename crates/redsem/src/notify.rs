@@ -24,8 +24,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 struct Routes {
     /// Queued requests of this client, by request id.
     waiters: HashMap<String, Arc<Notify>>,
-    /// Broadcast channels with local listeners: (listener count, their notifier).
-    channels: HashMap<String, (usize, Arc<Notify>)>,
+    /// Broadcast channels with local listeners: (listener count, their notifier, true once
+    /// the server confirmed the subscription).
+    channels: HashMap<String, (usize, Arc<Notify>, watch::Receiver<bool>)>,
 }
 
 /// Handle to the pub/sub task.
@@ -37,7 +38,9 @@ pub(crate) struct Notifier {
 }
 
 enum Command {
-    Subscribe(String),
+    /// Subscribe, then set the flag: listeners wait for it, so a message published after
+    /// `listen` returns is delivered.
+    Subscribe(String, watch::Sender<bool>),
     Unsubscribe(String),
 }
 
@@ -87,20 +90,30 @@ impl Notifier {
 
     /// Listen to broadcast `channel`; the subscription lasts while any listener lives.
     pub(crate) async fn listen(&self, channel: &str) -> Listener {
-        let (notify, first) = {
+        let (notify, mut confirmed, first) = {
             let mut routes = lock(&self.routes);
+            let mut confirm = None;
             let entry = routes
                 .channels
                 .entry(channel.to_owned())
-                .or_insert_with(|| (0, Arc::new(Notify::new())));
+                .or_insert_with(|| {
+                    let (tx, rx) = watch::channel(false);
+                    confirm = Some(tx);
+                    (0, Arc::new(Notify::new()), rx)
+                });
             entry.0 += 1;
-            (entry.1.clone(), entry.0 == 1)
+            (entry.1.clone(), entry.2.clone(), confirm)
         };
-        if first {
+        if let Some(confirm) = first {
             // Ignored error: the task is gone only when the client is closed.
-            let _ = self.commands.send(Command::Subscribe(channel.to_owned()));
+            let _ = self
+                .commands
+                .send(Command::Subscribe(channel.to_owned(), confirm));
         }
-        self.wait_subscribed().await;
+        // Bounded like the first subscription: if pub/sub is unreachable, the listener relies
+        // on its own re-check timer (an error here means the attempt was dropped with its
+        // connection; the reconnect subscribes again and wakes every listener).
+        let _ = tokio::time::timeout(FIRST_SUBSCRIBE_WAIT, confirmed.wait_for(|ok| *ok)).await;
         Listener {
             routes: self.routes.clone(),
             commands: self.commands.clone(),
@@ -222,7 +235,10 @@ impl Task {
                     self.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
                 }
                 Some(cmd) = self.commands.recv() => match cmd {
-                    Command::Subscribe(channel) => sink.subscribe(channel).await?,
+                    Command::Subscribe(channel, confirm) => {
+                        sink.subscribe(channel).await?;
+                        confirm.send_replace(true);
+                    }
                     Command::Unsubscribe(channel) => sink.unsubscribe(channel).await?,
                 },
             }
@@ -238,7 +254,7 @@ impl Task {
             {
                 notify.notify_one();
             }
-        } else if let Some((_, notify)) = routes.channels.get(channel) {
+        } else if let Some((_, notify, _)) = routes.channels.get(channel) {
             notify.notify_waiters();
         }
     }
@@ -248,7 +264,7 @@ impl Task {
         for notify in routes.waiters.values() {
             notify.notify_one();
         }
-        for (_, notify) in routes.channels.values() {
+        for (_, notify, _) in routes.channels.values() {
             notify.notify_waiters();
         }
     }

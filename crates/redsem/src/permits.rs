@@ -408,14 +408,18 @@ impl PermitSemaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`], [`Error::Unavailable`].
+    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached (the read is
+    /// tried once more after a dropped connection).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn available_permits(&self) -> Result<i64> {
         let inner = &self.inner;
-        let availability = script::permit_available(&mut inner.redsem.conn(), &inner.keys).await?;
+        let availability = script::retry_once("available_permits", || async {
+            script::permit_available(&mut inner.redsem.conn(), &inner.keys).await
+        })
+        .await?;
         Ok(availability.available)
     }
 

@@ -9,3 +9,9 @@ mod lease;
 
 /// Waiting: FIFO order, targeted wake-ups, dead waiters, cancellation, the mutex.
 mod waiting;
+
+/// Permit semaphore: counts, FIFO waiting, wake-ups, cancellation, retried releases, round trips.
+mod permits;
+
+/// Countdown latch: every waiter wakes, timeouts, lost messages, state, retried count-downs.
+mod latch;

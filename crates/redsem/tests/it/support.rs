@@ -101,3 +101,62 @@ pub(crate) fn short(lease_ms: u64) -> redsem::LeaseOptions {
         .lease(Duration::from_millis(lease_ms))
         .waiter_lease(Duration::from_millis(lease_ms))
 }
+
+impl TestContext {
+    /// Subscribers of `channel` on the server (`PUBSUB NUMSUB`).
+    pub(crate) async fn subscribers(&self, channel: &str) -> u64 {
+        let mut conn = self.raw().await;
+        let reply: (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        reply.1
+    }
+
+    /// `CLIENT KILL TYPE <kind> SKIPME yes`: drops every connection of that type ("normal",
+    /// "pubsub") except the one sending the command. Returns how many were killed.
+    pub(crate) async fn kill_clients(&self, kind: &str) -> u64 {
+        let mut conn = self.raw().await;
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg(kind)
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT KILL")
+    }
+
+    /// Zero the `INFO commandstats` counters (`CONFIG RESETSTAT`).
+    pub(crate) async fn reset_stats(&self) {
+        let mut conn = self.raw().await;
+        let () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG RESETSTAT");
+    }
+}
+
+/// Poll `cond` every few ms until it is true; panics naming `what` after [`LIMIT`].
+pub(crate) async fn until<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    within(LIMIT, what, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+    })
+    .await
+}
+
+/// The median of some durations.
+pub(crate) fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
