@@ -1,0 +1,73 @@
+//! Command-line arguments.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Benchmark redsem against the seeds' classic fair semaphore and the raw EVALSHA limit,
+/// side by side on one Redis. Prints a table; `--out` writes every figure as JSON.
+///
+/// Exit status: 0 when every invariant held, 1 when one was violated or a scenario failed,
+/// 2 for a usage or set-up error.
+#[derive(Debug, Parser)]
+#[command(name = "redsem-bench", version)]
+pub(crate) struct Args {
+    /// Redis to measure on; by default a throwaway `redis-server` is started (and stopped).
+    #[arg(long)]
+    pub(crate) url: Option<String>,
+
+    /// Write every figure to this JSON file.
+    #[arg(long, value_name = "FILE.json")]
+    pub(crate) out: Option<PathBuf>,
+
+    /// Every scenario at tiny sizes (a few seconds in all); invariants are still checked.
+    #[arg(long)]
+    pub(crate) smoke: bool,
+
+    /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4).
+    #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
+    pub(crate) only: Option<BTreeSet<u8>>,
+}
+
+impl Args {
+    pub(crate) fn runs(&self, scenario: u8) -> bool {
+        self.only.as_ref().is_none_or(|set| set.contains(&scenario))
+    }
+}
+
+fn parse_scenarios(s: &str) -> Result<BTreeSet<u8>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.strip_prefix(['S', 's'])
+                .and_then(|n| n.parse::<u8>().ok())
+                .filter(|n| (1..=8).contains(n))
+                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S8"))
+        })
+        .collect::<Result<BTreeSet<u8>, String>>()
+        .and_then(|set| {
+            if set.is_empty() {
+                Err("no scenario named".to_owned())
+            } else {
+                Ok(set)
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenario_lists_accept_either_case_and_reject_unknown_ones() {
+        assert_eq!(
+            parse_scenarios("S1, s3,S7").unwrap(),
+            BTreeSet::from([1, 3, 7])
+        );
+        assert!(parse_scenarios("S9").is_err());
+        assert!(parse_scenarios("x").is_err());
+        assert!(parse_scenarios("").is_err());
+    }
+}

@@ -1,0 +1,296 @@
+//! S1–S4 written once over [`BenchSem`], so redsem and the seeds' algorithm (S7) run the
+//! very same measuring code.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, timeout};
+
+use crate::BenchResult;
+use crate::admin::{Admin, CommandStats};
+use crate::sem::BenchSem;
+use crate::stats::{Latency, inversions, rate};
+
+/// How long any single wait in a scenario may take before the scenario fails.
+pub(crate) const STALL: Duration = Duration::from_secs(30);
+
+/// What the server did during a measurement, per cycle.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct ServerLoad {
+    /// `INFO commandstats` call deltas per cycle, by command. Commands run inside scripts are
+    /// counted here too (under their own names); the admin's `INFO` calls are left out.
+    pub(crate) commandstats_per_cycle: BTreeMap<String, f64>,
+    /// EVALSHA calls per cycle: client→server commands for redsem, one round trip each.
+    pub(crate) evalsha_per_cycle: f64,
+    /// Mean server time of one EVALSHA (`usec` delta / `calls` delta), µs.
+    pub(crate) evalsha_usec_per_call: f64,
+    /// Server CPU (`used_cpu_user + used_cpu_sys` delta) per cycle, µs.
+    pub(crate) redis_cpu_us_per_cycle: f64,
+    /// Server CPU over wall time: 1.0 = one core fully busy (Redis runs commands on one).
+    pub(crate) redis_cpu_share: f64,
+}
+
+/// A snapshot of the server counters.
+pub(crate) struct Snap {
+    stats: CommandStats,
+    cpu: f64,
+    at: Instant,
+}
+
+impl Snap {
+    pub(crate) async fn take(admin: &Admin) -> BenchResult<Snap> {
+        Ok(Snap {
+            stats: admin.commandstats().await?,
+            cpu: admin.cpu_seconds().await?,
+            at: Instant::now(),
+        })
+    }
+
+    /// The load from `self` to now, spread over `cycles`.
+    pub(crate) async fn load(&self, admin: &Admin, cycles: u64) -> BenchResult<ServerLoad> {
+        let after = Snap::take(admin).await?;
+        let mut d = after.stats.since(&self.stats);
+        d.0.remove("info");
+        let cpu = (after.cpu - self.cpu).max(0.0);
+        let wall = after.at.duration_since(self.at).as_secs_f64();
+        let n = cycles.max(1) as f64;
+        let evalsha = d.calls("evalsha");
+        Ok(ServerLoad {
+            evalsha_per_cycle: evalsha as f64 / n,
+            evalsha_usec_per_call: if evalsha > 0 {
+                d.usec("evalsha") as f64 / evalsha as f64
+            } else {
+                0.0
+            },
+            commandstats_per_cycle: d.per(cycles),
+            redis_cpu_us_per_cycle: cpu * 1e6 / n,
+            redis_cpu_share: if wall > 0.0 { cpu / wall } else { 0.0 },
+        })
+    }
+}
+
+/// S1: one client, try_acquire + release in a loop.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct CycleRun {
+    pub(crate) cycles: u64,
+    pub(crate) elapsed_s: f64,
+    pub(crate) cycles_per_s: f64,
+    /// Time of one try_acquire + release.
+    pub(crate) cycle: Latency,
+    pub(crate) server: ServerLoad,
+}
+
+pub(crate) async fn cycles<S: BenchSem>(
+    admin: &Admin,
+    sem: &S,
+    time: Duration,
+) -> BenchResult<CycleRun> {
+    // Warm up: scripts loaded, connections open.
+    for _ in 0..20 {
+        let p = sem
+            .try_acquire()
+            .await?
+            .ok_or("S1 warm-up found no free unit")?;
+        sem.release(p).await?;
+    }
+    let snap = Snap::take(admin).await?;
+    let start = Instant::now();
+    let mut sample = Vec::new();
+    while start.elapsed() < time {
+        let t = Instant::now();
+        let p = sem
+            .try_acquire()
+            .await?
+            .ok_or("an uncontended try_acquire found no free unit")?;
+        sem.release(p).await?;
+        sample.push(t.elapsed());
+    }
+    let elapsed = start.elapsed();
+    let n = sample.len() as u64;
+    Ok(CycleRun {
+        cycles: n,
+        elapsed_s: elapsed.as_secs_f64(),
+        cycles_per_s: rate(n, elapsed),
+        cycle: Latency::of(&sample),
+        server: snap.load(admin, n).await?,
+    })
+}
+
+/// S2: many tasks over a few clients, acquire (waiting) + release for a fixed time.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ContendedRun {
+    pub(crate) tasks: usize,
+    pub(crate) clients: usize,
+    pub(crate) capacity: usize,
+    pub(crate) cycles: u64,
+    pub(crate) elapsed_s: f64,
+    pub(crate) cycles_per_s: f64,
+    /// Time from calling acquire to holding the permit.
+    pub(crate) wait: Latency,
+    /// Most holders seen at once in this process (counted between acquire and release).
+    pub(crate) max_holders: usize,
+    /// Every task came back within the stall limit after the time was up.
+    pub(crate) all_finished: bool,
+    pub(crate) server: ServerLoad,
+}
+
+pub(crate) async fn contended<S: BenchSem>(
+    admin: &Admin,
+    sems: &[S],
+    tasks: usize,
+    capacity: usize,
+    time: Duration,
+) -> BenchResult<ContendedRun> {
+    let holders = Arc::new(AtomicUsize::new(0));
+    let max_holders = Arc::new(AtomicUsize::new(0));
+    let snap = Snap::take(admin).await?;
+    let start = Instant::now();
+    let deadline = start + time;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..tasks {
+        let sem = sems[i % sems.len()].clone();
+        let (holders, max_holders) = (holders.clone(), max_holders.clone());
+        set.spawn(async move {
+            let mut waits = Vec::new();
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let p = sem.acquire(|| {}).await?;
+                let waited = t.elapsed();
+                let now_holding = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                max_holders.fetch_max(now_holding, Ordering::SeqCst);
+                // Let other holders of this process overlap with this one.
+                tokio::task::yield_now().await;
+                holders.fetch_sub(1, Ordering::SeqCst);
+                sem.release(p).await?;
+                if Instant::now() <= deadline {
+                    waits.push(waited);
+                }
+            }
+            BenchResult::Ok(waits)
+        });
+    }
+    let mut waits = Vec::new();
+    let all_finished = timeout(time + STALL, async {
+        while let Some(joined) = set.join_next().await {
+            waits.extend(joined??);
+        }
+        BenchResult::Ok(())
+    })
+    .await
+    .map(|r| r.map(|()| true))
+    .unwrap_or(Ok(false))?;
+    set.abort_all();
+    let n = waits.len() as u64;
+    Ok(ContendedRun {
+        tasks,
+        clients: sems.len(),
+        capacity,
+        cycles: n,
+        elapsed_s: time.as_secs_f64(),
+        cycles_per_s: rate(n, time),
+        wait: Latency::of(&waits),
+        max_holders: max_holders.load(Ordering::SeqCst),
+        all_finished,
+        server: snap.load(admin, n).await?,
+    })
+}
+
+/// S3: capacity 1, one waiter: release → the waiter's grant.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct HandoffRun {
+    pub(crate) trials: usize,
+    /// From calling release on the holder to the waiter's acquire returning.
+    pub(crate) handoff: Latency,
+}
+
+pub(crate) async fn handoff<S: BenchSem>(
+    holder: &S,
+    waiter: &S,
+    trials: usize,
+) -> BenchResult<HandoffRun> {
+    let mut sample = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        let held = timeout(STALL, holder.try_acquire())
+            .await??
+            .ok_or("S3: the holder found no free unit")?;
+        let (queued_tx, queued_rx) = oneshot::channel();
+        let w = waiter.clone();
+        let task = tokio::spawn(async move {
+            let got = w
+                .acquire(move || {
+                    let _ = queued_tx.send(());
+                })
+                .await;
+            (Instant::now(), got)
+        });
+        timeout(STALL, queued_rx).await??;
+        let released = Instant::now();
+        holder.release(held).await?;
+        let (granted, permit) = timeout(STALL, task).await??;
+        sample.push(granted.saturating_duration_since(released));
+        waiter.release(permit?).await?;
+    }
+    Ok(HandoffRun {
+        trials,
+        handoff: Latency::of(&sample),
+    })
+}
+
+/// S4: waiters enqueued one at a time in a known order, then served.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FairnessRun {
+    pub(crate) waiters: usize,
+    /// Pairs served against arrival order (0 = strictly first-in-first-out).
+    pub(crate) inversions: u64,
+    /// Arrival index of each grant, in grant order.
+    pub(crate) grant_order: Vec<usize>,
+}
+
+pub(crate) async fn fairness<S: BenchSem>(
+    holder: &S,
+    waiters: &[S],
+    n: usize,
+) -> BenchResult<FairnessRun> {
+    let held = timeout(STALL, holder.try_acquire())
+        .await??
+        .ok_or("S4: the holder found no free unit")?;
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for arrival in 0..n {
+        let sem = waiters[arrival % waiters.len()].clone();
+        let served = served.clone();
+        let (queued_tx, queued_rx) = oneshot::channel();
+        set.spawn(async move {
+            let permit = sem
+                .acquire(move || {
+                    let _ = queued_tx.send(());
+                })
+                .await?;
+            // Capacity 1: grants are serial, so this counter is the grant order.
+            let rank = served.fetch_add(1, Ordering::SeqCst);
+            sem.release(permit).await?;
+            BenchResult::Ok((rank, arrival))
+        });
+        // The next waiter starts only once this one is visibly waiting.
+        timeout(STALL, queued_rx).await??;
+    }
+    holder.release(held).await?;
+    let mut order = vec![usize::MAX; n];
+    timeout(STALL, async {
+        while let Some(joined) = set.join_next().await {
+            let (rank, arrival) = joined??;
+            order[rank] = arrival;
+        }
+        BenchResult::Ok(())
+    })
+    .await??;
+    Ok(FairnessRun {
+        waiters: n,
+        inversions: inversions(&order),
+        grant_order: order,
+    })
+}

@@ -1,0 +1,202 @@
+//! The S1 and S3 equivalents for `PermitSemaphore` and `CountDownLatch`.
+//!
+//! To know that a waiter really waits before it is released, these read (never write) one
+//! key or channel of the layout in `docs/DESIGN.md`: the permit semaphore's `…:queue` zset and
+//! the latch's `…:opened` channel. If that layout changes, the wait for readiness times out and
+//! the scenario fails loudly.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redsem::{CountDownLatch, PermitSemaphore};
+use serde::Serialize;
+use tokio::time::{Instant, timeout};
+
+use crate::BenchResult;
+use crate::admin::Admin;
+use crate::core::{CycleRun, HandoffRun, STALL, Snap};
+use crate::ctx::Ctx;
+use crate::stats::{Latency, rate};
+
+/// How long a waiter may take to show up in Redis.
+const READY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct CountersRun {
+    /// Permit semaphore of 5: try_acquire(1) + release(1).
+    pub(crate) permits_s1: Option<CycleRun>,
+    /// Permit semaphore of 1: release(1) → a waiting acquire(1) returns.
+    pub(crate) permits_s3: Option<HandoffRun>,
+    /// Latch: try_set_count(1) + count_down().
+    pub(crate) latch_s1: Option<CycleRun>,
+    /// Latch of 1: count_down() → a waiting wait() returns.
+    pub(crate) latch_s3: Option<HandoffRun>,
+}
+
+/// Run `cycle` back to back for `time`.
+async fn cycles<F, Fut>(admin: &Admin, time: Duration, mut cycle: F) -> BenchResult<CycleRun>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = BenchResult<()>>,
+{
+    for _ in 0..20 {
+        cycle().await?;
+    }
+    let snap = Snap::take(admin).await?;
+    let start = Instant::now();
+    let mut sample = Vec::new();
+    while start.elapsed() < time {
+        let t = Instant::now();
+        cycle().await?;
+        sample.push(t.elapsed());
+    }
+    let elapsed = start.elapsed();
+    let n = sample.len() as u64;
+    Ok(CycleRun {
+        cycles: n,
+        elapsed_s: elapsed.as_secs_f64(),
+        cycles_per_s: rate(n, elapsed),
+        cycle: Latency::of(&sample),
+        server: snap.load(admin, n).await?,
+    })
+}
+
+/// Poll `query` (an integer reply) until it is at least 1.
+async fn until_positive(admin: &Admin, query: &redis::Cmd, what: &str) -> BenchResult<()> {
+    let deadline = Instant::now() + READY;
+    let mut conn = admin.conn();
+    loop {
+        let v: redis::Value = query.query_async(&mut conn).await?;
+        let n = match v {
+            redis::Value::Int(n) => n,
+            // PUBSUB NUMSUB: [channel, count]
+            redis::Value::Array(items) => match items.get(1) {
+                Some(redis::Value::Int(n)) => *n,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        if n >= 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not show in Redis within {READY:?}").into());
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+async fn permits_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
+    let client = ctx.redsem(prefix).await?;
+    let sem: PermitSemaphore = client.permit_semaphore("p1")?;
+    sem.try_set_permits(5).await?;
+    cycles(&ctx.admin, ctx.sizes.s1_time, || async {
+        sem.try_acquire(1).await?;
+        sem.release(1).await?;
+        Ok(())
+    })
+    .await
+}
+
+async fn latch_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
+    let client = ctx.redsem(prefix).await?;
+    let latch: CountDownLatch = client.count_down_latch("l1")?;
+    cycles(&ctx.admin, ctx.sizes.s1_time, || async {
+        if !latch.try_set_count(1).await? {
+            return Err("try_set_count found the latch counting".into());
+        }
+        latch.count_down().await?;
+        Ok(())
+    })
+    .await
+}
+
+async fn permits_s3(ctx: &Ctx, prefix: &str) -> BenchResult<HandoffRun> {
+    let (holder, waiter) = (ctx.redsem(prefix).await?, ctx.redsem(prefix).await?);
+    let (h, w) = (
+        holder.permit_semaphore("p3")?,
+        waiter.permit_semaphore("p3")?,
+    );
+    h.try_set_permits(1).await?;
+    let mut queue = redis::cmd("ZCARD");
+    queue.arg(format!("{prefix}:{{permits:p3}}:queue"));
+    let mut sample = Vec::new();
+    for _ in 0..ctx.sizes.s3_trials {
+        h.try_acquire(1).await?;
+        let w2 = w.clone();
+        let task = tokio::spawn(async move {
+            let got = w2.acquire(1).await;
+            (Instant::now(), got)
+        });
+        until_positive(&ctx.admin, &queue, "the waiting permit request").await?;
+        let released = Instant::now();
+        h.release(1).await?;
+        let (granted, got) = timeout(STALL, task).await??;
+        got?;
+        sample.push(granted.saturating_duration_since(released));
+        w.release(1).await?;
+    }
+    Ok(HandoffRun {
+        trials: sample.len(),
+        handoff: Latency::of(&sample),
+    })
+}
+
+async fn latch_s3(ctx: &Ctx, prefix: &str) -> BenchResult<HandoffRun> {
+    let (setter, waiter) = (ctx.redsem(prefix).await?, ctx.redsem(prefix).await?);
+    let (s, w) = (
+        setter.count_down_latch("l3")?,
+        waiter.count_down_latch("l3")?,
+    );
+    let mut listening = redis::cmd("PUBSUB");
+    listening
+        .arg("NUMSUB")
+        .arg(format!("{prefix}:{{latch:l3}}:opened"));
+    let mut sample = Vec::new();
+    for _ in 0..ctx.sizes.s3_trials {
+        if !s.try_set_count(1).await? {
+            return Err("try_set_count found the latch counting".into());
+        }
+        let w2 = w.clone();
+        let task = tokio::spawn(async move {
+            let got = w2.wait().await;
+            (Instant::now(), got)
+        });
+        until_positive(&ctx.admin, &listening, "the latch waiter's subscription").await?;
+        let opened = Instant::now();
+        s.count_down().await?;
+        let (returned, got) = timeout(STALL, task).await??;
+        got?;
+        sample.push(returned.saturating_duration_since(opened));
+        // Let the waiter's subscription go before the next trial looks for it.
+        let mut conn = ctx.admin.conn();
+        let deadline = Instant::now() + READY;
+        loop {
+            let v: (String, i64) = listening.query_async(&mut conn).await?;
+            if v.1 == 0 || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+    Ok(HandoffRun {
+        trials: sample.len(),
+        handoff: Latency::of(&sample),
+    })
+}
+
+/// The S1 equivalents (`s1`) and the S3 equivalents (`s3`).
+pub(crate) async fn run(ctx: &Ctx, s1: bool, s3: bool) -> BenchResult<CountersRun> {
+    let prefix = ctx.prefix("pl");
+    let mut out = CountersRun::default();
+    if s1 {
+        out.permits_s1 = Some(permits_s1(ctx, &prefix).await?);
+        out.latch_s1 = Some(latch_s1(ctx, &prefix).await?);
+    }
+    if s3 {
+        out.permits_s3 = Some(permits_s3(ctx, &prefix).await?);
+        out.latch_s3 = Some(latch_s3(ctx, &prefix).await?);
+    }
+    ctx.clean(&prefix).await?;
+    Ok(out)
+}

@@ -1,0 +1,160 @@
+//! What every scenario gets: the server URL, the admin connection, the sizes of this run, and
+//! fresh key prefixes (each scenario writes under its own, and removes it when done).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use redsem::{LeaseOptions, RedsemOptions};
+use serde::Serialize;
+
+use crate::BenchResult;
+use crate::admin::Admin;
+use crate::sem::{self, Seeds};
+
+/// How big each scenario is.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Sizes {
+    /// S1 (and S7's S1): measuring time.
+    pub(crate) s1_time: Duration,
+    /// S2: task counts, client counts, measuring time per point.
+    pub(crate) s2_tasks: Vec<usize>,
+    pub(crate) s2_clients: Vec<usize>,
+    pub(crate) s2_time: Duration,
+    /// S3: hand-off trials.
+    pub(crate) s3_trials: usize,
+    /// S4: waiters.
+    pub(crate) s4_waiters: usize,
+    /// S5: live-holder levels, cycles timed at each, waiting tasks.
+    pub(crate) s5_levels: Vec<usize>,
+    pub(crate) s5_cycles: usize,
+    pub(crate) s5_waiters: usize,
+    /// S6: cycles watched, live holders, waiters and idle semaphores measured.
+    pub(crate) s6_cycles: usize,
+    pub(crate) s6_holders: usize,
+    pub(crate) s6_waiters: usize,
+    pub(crate) s6_idle: usize,
+    /// S8: measuring time per point.
+    pub(crate) s8_time: Duration,
+}
+
+impl Sizes {
+    pub(crate) fn full() -> Sizes {
+        Sizes {
+            s1_time: Duration::from_secs(3),
+            s2_tasks: vec![16, 64, 256],
+            s2_clients: vec![1, 4],
+            s2_time: Duration::from_secs(2),
+            s3_trials: 500,
+            s4_waiters: 50,
+            s5_levels: vec![10, 1_000, 100_000],
+            s5_cycles: 2_000,
+            s5_waiters: 10_000,
+            s6_cycles: 200,
+            s6_holders: 10_000,
+            s6_waiters: 2_000,
+            s6_idle: 1_000,
+            s8_time: Duration::from_secs(1),
+        }
+    }
+
+    pub(crate) fn smoke() -> Sizes {
+        Sizes {
+            s1_time: Duration::from_millis(200),
+            s2_tasks: vec![16, 64],
+            s2_clients: vec![1, 4],
+            s2_time: Duration::from_millis(200),
+            s3_trials: 30,
+            s4_waiters: 10,
+            s5_levels: vec![10, 100, 1_000],
+            s5_cycles: 100,
+            s5_waiters: 300,
+            s6_cycles: 20,
+            s6_holders: 300,
+            s6_waiters: 100,
+            s6_idle: 30,
+            s8_time: Duration::from_millis(100),
+        }
+    }
+}
+
+pub(crate) struct Ctx {
+    pub(crate) url: String,
+    pub(crate) admin: Admin,
+    pub(crate) sizes: Sizes,
+    run_id: String,
+}
+
+impl Ctx {
+    pub(crate) fn new(url: String, admin: Admin, sizes: Sizes) -> Ctx {
+        Ctx {
+            url,
+            admin,
+            sizes,
+            run_id: format!("{:08x}", rand::random::<u32>()),
+        }
+    }
+
+    /// A key prefix of this run for `what`; every key of the scenario starts with it.
+    pub(crate) fn prefix(&self, what: &str) -> String {
+        format!("rsb-{}-{what}", self.run_id)
+    }
+
+    /// A new redsem client (its own command and pub/sub connections) under `prefix`.
+    pub(crate) async fn redsem(&self, prefix: &str) -> BenchResult<redsem::Redsem> {
+        Ok(
+            redsem::Redsem::connect_with(&self.url, RedsemOptions::default().prefix(prefix))
+                .await?,
+        )
+    }
+
+    /// `clients` redsem clients, each with a handle on the lease semaphore `name`.
+    pub(crate) async fn redsem_sems(
+        &self,
+        prefix: &str,
+        name: &str,
+        capacity: u32,
+        options: LeaseOptions,
+        clients: usize,
+    ) -> BenchResult<Vec<sem::Redsem>> {
+        let mut out = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let client = self.redsem(prefix).await?;
+            out.push(sem::Redsem(client.lease_semaphore_with(
+                name,
+                capacity,
+                options.clone(),
+            )?));
+        }
+        Ok(out)
+    }
+
+    /// `clients` connections, each with a handle on the seeds' semaphore `name`.
+    pub(crate) async fn seeds_sems(
+        &self,
+        prefix: &str,
+        name: &str,
+        limit: u64,
+        clients: usize,
+        round_trips: &Arc<AtomicU64>,
+    ) -> BenchResult<Vec<Seeds>> {
+        let mut out = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let conn = self.admin.client.get_multiplexed_async_connection().await?;
+            out.push(Seeds::new(
+                conn,
+                &format!("{prefix}:seeds:{name}"),
+                limit,
+                round_trips.clone(),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Remove every key under `prefix`.
+    pub(crate) async fn clean(&self, prefix: &str) -> BenchResult<()> {
+        self.admin.unlink(&format!("{prefix}:*")).await?;
+        // The seeds' lock key is `lock:<semname>`.
+        self.admin.unlink(&format!("lock:{prefix}:*")).await
+    }
+}

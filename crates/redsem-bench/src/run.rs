@@ -1,0 +1,283 @@
+//! parse → set up (server, runtime) → run the chosen scenarios → judge → print and write.
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use redsem::LeaseOptions;
+use serde::Serialize;
+
+use crate::BenchResult;
+use crate::admin::Admin;
+use crate::cli::Args;
+use crate::core;
+use crate::ctx::{Ctx, Sizes};
+use crate::report::{Figures, Invariant, SeedsRun, Target};
+use crate::sem::BenchSem;
+use crate::{cost, counters, raw, scale};
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    nproc: usize,
+    cpu_model: String,
+    redis_version: String,
+    /// "own redis-server" or the URL given.
+    server: String,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    bench: &'static str,
+    version: &'static str,
+    mode: &'static str,
+    machine: Machine,
+    sizes: &'a Sizes,
+    duration_s: f64,
+    figures: &'a Figures,
+    targets: &'a [Target],
+    invariants: &'a [Invariant],
+    errors: &'a [String],
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+pub(crate) fn run(args: Args) -> BenchResult<ExitCode> {
+    // Started on the main thread: the harness ties the server's life to the starting thread.
+    let own = match &args.url {
+        Some(_) => None,
+        None => Some(redsem_test::RedisServer::start()),
+    };
+    let url = match (&args.url, &own) {
+        (Some(url), _) => url.clone(),
+        (None, Some(server)) => server.url(),
+        (None, None) => unreachable!("a server was started when no URL was given"),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let code = runtime.block_on(measure(&args, url))?;
+    drop(runtime);
+    drop(own);
+    Ok(code)
+}
+
+async fn step<T>(
+    name: &str,
+    errors: &mut Vec<String>,
+    fut: impl Future<Output = BenchResult<T>>,
+) -> Option<T> {
+    eprint!("{name} ... ");
+    let t = Instant::now();
+    match fut.await {
+        Ok(v) => {
+            eprintln!("{:.1} s", t.elapsed().as_secs_f64());
+            Some(v)
+        }
+        Err(e) => {
+            eprintln!("FAILED after {:.1} s: {e}", t.elapsed().as_secs_f64());
+            errors.push(format!("{name}: {e}"));
+            None
+        }
+    }
+}
+
+async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
+    let started = Instant::now();
+    let admin = Admin::connect(&url).await?;
+    let machine = Machine {
+        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model: cpu_model(),
+        redis_version: admin.redis_version().await?,
+        server: if args.url.is_some() {
+            url.clone()
+        } else {
+            "own redis-server".to_owned()
+        },
+    };
+    let sizes = if args.smoke {
+        Sizes::smoke()
+    } else {
+        Sizes::full()
+    };
+    let ctx = Ctx::new(url, admin, sizes);
+    let mut figures = Figures::default();
+    let mut errors = Vec::new();
+    let e = &mut errors;
+
+    if args.runs(1) {
+        figures.s1 = step("S1 uncontended", e, s1(&ctx)).await;
+    }
+    if args.runs(2) {
+        figures.s2 = step("S2 contended", e, s2(&ctx)).await.unwrap_or_default();
+    }
+    if args.runs(3) {
+        figures.s3 = step("S3 hand-off", e, s3(&ctx)).await;
+    }
+    if args.runs(1) || args.runs(3) {
+        figures.permit_and_latch = step(
+            "S1/S3 equivalents: permit semaphore and latch",
+            e,
+            counters::run(&ctx, args.runs(1), args.runs(3)),
+        )
+        .await;
+    }
+    if args.runs(4) {
+        figures.s4 = step("S4 fairness", e, s4(&ctx)).await;
+    }
+    if args.runs(5) {
+        figures.s5 = step("S5 scale", e, scale::run(&ctx)).await;
+    }
+    if args.runs(6) {
+        figures.s6 = step("S6 Redis cost", e, cost::run(&ctx)).await;
+    }
+    if args.runs(7) {
+        figures.s7 = step("S7 the seeds' algorithm", e, s7(&ctx)).await;
+    }
+    if args.runs(8) {
+        let mut points = vec![(1, 1)];
+        for &c in &ctx.sizes.s2_clients {
+            for &t in &ctx.sizes.s2_tasks {
+                points.push((t, c));
+            }
+        }
+        figures.s8 = step("S8 raw limit", e, raw::run(&ctx, &points)).await;
+    }
+
+    let targets = figures.targets();
+    let invariants = figures.invariants();
+    println!(
+        "redsem-bench {} — {} cores, {}, Redis {}\n",
+        if args.smoke { "smoke" } else { "full run" },
+        machine.nproc,
+        machine.cpu_model,
+        machine.redis_version
+    );
+    print!("{}", figures.table(&targets, &invariants));
+    for err in &errors {
+        println!("  ERROR {err}");
+    }
+    let duration_s = started.elapsed().as_secs_f64();
+    println!("\n{duration_s:.1} s in all");
+    if let Some(path) = &args.out {
+        let out = Output {
+            bench: "redsem-bench",
+            version: env!("CARGO_PKG_VERSION"),
+            mode: if args.smoke { "smoke" } else { "full" },
+            machine,
+            sizes: &ctx.sizes,
+            duration_s,
+            figures: &figures,
+            targets: &targets,
+            invariants: &invariants,
+            errors: &errors,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    let violated = invariants.iter().any(|i| !i.held);
+    Ok(if violated || !errors.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn s1(ctx: &Ctx) -> BenchResult<core::CycleRun> {
+    let prefix = ctx.prefix("s1");
+    let sems = ctx
+        .redsem_sems(&prefix, "s1", 5, LeaseOptions::default(), 1)
+        .await?;
+    let run = core::cycles(&ctx.admin, &sems[0], ctx.sizes.s1_time).await?;
+    ctx.clean(&prefix).await?;
+    Ok(run)
+}
+
+/// Run every S2 point on the semaphores `make(clients, name)` gives.
+async fn s2_points<S: BenchSem, F, Fut>(ctx: &Ctx, make: F) -> BenchResult<Vec<core::ContendedRun>>
+where
+    F: Fn(usize, String) -> Fut,
+    Fut: Future<Output = BenchResult<Vec<S>>>,
+{
+    let mut out = Vec::new();
+    for &clients in &ctx.sizes.s2_clients {
+        for &tasks in &ctx.sizes.s2_tasks {
+            let sems = make(clients, format!("s2-{tasks}-{clients}")).await?;
+            out.push(core::contended(&ctx.admin, &sems, tasks, 8, ctx.sizes.s2_time).await?);
+        }
+    }
+    Ok(out)
+}
+
+async fn s2(ctx: &Ctx) -> BenchResult<Vec<core::ContendedRun>> {
+    let prefix = ctx.prefix("s2");
+    let out = s2_points(ctx, |clients, name| {
+        let prefix = prefix.clone();
+        async move {
+            ctx.redsem_sems(&prefix, &name, 8, LeaseOptions::default(), clients)
+                .await
+        }
+    })
+    .await?;
+    ctx.clean(&prefix).await?;
+    Ok(out)
+}
+
+async fn s3(ctx: &Ctx) -> BenchResult<core::HandoffRun> {
+    let prefix = ctx.prefix("s3");
+    let sems = ctx
+        .redsem_sems(&prefix, "s3", 1, LeaseOptions::default(), 2)
+        .await?;
+    let run = core::handoff(&sems[0], &sems[1], ctx.sizes.s3_trials).await?;
+    ctx.clean(&prefix).await?;
+    Ok(run)
+}
+
+async fn s4(ctx: &Ctx) -> BenchResult<core::FairnessRun> {
+    let prefix = ctx.prefix("s4");
+    let sems = ctx
+        .redsem_sems(&prefix, "s4", 1, LeaseOptions::default(), 5)
+        .await?;
+    let run = core::fairness(&sems[0], &sems[1..], ctx.sizes.s4_waiters).await?;
+    ctx.clean(&prefix).await?;
+    Ok(run)
+}
+
+async fn s7(ctx: &Ctx) -> BenchResult<SeedsRun> {
+    let prefix = ctx.prefix("s7");
+    let trips = Arc::new(AtomicU64::new(0));
+    let mut out = SeedsRun::default();
+
+    let sems = ctx.seeds_sems(&prefix, "s1", 5, 1, &trips).await?;
+    let before = trips.load(std::sync::atomic::Ordering::Relaxed);
+    let run = core::cycles(&ctx.admin, &sems[0], ctx.sizes.s1_time).await?;
+    let after = trips.load(std::sync::atomic::Ordering::Relaxed);
+    // 20 warm-up cycles ran before the measured ones.
+    out.s1_round_trips_per_cycle = (after - before) as f64 / (run.cycles + 20).max(1) as f64;
+    out.s1 = Some(run);
+
+    out.s2 = s2_points(ctx, |clients, name| {
+        let (prefix, trips) = (prefix.clone(), trips.clone());
+        async move { ctx.seeds_sems(&prefix, &name, 8, clients, &trips).await }
+    })
+    .await?;
+
+    let sems = ctx.seeds_sems(&prefix, "s3", 1, 2, &trips).await?;
+    out.s3 = Some(core::handoff(&sems[0], &sems[1], ctx.sizes.s3_trials).await?);
+
+    let sems = ctx.seeds_sems(&prefix, "s4", 1, 5, &trips).await?;
+    out.s4 = Some(core::fairness(&sems[0], &sems[1..], ctx.sizes.s4_waiters).await?);
+    ctx.clean(&prefix).await?;
+    Ok(out)
+}
