@@ -81,9 +81,10 @@ impl Child {
     ///
     /// Cancel safe.
     pub(crate) async fn wait(&mut self) -> Result<ExitStatus, CliError> {
-        self.process.wait().await.map_err(|e| {
-            CliError::new(exit::FAILURE, format!("cannot wait for the command: {e}"))
-        })
+        self.process
+            .wait()
+            .await
+            .map_err(|e| CliError::new(exit::FAILURE, format!("cannot wait for the command: {e}")))
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within `grace`; returns once it exited.

@@ -89,15 +89,15 @@ impl Context {
     /// Connect to Redis with the global options.
     pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
         let options = RedsemOptions::default().prefix(self.prefix.as_str());
-        Redsem::connect_with(&self.url, options)
-            .await
-            .map_err(|err| match std::error::Error::source(&err) {
+        Redsem::connect_with(&self.url, options).await.map_err(
+            |err| match std::error::Error::source(&err) {
                 Some(cause) if err.is_unavailable() => CliError::new(
                     exit::UNAVAILABLE,
                     format!("cannot reach Redis at {}: {cause}", redacted(&self.url)),
                 ),
                 _ => CliError::from(err),
-            })
+            },
+        )
     }
 
     /// Whether to draw progress on stderr: it is a terminal and `--quiet` was not given.

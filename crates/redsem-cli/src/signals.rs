@@ -19,9 +19,8 @@ pub(crate) struct Signals {
 impl Signals {
     pub(crate) fn install() -> Result<Self, CliError> {
         let handler = |kind: SignalKind| {
-            signal(kind).map_err(|e| {
-                CliError::new(exit::FAILURE, format!("cannot handle signals: {e}"))
-            })
+            signal(kind)
+                .map_err(|e| CliError::new(exit::FAILURE, format!("cannot handle signals: {e}")))
         };
         Ok(Signals {
             interrupt: handler(SignalKind::interrupt())?,

@@ -50,7 +50,12 @@ pub(crate) struct Args {
     grace: Duration,
 
     /// The command to run and its arguments (after `--` if they start with a dash)
-    #[arg(value_name = "CMD", required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     command: Vec<OsString>,
 }
 
@@ -125,6 +130,8 @@ async fn release(permit: LeasePermit) {
     let id = permit.id().clone();
     match permit.release().await {
         Ok(()) => tracing::info!(%id, "permit released"),
-        Err(err) => tracing::warn!(%id, %err, "could not release the permit; its lease will end by itself"),
+        Err(err) => {
+            tracing::warn!(%id, %err, "could not release the permit; its lease will end by itself")
+        }
     }
 }

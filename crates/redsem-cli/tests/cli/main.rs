@@ -1,0 +1,16 @@
+//! Black-box tests of the `redsem` binary, each against its own throwaway `redis-server`.
+//!
+//! Every wait has a deadline (`support::LIMIT`, or a tighter one where the contract sets one),
+//! so a hang fails the test instead of stalling the run. Leases are hundreds of milliseconds.
+
+/// Running the binary, processes and deadlines.
+mod support;
+
+/// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
+mod exit_codes;
+/// `acquire`, `refresh`, `release`, `status`, global options, help and completions.
+mod manage;
+/// Figures for the closing note: printed (`--nocapture`), never asserted.
+mod measure;
+/// `run`: the command's environment and stdio, signals, leases kept and lost, waiting.
+mod run;

@@ -1,0 +1,295 @@
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use redsem_test::eventually;
+
+use crate::support::{LIMIT, Running, World, alive, wait_dead};
+
+/// A `sh -c` script that first writes the shell's pid to `pidfile`, then runs `rest`.
+fn with_pidfile(pidfile: &std::path::Path, rest: &str) -> String {
+    format!("echo $$ > {}; {rest}", pidfile.display())
+}
+
+#[test]
+fn the_command_sees_its_permit_in_its_environment_and_it_is_released_after() {
+    let world = World::new();
+    let show = r#"echo "$REDSEM_ID $REDSEM_TOKEN $REDSEM_SLOT""#;
+    let mut last_token = 0;
+    for _ in 0..3 {
+        let out = world
+            .run(&["run", "jobs", "--limit", "3", "--", "sh", "-c", show])
+            .success();
+        let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+        let [id, token, slot] = fields[..] else {
+            panic!("three values: {out:?}");
+        };
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        let token: u64 = token.parse().expect("REDSEM_TOKEN is a number");
+        assert!(
+            token > last_token,
+            "tokens increase: {token} after {last_token}"
+        );
+        last_token = token;
+        let slot: u32 = slot.parse().expect("REDSEM_SLOT is a number");
+        assert!(slot < 3, "slot {slot}");
+        assert!(
+            world.holders("jobs").is_empty(),
+            "released after the command"
+        );
+    }
+}
+
+#[test]
+fn the_commands_exit_code_is_passed_through_and_a_signal_adds_128() {
+    let world = World::new();
+    let out = world.run(&["run", "jobs", "--limit", "1", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.code(), 7, "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "the command's failure is its own to report: {out:?}"
+    );
+    let out = world.run(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "kill -TERM $$",
+    ]);
+    assert_eq!(out.code(), 143, "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    assert!(world.holders("jobs").is_empty());
+}
+
+#[test]
+fn the_command_inherits_stdin_stdout_and_stderr() {
+    let world = World::new();
+    let input = world.path("input");
+    std::fs::write(&input, "hello from stdin\n").expect("write input");
+    let mut cmd = world.redsem(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "cat; echo to-stderr >&2",
+    ]);
+    cmd.stdin(File::open(&input).expect("open input"));
+    let out = Running::start(cmd).wait().success();
+    assert_eq!(out.stdout, "hello from stdin\n");
+    assert_eq!(out.stderr, "to-stderr\n");
+}
+
+#[test]
+fn a_command_that_cannot_be_found_exits_127_and_its_permit_is_released() {
+    let world = World::new();
+    let out = world
+        .run(&["run", "jobs", "--limit", "1", "--", "./no-such-command"])
+        .expect(127);
+    assert!(out.error().contains("no-such-command"), "{out:?}");
+    assert!(world.holders("jobs").is_empty());
+}
+
+#[test]
+fn sigterm_and_sigint_are_forwarded_and_the_permit_released_after_the_command_exits() {
+    let world = World::new();
+    // SIGTERM: `sleep` dies of it, and redsem reports 128 + 15.
+    let pidfile = world.path("term.pid");
+    let running = world.start(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        &with_pidfile(&pidfile, "exec sleep 30"),
+    ]);
+    let child = world.pid_in(&pidfile);
+    running.signal(Signal::SIGTERM);
+    let out = running.wait();
+    assert_eq!(out.code(), 143, "{out:?}");
+    assert!(!alive(child));
+    assert!(world.holders("jobs").is_empty());
+
+    // SIGINT: the command traps it and exits 42, which redsem passes on.
+    let pidfile = world.path("int.pid");
+    let trap = with_pidfile(
+        &pidfile,
+        "trap 'kill $!; exit 42' INT; sleep 30 >/dev/null 2>&1 & wait",
+    );
+    let running = world.start(&["run", "jobs", "--limit", "1", "--", "sh", "-c", &trap]);
+    world.pid_in(&pidfile);
+    running.signal(Signal::SIGINT);
+    let out = running.wait();
+    assert_eq!(out.code(), 42, "{out:?}");
+    assert!(world.holders("jobs").is_empty());
+}
+
+#[test]
+fn a_signal_while_waiting_withdraws_the_request_and_never_starts_the_command() {
+    let world = World::new();
+    world.acquire("jobs", 1, &["--lease", "10s"]);
+    let marker = world.path("started");
+    let touch = format!("touch {}", marker.display());
+    let running = world.start(&["run", "jobs", "--limit", "1", "--", "sh", "-c", &touch]);
+    world.wait_for_waiters("jobs", 1);
+    running.signal(Signal::SIGINT);
+    let out = running.wait().expect(130);
+    assert!(out.error().contains("interrupted"), "{out:?}");
+    assert!(!marker.exists());
+    assert_eq!(
+        world.status("jobs")["waiters"],
+        0,
+        "the request was withdrawn"
+    );
+}
+
+#[test]
+fn sigkill_of_redsem_kills_the_command_and_the_permit_comes_back_within_the_lease() {
+    let world = World::new();
+    let lease = Duration::from_millis(800);
+    let pidfile = world.path("child.pid");
+    let running = world.start(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--lease",
+        "800ms",
+        "--",
+        "sh",
+        "-c",
+        &with_pidfile(&pidfile, "exec sleep 30"),
+    ]);
+    let child = world.pid_in(&pidfile);
+    running.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    wait_dead(child, Duration::from_secs(2));
+    eventually(LIMIT, "the permit to come back", || {
+        world
+            .run(&[
+                "acquire",
+                "jobs",
+                "--limit",
+                "1",
+                "--no-wait",
+                "--lease",
+                "5s",
+            ])
+            .status
+            .success()
+    });
+    assert!(
+        killed.elapsed() < lease + Duration::from_millis(300),
+        "the permit came back {:?} after redsem died (lease {lease:?})",
+        killed.elapsed()
+    );
+    drop(running);
+}
+
+#[test]
+fn a_command_running_many_lease_periods_is_never_killed_early() {
+    let world = World::new();
+    let out = world
+        .run(&[
+            "run", "jobs", "--limit", "1", "--lease", "300ms", "--", "sleep", "2",
+        ])
+        .success();
+    assert!(out.elapsed >= Duration::from_secs(2), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    assert!(world.holders("jobs").is_empty());
+}
+
+#[test]
+fn a_redsem_stopped_longer_than_the_lease_stops_its_command_when_resumed_and_exits_76() {
+    let world = World::new();
+    let pidfile = world.path("child.pid");
+    let running = world.start(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--lease",
+        "300ms",
+        "--grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        &with_pidfile(&pidfile, "exec sleep 30"),
+    ]);
+    let child = world.pid_in(&pidfile);
+    running.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    // While redsem is stopped the lease ends and another holder may take the permit: this
+    // is what the fencing token is for.
+    eventually(LIMIT, "the lease to end on the server", || {
+        world.holders("jobs").is_empty()
+    });
+    let lease_gone = stopped.elapsed();
+    std::thread::sleep(Duration::from_millis(800).saturating_sub(lease_gone));
+    assert!(alive(child), "the command runs on while redsem is stopped");
+    running.signal(Signal::SIGCONT);
+    let resumed = Instant::now();
+    let stop_took = wait_dead(child, Duration::from_secs(2));
+    let out = running.wait().expect(76);
+    assert!(out.error().contains("lost the lease"), "{out:?}");
+    assert!(out.error().contains("SIGTERM"), "{out:?}");
+    println!(
+        "SIGSTOP test: the command was terminated {:?} after SIGCONT (redsem stopped {:?}, \
+         lease 300ms seen gone on the server {lease_gone:?} after SIGSTOP); \
+         redsem exited 76 {:?} after SIGCONT",
+        stop_took,
+        resumed - stopped,
+        resumed.elapsed()
+    );
+}
+
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
+    let mut world = World::new();
+    let pidfile = world.path("child.pid");
+    let running = world.start(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--lease",
+        "300ms",
+        "--grace",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        &with_pidfile(&pidfile, "trap '' TERM; while :; do sleep 0.05; done"),
+    ]);
+    let child = world.pid_in(&pidfile);
+    world.server.stop();
+    let out = running.wait().expect(76);
+    assert!(out.error().contains("SIGKILL"), "{out:?}");
+    assert!(!alive(child));
+}
+
+#[test]
+fn run_waits_in_line_and_starts_the_command_when_a_permit_is_released() {
+    let world = World::new();
+    let holder = world.acquire("jobs", 1, &["--lease", "10s"]);
+    let running = world.start(&["run", "jobs", "--limit", "1", "--", "echo", "my turn"]);
+    world.wait_for_waiters("jobs", 1);
+    let mut running = running;
+    assert!(!running.has_exited(), "it waits while the permit is held");
+    world.run(&["release", "jobs", &holder]).success();
+    let out = running.wait().success();
+    assert_eq!(out.stdout, "my turn\n");
+    assert!(
+        out.stderr.is_empty(),
+        "no spinner when stderr is not a terminal: {out:?}"
+    );
+}

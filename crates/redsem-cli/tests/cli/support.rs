@@ -1,0 +1,285 @@
+//! Running the built `redsem` against a throwaway server, with a deadline on every wait.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redsem_test::{RedisServer, eventually};
+
+/// The binary under test.
+pub(crate) const REDSEM: &str = env!("CARGO_BIN_EXE_redsem");
+
+/// The limit of any wait that should end quickly: a hang fails instead of stalling.
+pub(crate) const LIMIT: Duration = Duration::from_secs(10);
+
+/// One test's world: its own Redis server and a scratch directory (the server's).
+pub(crate) struct World {
+    pub(crate) server: RedisServer,
+}
+
+impl World {
+    pub(crate) fn new() -> Self {
+        World {
+            server: RedisServer::start(),
+        }
+    }
+
+    /// `redsem --url <this server> ARGS...`, with no `REDIS_URL`, `REDSEM_PREFIX` or `RUST_LOG`
+    /// leaking in from the environment.
+    pub(crate) fn redsem(&self, args: &[&str]) -> Command {
+        let url = self.server.url();
+        let mut all = vec!["--url", url.as_str()];
+        all.extend_from_slice(args);
+        bare(&all)
+    }
+
+    /// Run `redsem ARGS...` to the end (at most [`LIMIT`]).
+    pub(crate) fn run(&self, args: &[&str]) -> Outcome {
+        finish(self.redsem(args))
+    }
+
+    /// Start `redsem ARGS...` in the background.
+    pub(crate) fn start(&self, args: &[&str]) -> Running {
+        Running::start(self.redsem(args))
+    }
+
+    /// A path in the test's scratch directory.
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.server.dir().join(name)
+    }
+
+    /// The JSON of `status NAME --json`.
+    pub(crate) fn status(&self, name: &str) -> serde_json::Value {
+        let out = self.run(&["status", name, "--json"]).success();
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+
+    /// The ids of the live holders of NAME.
+    pub(crate) fn holders(&self, name: &str) -> Vec<String> {
+        let status = self.status(name);
+        status["holders"]
+            .as_array()
+            .expect("holders is an array")
+            .iter()
+            .map(|h| h["id"].as_str().expect("id is a string").to_owned())
+            .collect()
+    }
+
+    /// `acquire NAME --limit N ARGS...`, returning the printed permit id.
+    pub(crate) fn acquire(&self, name: &str, limit: u32, args: &[&str]) -> String {
+        let limit = limit.to_string();
+        let mut all = vec!["acquire", name, "--limit", &limit];
+        all.extend(args);
+        let out = self.run(&all).success();
+        out.stdout.trim().to_owned()
+    }
+
+    /// Wait until NAME has `n` waiters.
+    pub(crate) fn wait_for_waiters(&self, name: &str, n: u64) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let status = self.status(name);
+            if status["waiters"] == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not get {n} waiters within {LIMIT:?}; last status {status}"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Wait until the file at `path` holds a pid (written by `echo $$ > path`), and return it.
+    pub(crate) fn pid_in(&self, path: &PathBuf) -> i32 {
+        let mut pid = None;
+        eventually(LIMIT, "the command wrote its pid", || {
+            pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            pid.is_some()
+        });
+        pid.expect("checked above")
+    }
+}
+
+/// `redsem ARGS...` with nothing set but the arguments.
+pub(crate) fn bare(args: &[&str]) -> Command {
+    let mut cmd = Command::new(REDSEM);
+    cmd.args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("REDSEM_PREFIX")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Run `cmd` to the end (at most [`LIMIT`]).
+pub(crate) fn finish(cmd: Command) -> Outcome {
+    Running::start(cmd).wait()
+}
+
+/// How a finished `redsem` went.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    /// From start to exit.
+    pub(crate) elapsed: Duration,
+}
+
+impl Outcome {
+    /// The exit code (panics if a signal ended it).
+    pub(crate) fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("redsem died of a signal: {self:?}"))
+    }
+
+    /// Check the exit code; for a failure, that stderr is exactly one `redsem: ` line.
+    #[track_caller]
+    pub(crate) fn expect(self, code: i32) -> Self {
+        assert_eq!(self.code(), code, "exit code of {self:?}");
+        if code != 0 {
+            self.assert_one_error_line();
+        }
+        self
+    }
+
+    #[track_caller]
+    pub(crate) fn success(self) -> Self {
+        self.expect(0)
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_one_error_line(&self) {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr: {self:?}");
+        assert!(lines[0].starts_with("redsem: "), "{self:?}");
+        assert!(!self.stderr.contains("panicked"), "{self:?}");
+    }
+
+    /// The one error line, without its `redsem: ` tag.
+    pub(crate) fn error(&self) -> &str {
+        self.stderr.trim_end().trim_start_matches("redsem: ")
+    }
+}
+
+/// A `redsem` running in the background; killed if still running when dropped.
+pub(crate) struct Running {
+    child: Child,
+    started: Instant,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Running {
+    pub(crate) fn start(mut cmd: Command) -> Self {
+        let started = Instant::now();
+        let mut child = cmd.spawn().expect("start redsem");
+        let stdout = child.stdout.take().map(drain);
+        let stderr = child.stderr.take().map(drain);
+        Running {
+            child,
+            started,
+            stdout,
+            stderr,
+        }
+    }
+
+    pub(crate) fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"))
+    }
+
+    pub(crate) fn signal(&self, signal: Signal) {
+        kill(self.pid(), signal).expect("signal redsem");
+    }
+
+    /// Whether it has exited (without reaping the output).
+    pub(crate) fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Wait for the exit, at most [`LIMIT`].
+    pub(crate) fn wait(self) -> Outcome {
+        self.wait_within(LIMIT)
+    }
+
+    /// Wait for the exit, at most `limit`; kill it and panic after that.
+    pub(crate) fn wait_within(mut self, limit: Duration) -> Outcome {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let stderr = self.stderr.take().map(join).unwrap_or_default();
+                panic!("redsem did not exit within {limit:?}; stderr: {stderr}");
+            }
+            thread::sleep(Duration::from_millis(2));
+        };
+        let elapsed = self.started.elapsed();
+        Outcome {
+            status,
+            stdout: self.stdout.take().map(join).unwrap_or_default(),
+            stderr: self.stderr.take().map(join).unwrap_or_default(),
+            elapsed,
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+fn join(handle: JoinHandle<String>) -> String {
+    handle.join().unwrap_or_default()
+}
+
+/// Whether `pid` is a live process: not gone, and not a zombie waiting to be reaped (the
+/// container's init may never reap the orphans it adopts).
+pub(crate) fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            !matches!(state, Some("Z" | "X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Wait until `pid` is dead; return how long that took.
+pub(crate) fn wait_dead(pid: i32, limit: Duration) -> Duration {
+    let start = Instant::now();
+    eventually(limit, &format!("process {pid} to die"), || !alive(pid));
+    start.elapsed()
+}
+
+/// A port of 127.0.0.1 with nothing listening on it.
+pub(crate) fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
