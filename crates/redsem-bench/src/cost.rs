@@ -53,8 +53,24 @@ pub(crate) struct Memory {
     pub(crate) keys_per_idle: f64,
 }
 
+/// Server time of one kind of call, from SLOWLOG with a threshold of 0 µs.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct CallTime {
+    /// What the bench called (in order of first appearance within a cycle).
+    pub(crate) operation: String,
+    /// The command and, for EVALSHA, the first 12 hex digits of the script's SHA1.
+    pub(crate) command: String,
+    pub(crate) calls: u64,
+    pub(crate) mean_us: f64,
+    pub(crate) p50_us: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct CostRun {
+    /// Server time of each redsem script of an uncontended cycle.
+    pub(crate) redsem_script_times: Vec<CallTime>,
+    /// The same for a `return 1` EVALSHA, for scale.
+    pub(crate) raw_evalsha_time: Vec<CallTime>,
     pub(crate) redsem: Wire,
     pub(crate) seeds: Wire,
     pub(crate) memory: Memory,
@@ -138,6 +154,117 @@ async fn watch<F: Future<Output = BenchResult<()>>>(
     Ok(wire)
 }
 
+fn text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(n) => n.to_string(),
+        _ => String::new(),
+    }
+}
+
+async fn config_get(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> BenchResult<String> {
+    let v: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await?;
+    Ok(v.get(1).cloned().unwrap_or_default())
+}
+
+async fn config_set(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+    value: &str,
+) -> BenchResult<()> {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Run `work` with SLOWLOG recording every command, and return the server time of each kind
+/// of call, named by `operations` in order of first appearance. The server's SLOWLOG settings
+/// are restored afterwards.
+async fn call_times<F: Future<Output = BenchResult<()>>>(
+    ctx: &Ctx,
+    operations: &[&str],
+    work: F,
+) -> BenchResult<Vec<CallTime>> {
+    let mut conn = ctx.admin.conn();
+    let threshold = config_get(&mut conn, "slowlog-log-slower-than").await?;
+    let max_len = config_get(&mut conn, "slowlog-max-len").await?;
+    config_set(&mut conn, "slowlog-max-len", "100000").await?;
+    config_set(&mut conn, "slowlog-log-slower-than", "0").await?;
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await?;
+    let worked = work.await;
+    let log: redis::RedisResult<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(&mut conn)
+        .await;
+    config_set(&mut conn, "slowlog-log-slower-than", &threshold).await?;
+    config_set(&mut conn, "slowlog-max-len", &max_len).await?;
+    worked?;
+    let log = log?;
+    // Oldest first; (command, durations) in order of first appearance.
+    let mut entries = match log {
+        redis::Value::Array(v) => v,
+        _ => Vec::new(),
+    };
+    entries.reverse();
+    let mut kinds: Vec<(String, Vec<f64>)> = Vec::new();
+    for e in entries {
+        let redis::Value::Array(fields) = e else {
+            continue;
+        };
+        let (Some(redis::Value::Int(us)), Some(redis::Value::Array(args))) =
+            (fields.get(2), fields.get(3))
+        else {
+            continue;
+        };
+        let name = args
+            .first()
+            .map(text)
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if !matches!(name.as_str(), "evalsha" | "eval") {
+            continue;
+        }
+        let sha = args.get(1).map(text).unwrap_or_default();
+        let command = format!("{name} {}", sha.get(..12).unwrap_or(&sha));
+        match kinds.iter_mut().find(|k| k.0 == command) {
+            Some(k) => k.1.push(*us as f64),
+            None => kinds.push((command, vec![*us as f64])),
+        }
+    }
+    Ok(kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, (command, mut us))| {
+            us.sort_by(f64::total_cmp);
+            CallTime {
+                operation: operations
+                    .get(i)
+                    .map_or_else(|| format!("call {i}"), |s| (*s).to_owned()),
+                command,
+                calls: us.len() as u64,
+                mean_us: us.iter().sum::<f64>() / us.len().max(1) as f64,
+                p50_us: crate::stats::percentile(&us, 50.0),
+            }
+        })
+        .collect())
+}
+
 async fn cycles<S: BenchSem>(sem: &S, n: u64) -> BenchResult<()> {
     for _ in 0..n {
         let p = sem.try_acquire().await?.ok_or("no free unit")?;
@@ -170,6 +297,25 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<CostRun> {
         .redsem_sems(&prefix, "cycle", 5, LeaseOptions::default(), 1)
         .await?;
     cycles(&sems[0], 10).await?; // scripts loaded
+    let redsem_script_times =
+        call_times(ctx, &["try_acquire", "release"], cycles(&sems[0], n)).await?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return 1")
+        .query_async(&mut ctx.admin.conn())
+        .await?;
+    let raw_evalsha_time = call_times(ctx, &["EVALSHA `return 1`"], async {
+        let mut conn = ctx.admin.conn();
+        for _ in 0..n {
+            let _: i64 = redis::cmd("EVALSHA")
+                .arg(&sha)
+                .arg(0)
+                .query_async(&mut conn)
+                .await?;
+        }
+        Ok(())
+    })
+    .await?;
     let redsem = watch(ctx, n, cycles(&sems[0], n)).await?;
     let redsem = Wire {
         round_trips_per_cycle: redsem.client_commands_per_cycle,
@@ -238,6 +384,8 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<CostRun> {
 
     let per = |d: i64, n: usize| d as f64 / n.max(1) as f64;
     Ok(CostRun {
+        redsem_script_times,
+        raw_evalsha_time,
         redsem,
         seeds: seeds_wire,
         memory: Memory {

@@ -8,6 +8,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::BenchResult;
+use crate::core::Snap;
 use crate::ctx::Ctx;
 use crate::stats::{Latency, rate};
 
@@ -17,6 +18,10 @@ pub(crate) struct RawPoint {
     pub(crate) connections: usize,
     pub(crate) evalsha_per_s: f64,
     pub(crate) evalsha: Latency,
+    /// Server time of one `return 1` EVALSHA (`INFO commandstats`), µs.
+    pub(crate) evalsha_usec_per_call: f64,
+    /// Server CPU over wall time while EVALSHA ran (1.0 = one core busy).
+    pub(crate) evalsha_redis_cpu_share: f64,
     pub(crate) ping_per_s: f64,
     pub(crate) ping: Latency,
 }
@@ -84,14 +89,18 @@ pub(crate) async fn run(ctx: &Ctx, points: &[(usize, usize)]) -> BenchResult<Raw
     let mut out = Vec::new();
     for &(tasks, connections) in points {
         let conns = &conns[..connections];
+        let snap = Snap::take(&ctx.admin).await?;
         let (evalsha_per_s, evalsha_lat) =
             hammer(conns, tasks, ctx.sizes.s8_time, &evalsha).await?;
+        let load = snap.load(&ctx.admin, evalsha_lat.count as u64).await?;
         let (ping_per_s, ping_lat) = hammer(conns, tasks, ctx.sizes.s8_time, &ping).await?;
         out.push(RawPoint {
             tasks,
             connections,
             evalsha_per_s,
             evalsha: evalsha_lat,
+            evalsha_usec_per_call: load.evalsha_usec_per_call,
+            evalsha_redis_cpu_share: load.redis_cpu_share,
             ping_per_s,
             ping: ping_lat,
         });

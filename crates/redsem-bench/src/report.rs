@@ -501,6 +501,15 @@ impl Figures {
                 format!("{:.1}", s6.seeds.script_calls_per_cycle),
                 dash(),
             );
+            for t in s6.redsem_script_times.iter().chain(&s6.raw_evalsha_time) {
+                row(
+                    &mut rows,
+                    &format!("server time of {} (SLOWLOG) mean / p50", t.operation),
+                    format!("{:.1} µs / {:.0} µs", t.mean_us, t.p50_us),
+                    dash(),
+                    dash(),
+                );
+            }
             let m = &s6.memory;
             row(
                 &mut rows,
