@@ -10,49 +10,57 @@
 --        | {"LABEL", label}                          (the label already holds or awaits one)
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id, cap, k, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local label, exclusive, mode = ARGV[5], ARGV[6] == '1', ARGV[7]
-local waiter_lease, channel = tonumber(ARGV[8]), ARGV[9]
-local now = now_ms()
+return run(function()
+  local id, cap, k, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  local label, exclusive, mode = ARGV[5], ARGV[6] == '1', ARGV[7]
+  local waiter_lease, channel = tonumber(ARGV[8]), ARGV[9]
+  load()
+  local now = now_ms()
 
-local stored = stored_cap()
-if stored then
-  settle(now, stored)
-end
-if stored ~= cap then
-  if stored and (meta_num('used') > 0 or redis.call('ZCARD', QUEUE) > 0) then
-    return { 'CONFLICT', stored }
+  if S.cap then
+    settle(now)
   end
-  redis.call('HSET', META, 'cap', cap)
-  rebuild_free(cap)
-end
-if k > cap then
-  return { 'TOOBIG', cap }
-end
-if exclusive and label ~= '' and meta_num('label:' .. label) > 0 then
-  return { 'LABEL', label }
-end
+  if S.cap ~= cap then
+    if S.cap and (S.used > 0 or S.qlen > 0) then
+      local current = S.cap
+      save()
+      return { 'CONFLICT', current }
+    end
+    set_cap(cap)
+  end
+  if k > cap then
+    save()
+    return { 'TOOBIG', cap }
+  end
+  if exclusive and label ~= '' and (tonumber(field('label:' .. label)) or 0) > 0 then
+    save()
+    return { 'LABEL', label }
+  end
 
-local used = meta_num('used')
-local waiting = redis.call('ZCARD', QUEUE)
-if waiting == 0 and used + k <= cap then
-  local token, slots = grant(id, k, label, now + lease, now)
+  if S.qlen == 0 and S.used + k <= cap then
+    local token, slots = grant(id, k, label, now + lease, now)
+    label_add(label, 1)
+    keep_alive(now + lease)
+    save()
+    return { 'GRANTED', token, slots }
+  end
+  if mode ~= 'wait' then
+    local used, waiting = S.used, S.qlen
+    save()
+    return { 'BUSY', used, waiting }
+  end
+
+  local position = S.qlen
+  call(QUEUE, 'ZADD', QUEUE, S.seq + 1, id)
+  if position == 0 then
+    created(QUEUE)
+  end
+  add_lease(id, now + waiter_lease)
+  put('seq', S.seq + 1)
+  put('qlen', position + 1)
+  put('r:' .. id, waiter_record(k, now, channel, label))
   label_add(label, 1)
-  touch(now)
-  return { 'GRANTED', token, slots }
-end
-if mode ~= 'wait' then
-  return { 'BUSY', used, waiting }
-end
-
-local ticket = redis.call('HINCRBY', META, 'seq', 1)
-redis.call('ZADD', QUEUE, ticket, id)
-redis.call('ZADD', WAITERS, now + waiter_lease, id)
-redis.call('HSET', RECORDS, id, cjson.encode({ k = k, l = label, c = channel, w = now }))
-label_add(label, 1)
-touch(now)
-return { 'QUEUED', waiting, recheck_ms(now, id, waiter_lease) }
+  keep_alive(now + waiter_lease)
+  save()
+  return { 'QUEUED', position, recheck_ms(now, id, waiter_lease) }
+end)

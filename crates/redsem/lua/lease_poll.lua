@@ -6,27 +6,26 @@
 --        | {"QUEUED", position, recheck ms}
 --        | {"GONE"}            (neither queued nor granted: evicted, or dropped by a capacity change)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id, lease, waiter_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local now = now_ms()
-local cap = stored_cap()
-if not cap then
-  return { 'GONE' }
-end
-settle(now, cap)
+return run(function()
+  local id, lease, waiter_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+  load(id)
+  if not S.cap then
+    return { 'GONE' }
+  end
+  local now = now_ms()
+  settle(now)
 
-if redis.call('ZSCORE', HOLDERS, id) then
-  redis.call('ZADD', HOLDERS, 'XX', now + lease, id)
-  local r = cjson.decode(redis.call('HGET', RECORDS, id))
-  touch(now)
-  return { 'GRANTED', r.t, r.s }
-end
-if redis.call('ZSCORE', QUEUE, id) then
-  redis.call('ZADD', WAITERS, 'XX', now + waiter_lease, id)
-  touch(now)
+  local r = record(id)
+  if not r then
+    save()
+    return { 'GONE' }
+  end
+  local ends = now + (r.h and lease or waiter_lease)
+  redis.call('ZADD', LEASES, ends, id)
+  keep_alive(ends)
+  save()
+  if r.h then
+    return { 'GRANTED', r.t, r.s }
+  end
   return { 'QUEUED', redis.call('ZRANK', QUEUE, id), recheck_ms(now, id, waiter_lease) }
-end
-return { 'GONE' }
+end)

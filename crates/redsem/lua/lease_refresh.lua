@@ -2,20 +2,21 @@
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] permit id   ARGV[2] lease ms
 -- Returns: {"OK"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id, lease = ARGV[1], tonumber(ARGV[2])
-local now = now_ms()
-local cap = stored_cap()
-if not cap then
-  return { 'NOTHELD' }
-end
-settle(now, cap)
-if not redis.call('ZSCORE', HOLDERS, id) then
-  return { 'NOTHELD' }
-end
-redis.call('ZADD', HOLDERS, 'XX', now + lease, id)
-touch(now)
-return { 'OK' }
+return run(function()
+  local id, lease = ARGV[1], tonumber(ARGV[2])
+  load(id)
+  if not S.cap then
+    return { 'NOTHELD' }
+  end
+  local now = now_ms()
+  settle(now)
+  local r = record(id)
+  if not (r and r.h) then
+    save()
+    return { 'NOTHELD' }
+  end
+  redis.call('ZADD', LEASES, now + lease, id)
+  keep_alive(now + lease)
+  save()
+  return { 'OK' }
+end)

@@ -3,25 +3,24 @@
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] permit or request id
 -- Returns: {"RELEASED"} | {"DEQUEUED"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id = ARGV[1]
-local now = now_ms()
-local cap = stored_cap()
-if not cap then
-  return { 'NOTHELD' }
-end
-settle(now, cap)
-if redis.call('ZSCORE', HOLDERS, id) then
-  drop_holder(id, cap)
-  promote(now, cap)
-  return { 'RELEASED' }
-end
-if redis.call('ZSCORE', QUEUE, id) then
-  drop_waiter(id)
-  promote(now, cap)
-  return { 'DEQUEUED' }
-end
-return { 'NOTHELD' }
+return run(function()
+  local id = ARGV[1]
+  load(id)
+  if not S.cap then
+    return { 'NOTHELD' }
+  end
+  local now = now_ms()
+  settle(now)
+  local r = record(id)
+  local outcome = 'NOTHELD'
+  if r and r.h then
+    drop_holder(id, r)
+    outcome = 'RELEASED'
+  elseif r then
+    drop_waiter(id, r)
+    outcome = 'DEQUEUED'
+  end
+  promote(now)
+  save()
+  return { outcome }
+end)

@@ -3,16 +3,17 @@
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] new capacity
 -- Returns: {"OK", previous capacity (-1 if none)} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local cap = tonumber(ARGV[1])
-local now = now_ms()
-local old = stored_cap()
-settle(now, old or cap)
-redis.call('HSET', META, 'cap', cap)
-rebuild_free(cap)
-promote(now, cap)
-touch(now)
-return { 'OK', old or -1 }
+return run(function()
+  local cap = tonumber(ARGV[1])
+  load()
+  local now = now_ms()
+  local old = S.cap or -1
+  if S.cap then
+    settle(now)
+  end
+  set_cap(cap)
+  promote(now)
+  keep_alive(now)
+  save()
+  return { 'OK', old }
+end)

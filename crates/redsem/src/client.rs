@@ -308,7 +308,7 @@ impl Redsem {
     ///
     /// Cancel safe.
     pub async fn lease_semaphore_names(&self) -> Result<Vec<String>> {
-        let pattern = keys::lease_meta_pattern(&self.shared.prefix);
+        let pattern = keys::lease_state_pattern(&self.shared.prefix);
         let mut conn = self.conn();
         let mut names = Vec::new();
         let mut cursor: u64 = 0;
@@ -324,7 +324,7 @@ impl Redsem {
             names.extend(
                 batch
                     .iter()
-                    .filter_map(|key| keys::lease_name_of_meta(&self.shared.prefix, key)),
+                    .filter_map(|key| keys::lease_name_of_state(&self.shared.prefix, key)),
             );
             if next == 0 {
                 break;

@@ -6,7 +6,7 @@
 /// The keys of one lease semaphore, in the order the `lease_*.lua` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseKeys {
-    pub(crate) all: [String; 7],
+    pub(crate) all: [String; 5],
 }
 
 impl LeaseKeys {
@@ -15,20 +15,18 @@ impl LeaseKeys {
         let part = |p: &str| format!("{base}:{p}");
         LeaseKeys {
             all: [
-                part("holders"),
+                part("leases"),
                 part("queue"),
-                part("waiters"),
-                part("records"),
-                part("meta"),
-                part("free"),
+                part("state"),
+                part("slots"),
                 part("token"),
             ],
         }
     }
 }
 
-/// A `SCAN MATCH` pattern for the `meta` key of every lease semaphore under `prefix`.
-pub(crate) fn lease_meta_pattern(prefix: &str) -> String {
+/// A `SCAN MATCH` pattern for the `state` key of every lease semaphore under `prefix`.
+pub(crate) fn lease_state_pattern(prefix: &str) -> String {
     let mut escaped = String::with_capacity(prefix.len());
     for c in prefix.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -36,14 +34,14 @@ pub(crate) fn lease_meta_pattern(prefix: &str) -> String {
         }
         escaped.push(c);
     }
-    format!("{escaped}:{{lease:*}}:meta")
+    format!("{escaped}:{{lease:*}}:state")
 }
 
-/// The semaphore name in a `meta` key found by [`lease_meta_pattern`].
-pub(crate) fn lease_name_of_meta(prefix: &str, key: &str) -> Option<String> {
+/// The semaphore name in a `state` key found by [`lease_state_pattern`].
+pub(crate) fn lease_name_of_state(prefix: &str, key: &str) -> Option<String> {
     key.strip_prefix(prefix)?
         .strip_prefix(":{lease:")?
-        .strip_suffix("}:meta")
+        .strip_suffix("}:state")
         .map(str::to_owned)
 }
 
@@ -149,18 +147,21 @@ mod tests {
 
     #[test]
     fn scan_pattern_escapes_the_prefix_and_names_round_trip() {
-        assert_eq!(lease_meta_pattern("a*b"), "a\\*b:{lease:*}:meta");
+        assert_eq!(lease_state_pattern("a*b"), "a\\*b:{lease:*}:state");
         for name in ["jobs", "a}b", "x:{y}"] {
             let keys = LeaseKeys::new("p", name);
-            assert_eq!(lease_name_of_meta("p", &keys.all[4]).as_deref(), Some(name));
+            assert_eq!(
+                lease_name_of_state("p", &keys.all[2]).as_deref(),
+                Some(name)
+            );
         }
-        assert_eq!(lease_name_of_meta("p", "q:{lease:x}:meta"), None);
+        assert_eq!(lease_name_of_state("p", "q:{lease:x}:state"), None);
     }
 
     #[test]
     fn keys_are_readable() {
         let keys = LeaseKeys::new("p", "build");
-        assert_eq!(keys.all[0], "p:{lease:build}:holders");
-        assert_eq!(keys.all[6], "p:{lease:build}:token");
+        assert_eq!(keys.all[0], "p:{lease:build}:leases");
+        assert_eq!(keys.all[4], "p:{lease:build}:token");
     }
 }

@@ -170,7 +170,7 @@ async fn poll_renews_the_waiter_and_an_unknown_id_is_gone() {
     acquire(&mut conn, req("a", 1, 1, true)).await;
     acquire(&mut conn, req("b", 1, 1, true)).await;
     let k = keys();
-    let before: f64 = conn.zscore(&k.all[2], "b").await.expect("zscore");
+    let before: f64 = conn.zscore(&k.all[0], "b").await.expect("zscore");
     tokio::time::sleep(Duration::from_millis(5)).await;
     let polled = lease_poll(
         &mut conn,
@@ -182,7 +182,7 @@ async fn poll_renews_the_waiter_and_an_unknown_id_is_gone() {
     .await
     .expect("poll");
     assert!(matches!(polled, Acquire::Queued { position: 0, .. }));
-    let after: f64 = conn.zscore(&k.all[2], "b").await.expect("zscore");
+    let after: f64 = conn.zscore(&k.all[0], "b").await.expect("zscore");
     assert!(after >= before + 30_000.0, "{before} -> {after}");
     let gone = lease_poll(
         &mut conn,
@@ -432,18 +432,18 @@ async fn idle_keys_expire_but_the_token_counter_does_not() {
     let mut conn = connect(&server).await;
     let k = keys();
     acquire(&mut conn, req("a", 1, 1, false)).await;
-    for key in &k.all[..6] {
+    for key in &k.all[..4] {
         let exists: bool = conn.exists(key).await.expect("exists");
         if exists {
             let ttl: i64 = conn.pttl(key).await.expect("pttl");
             assert!(ttl > 30_000 && ttl <= 30_000 + 3_600_000, "{key}: {ttl}");
         }
     }
-    let ttl: i64 = conn.pttl(&k.all[6]).await.expect("pttl");
+    let ttl: i64 = conn.pttl(&k.all[4]).await.expect("pttl");
     assert_eq!(ttl, -1, "the token counter never expires");
 
     // Simulate the expiry of everything else: the next grant still gets a larger token.
-    let _: () = conn.del(&k.all[..6]).await.expect("del");
+    let _: () = conn.del(&k.all[..4]).await.expect("del");
     assert_eq!(
         acquire(&mut conn, req("b", 1, 1, false)).await,
         Acquire::Granted {
@@ -496,5 +496,42 @@ async fn scripts_run_on_a_three_master_cluster() {
         ));
         let status = lease_status(&mut conn, &k).await.expect("status");
         assert_eq!(status.holders.len(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_key_replaced_while_in_use_is_reported_at_first_touch_and_left_alone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    acquire(&mut conn, req("a", 3, 1, false)).await;
+    for (index, foreign) in [(3, "slots"), (4, "token")] {
+        let saved: Vec<u8> = redis::cmd("DUMP")
+            .arg(&k.all[index])
+            .query_async(&mut conn)
+            .await
+            .expect("dump");
+        let _: () = conn.del(&k.all[index]).await.expect("del");
+        let _: () = conn.hset(&k.all[index], "x", "y").await.expect("hset");
+        match lease_acquire(&mut conn, &k, &req("b", 3, 1, false)).await {
+            Err(Error::WrongType { key, actual, .. }) => {
+                assert_eq!(key, k.all[index], "{foreign}");
+                assert_eq!(actual, "hash");
+            }
+            other => panic!("{foreign}: {other:?}"),
+        }
+        let value: String = conn.hget(&k.all[index], "x").await.expect("hget");
+        assert_eq!(value, "y", "{foreign} left alone");
+        // Put ours back: the semaphore carries on where it was.
+        let _: () = conn.del(&k.all[index]).await.expect("del");
+        let _: () = redis::cmd("RESTORE")
+            .arg(&k.all[index])
+            .arg(0)
+            .arg(saved)
+            .query_async(&mut conn)
+            .await
+            .expect("restore");
+        let status = lease_status(&mut conn, &k).await.expect("status");
+        assert_eq!((status.in_use, status.holders.len()), (1, 1), "{foreign}");
     }
 }

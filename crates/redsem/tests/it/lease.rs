@@ -414,21 +414,21 @@ async fn a_foreign_key_gives_wrong_type_and_is_not_overwritten() {
     let ctx = TestContext::start().await;
     let mut conn = ctx.raw().await;
     let _: () = conn
-        .set("t:{lease:s}:holders", "not ours")
+        .set("t:{lease:s}:leases", "not ours")
         .await
         .expect("set");
     let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
     match sem.try_acquire().await {
         Err(Error::WrongType { key, actual, .. }) => {
-            assert_eq!(key, "t:{lease:s}:holders");
+            assert_eq!(key, "t:{lease:s}:leases");
             assert_eq!(actual, "string");
         }
         other => panic!("expected WrongType, got {other:?}"),
     }
     assert!(matches!(sem.status().await, Err(Error::WrongType { .. })));
-    let value: String = conn.get("t:{lease:s}:holders").await.expect("get");
+    let value: String = conn.get("t:{lease:s}:leases").await.expect("get");
     assert_eq!(value, "not ours");
-    assert_eq!(ctx.keys().await, vec!["t:{lease:s}:holders".to_owned()]);
+    assert_eq!(ctx.keys().await, vec!["t:{lease:s}:leases".to_owned()]);
 }
 
 #[tokio::test]
