@@ -130,8 +130,8 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a malformed URL, [`Error::Unavailable`] when Redis cannot
-    /// be reached, [`Error::Redis`] when it refuses the connection (bad password, ...).
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a malformed URL, [`Error::Unavailable`](crate::Error::Unavailable) when Redis cannot
+    /// be reached, [`Error::Redis`](crate::Error::Redis) when it refuses the connection (bad password, ...).
     ///
     /// # Cancel safety
     ///
@@ -159,7 +159,7 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// As [`Redsem::connect`]; also [`Error::InvalidArgument`] for an empty prefix.
+    /// As [`Redsem::connect`]; also [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty prefix.
     ///
     /// # Cancel safety
     ///
@@ -210,7 +210,7 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty name or a capacity of 0.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty name or a capacity of 0.
     pub fn lease_semaphore(&self, name: &str, capacity: u32) -> Result<LeaseSemaphore> {
         self.lease_semaphore_with(name, capacity, LeaseOptions::default())
     }
@@ -234,7 +234,7 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty name, a capacity of 0, or a lease or waiter
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty name, a capacity of 0, or a lease or waiter
     /// lease too short to renew (under 30 ms).
     pub fn lease_semaphore_with(
         &self,
@@ -261,7 +261,7 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty name.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty name.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
