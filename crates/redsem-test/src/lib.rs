@@ -27,12 +27,14 @@
 mod cluster;
 mod port;
 mod server;
+mod tls;
 
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 pub use cluster::RedisCluster;
 pub use server::RedisServer;
+pub use tls::TlsRedisServer;
 
 /// How long the polling loops sleep between two checks.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);

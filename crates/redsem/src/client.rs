@@ -29,6 +29,9 @@ pub struct RedsemOptions {
     pub connect_timeout: Duration,
     /// How long one command may take before it fails as unavailable (default 5 s).
     pub response_timeout: Duration,
+    /// For `rediss://`: trust only the CA certificates in this PEM file instead of the
+    /// system's (default none: the system's roots and the webpki roots).
+    pub tls_root_cert: Option<std::path::PathBuf>,
 }
 
 impl Default for RedsemOptions {
@@ -37,6 +40,7 @@ impl Default for RedsemOptions {
             prefix: "redsem".to_owned(),
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
+            tls_root_cert: None,
         }
     }
 }
@@ -56,11 +60,51 @@ impl RedsemOptions {
         self
     }
 
+    /// Trust the CA certificates in the PEM file at `path` for `rediss://` connections.
+    #[must_use]
+    pub fn tls_root_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_root_cert = Some(path.into());
+        self
+    }
+
     /// Set the per-command response timeout.
     #[must_use]
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
+    }
+}
+
+fn open_client(url: &str, options: &RedsemOptions) -> Result<redis::Client> {
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss://") {
+        // The process-wide rustls provider; another part of the program may have set one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let bad_url = |e: redis::RedisError| invalid(format!("bad redis url {url:?}: {e}"));
+    let Some(path) = &options.tls_root_cert else {
+        return redis::Client::open(url).map_err(bad_url);
+    };
+    #[cfg(feature = "tls")]
+    {
+        let pem = std::fs::read(path).map_err(|e| {
+            invalid(format!(
+                "cannot read the TLS root certificate {}: {e}",
+                path.display()
+            ))
+        })?;
+        let certs = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        };
+        redis::Client::build_with_tls(url, certs).map_err(bad_url)
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        Err(invalid(format!(
+            "TLS root certificate {} given, but redsem was built without the `tls` feature",
+            path.display()
+        )))
     }
 }
 
@@ -116,8 +160,8 @@ impl fmt::Debug for Redsem {
 impl Redsem {
     /// Connect to the Redis at `url` with the default options.
     ///
-    /// `url` is `redis://[user:password@]host[:port][/db]` (or `rediss://` when built with TLS
-    /// support in the `redis` crate).
+    /// `url` is `redis://[user:password@]host[:port][/db]`, or `rediss://...` for TLS (the
+    /// default `tls` feature).
     ///
     /// # Examples
     ///
@@ -168,8 +212,7 @@ impl Redsem {
         if options.prefix.is_empty() {
             return Err(invalid("the key prefix must not be empty"));
         }
-        let client =
-            redis::Client::open(url).map_err(|e| invalid(format!("bad redis url {url:?}: {e}")))?;
+        let client = open_client(url, &options)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout))

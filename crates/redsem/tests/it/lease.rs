@@ -567,3 +567,26 @@ async fn a_hundred_permits_with_keepalive_share_one_connection() {
         p.release().await.expect("release");
     }
 }
+
+#[tokio::test]
+async fn connects_over_tls_with_a_given_root_certificate() {
+    let tls = redsem_test::TlsRedisServer::start();
+    let options = RedsemOptions::default().tls_root_cert(tls.ca_cert());
+    let redsem = within(
+        LIMIT,
+        "TLS connect",
+        Redsem::connect_with(&tls.tls_url(), options),
+    )
+    .await
+    .expect("connect over TLS");
+    let sem = redsem.lease_semaphore("tls", 1).expect("semaphore");
+    let permit = sem.acquire().await.expect("acquire over TLS");
+    assert_eq!(permit.token().get(), 1);
+    permit.release().await.expect("release");
+
+    // Without trusting the certificate, the connection is refused.
+    let err = Redsem::connect(&tls.tls_url())
+        .await
+        .expect_err("an untrusted self-signed certificate");
+    assert!(!err.is_invalid_argument(), "{err:?}");
+}
