@@ -88,6 +88,9 @@ pub(crate) struct Context {
 impl Context {
     /// Connect to Redis with the global options.
     pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
+        // rediss:// goes through rustls; name its crypto provider once for the process (an
+        // error means one is already installed).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let options = RedsemOptions::default().prefix(self.prefix.as_str());
         Redsem::connect_with(&self.url, options).await.map_err(
             |err| match std::error::Error::source(&err) {

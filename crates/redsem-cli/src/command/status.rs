@@ -144,14 +144,14 @@ fn report<'a>(name: &'a str, status: &'a Status) -> Report<'a> {
 
 /// The table a person reads at a glance.
 fn describe(name: &str, status: &Status) -> String {
-    let limit = status
-        .capacity
-        .map_or_else(|| "no limit stored".to_owned(), |c| c.to_string());
-    let mut out = format!(
-        "{name}: {} of {limit} in use, {} waiting\n",
-        status.in_use,
-        status.waiters.len()
-    );
+    let mut out = match status.capacity {
+        Some(limit) => format!(
+            "{name}: {} of {limit} in use, {} waiting\n",
+            status.in_use,
+            status.waiters.len()
+        ),
+        None => format!("{name}: not in use (no limit stored)\n"),
+    };
     if !status.holders.is_empty() {
         let rows: Vec<Vec<String>> = status
             .holders

@@ -6,6 +6,8 @@
 /// Running the binary, processes and deadlines.
 mod support;
 
+/// Reaching Redis: `rediss://` (TLS), `user:password@`, passwords kept out of messages.
+mod connect;
 /// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
 mod exit_codes;
 /// `acquire`, `refresh`, `release`, `status`, global options, help and completions.

@@ -293,3 +293,31 @@ fn run_waits_in_line_and_starts_the_command_when_a_permit_is_released() {
         "no spinner when stderr is not a terminal: {out:?}"
     );
 }
+
+#[test]
+fn a_spinner_shows_the_wait_on_a_terminal_unless_quiet() {
+    let world = World::new();
+    // Held for 800ms each time, so each `run` waits (and spins) a while.
+    world.acquire("jobs", 1, &["--lease", "800ms"]);
+    let url = world.server.url();
+    let on_terminal = |quiet: &str| {
+        // `script` gives redsem a terminal for stderr and copies what it writes to stdout.
+        let line = format!(
+            "{} --url {url} {quiet} run jobs --limit 1 --lease 2s -- echo granted",
+            crate::support::REDSEM
+        );
+        let mut cmd = std::process::Command::new("script");
+        cmd.args(["-qec", &line, "/dev/null"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        Running::start(cmd).wait().success().stdout
+    };
+    let shown = on_terminal("");
+    assert!(shown.contains("waiting for \"jobs\""), "{shown:?}");
+    assert!(shown.contains("granted"), "{shown:?}");
+    world.acquire("jobs", 1, &["--lease", "800ms"]);
+    let quiet = on_terminal("--quiet");
+    assert!(!quiet.contains("waiting for"), "{quiet:?}");
+    assert!(quiet.contains("granted"), "{quiet:?}");
+}
