@@ -45,6 +45,7 @@ pub(crate) struct Cli {
 
 /// Options every subcommand takes, before or after its name.
 #[derive(Debug, clap::Args)]
+#[command(next_help_heading = "Global options")]
 struct GlobalArgs {
     /// Redis to use: redis://[user:password@]host[:port][/db], or rediss:// for TLS
     #[arg(
@@ -64,6 +65,7 @@ struct GlobalArgs {
         value_name = "P",
         env = "REDSEM_PREFIX",
         default_value = "redsem",
+        hide_env_values = true,
         value_parser = values::prefix
     )]
     prefix: String,

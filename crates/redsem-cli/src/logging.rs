@@ -1,6 +1,7 @@
 //! Logs on stderr through `tracing`: off by default, `-v` for info, `-vv` for debug, `-vvv`
 //! for trace; `RUST_LOG` (`info`, `redsem=debug,warn`, ...) overrides `-v`.
 
+use std::io::IsTerminal as _;
 use std::str::FromStr;
 
 use tracing_subscriber::Layer as _;
@@ -24,6 +25,7 @@ pub(crate) fn init(verbosity: u8) {
     });
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(verbosity > 1);
     // Fails only if a subscriber is already set, which cannot happen in this binary.
     let _ = tracing_subscriber::registry()

@@ -58,13 +58,17 @@ impl PermitRequest {
             options = options.label(label.as_str());
         }
         let sem = redsem.lease_semaphore_with(&self.name, self.limit, options)?;
-        if self.no_wait {
-            return Ok(sem.try_acquire().await?);
-        }
-        let mut spinner = Spinner::new(&self.name, ctx.show_progress());
+        let mut spinner = Spinner::new(&self.name, !self.no_wait && ctx.show_progress());
         let reporter = spinner.reporter();
+        let granted = async {
+            if self.no_wait {
+                sem.try_acquire().await
+            } else {
+                sem.acquire_with_progress(1, self.wait, reporter).await
+            }
+        };
         tokio::select! {
-            granted = sem.acquire_with_progress(1, self.wait, reporter) => Ok(granted?),
+            granted = granted => Ok(granted?),
             signal = signals.recv() => Err(signals::interrupted(
                 signal,
                 &format!("waiting for {:?}", self.name),

@@ -28,7 +28,7 @@ lease in ms) on one line.
 Exit codes: 0 acquired · 1 other error (limit conflict) · 2 usage error ·
 69 Redis unreachable · 75 no permit in time";
 
-/// Take a permit of NAME and print its id; it lives until its lease ends, unless refreshed or released
+/// Take a permit of NAME and print its id; it lives one lease unless refreshed
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
 pub(crate) struct Args {

@@ -21,7 +21,7 @@ Examples:
 Exit codes: 0 released · 1 not held (already released, or its lease ended) · 2 usage error ·
 69 Redis unreachable";
 
-/// Release permit ID of NAME (or withdraw a queued request), handing it to the next in line
+/// Release permit ID of NAME (or withdraw a queued request)
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
 pub(crate) struct Args {
