@@ -2,10 +2,12 @@
 //! very same measuring code.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout};
@@ -51,15 +53,43 @@ impl Snap {
     }
 
     /// The load from `self` to now, spread over `cycles`.
-    pub(crate) async fn load(&self, admin: &Admin, cycles: u64) -> BenchResult<ServerLoad> {
+    pub(crate) async fn load(self, admin: &Admin, cycles: u64) -> BenchResult<ServerLoad> {
+        let mut meter = Meter::default();
+        meter.add(admin, self).await?;
+        Ok(meter.load(cycles))
+    }
+}
+
+/// Server counters summed over several measured intervals.
+#[derive(Default)]
+pub(crate) struct Meter {
+    stats: CommandStats,
+    cpu: f64,
+    wall: f64,
+}
+
+impl Meter {
+    /// Add the interval from `from` to now.
+    pub(crate) async fn add(&mut self, admin: &Admin, from: Snap) -> BenchResult<()> {
         let after = Snap::take(admin).await?;
-        let mut d = after.stats.since(&self.stats);
-        d.0.remove("info");
-        let cpu = (after.cpu - self.cpu).max(0.0);
-        let wall = after.at.duration_since(self.at).as_secs_f64();
+        for (name, d) in after.stats.since(&from.stats).0 {
+            if name == "info" {
+                continue;
+            }
+            let sum = self.stats.0.entry(name).or_default();
+            sum.calls += d.calls;
+            sum.usec += d.usec;
+        }
+        self.cpu += (after.cpu - from.cpu).max(0.0);
+        self.wall += after.at.duration_since(from.at).as_secs_f64();
+        Ok(())
+    }
+
+    pub(crate) fn load(&self, cycles: u64) -> ServerLoad {
+        let d = &self.stats;
         let n = cycles.max(1) as f64;
         let evalsha = d.calls("evalsha");
-        Ok(ServerLoad {
+        ServerLoad {
             evalsha_per_cycle: evalsha as f64 / n,
             evalsha_usec_per_call: if evalsha > 0 {
                 d.usec("evalsha") as f64 / evalsha as f64
@@ -67,11 +97,46 @@ impl Snap {
                 0.0
             },
             commandstats_per_cycle: d.per(cycles),
-            redis_cpu_us_per_cycle: cpu * 1e6 / n,
-            redis_cpu_share: if wall > 0.0 { cpu / wall } else { 0.0 },
-        })
+            redis_cpu_us_per_cycle: self.cpu * 1e6 / n,
+            redis_cpu_share: if self.wall > 0.0 {
+                self.cpu / self.wall
+            } else {
+                0.0
+            },
+        }
     }
 }
+
+/// Two raw EVALSHA round trips (`return 1`), the yardstick of S1, timed in slices that
+/// alternate with the measured cycles so both see the same machine load.
+pub(crate) struct RawPair {
+    conn: MultiplexedConnection,
+    evalsha: redis::Cmd,
+}
+
+impl RawPair {
+    pub(crate) async fn new(admin: &Admin) -> BenchResult<RawPair> {
+        let mut conn = admin.client.get_multiplexed_async_connection().await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg("return 1")
+            .query_async(&mut conn)
+            .await?;
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(sha).arg(0);
+        Ok(RawPair { conn, evalsha })
+    }
+
+    async fn pair(&mut self) -> BenchResult<()> {
+        for _ in 0..2 {
+            let _: i64 = self.evalsha.query_async(&mut self.conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Length of one measuring slice when S1 alternates with its yardstick.
+const SLICE: Duration = Duration::from_millis(250);
 
 /// S1: one client, try_acquire + release in a loop.
 #[derive(Debug, Clone, Serialize)]
@@ -81,6 +146,9 @@ pub(crate) struct CycleRun {
     pub(crate) cycles_per_s: f64,
     /// Time of one try_acquire + release.
     pub(crate) cycle: Latency,
+    /// Two raw EVALSHA round trips (`return 1`, one connection), timed in slices alternating
+    /// with the cycles: the S1 yardstick under the same machine load.
+    pub(crate) two_raw_evalsha: Option<Latency>,
     pub(crate) server: ServerLoad,
 }
 
@@ -88,35 +156,65 @@ pub(crate) async fn cycles<S: BenchSem>(
     admin: &Admin,
     sem: &S,
     time: Duration,
+    yardstick: Option<&mut RawPair>,
 ) -> BenchResult<CycleRun> {
-    // Warm up: scripts loaded, connections open.
-    for _ in 0..20 {
-        let p = sem
-            .try_acquire()
-            .await?
-            .ok_or("S1 warm-up found no free unit")?;
-        sem.release(p).await?;
-    }
-    let snap = Snap::take(admin).await?;
-    let start = Instant::now();
-    let mut sample = Vec::new();
-    while start.elapsed() < time {
-        let t = Instant::now();
+    timed_cycles(admin, time, yardstick, || async {
         let p = sem
             .try_acquire()
             .await?
             .ok_or("an uncontended try_acquire found no free unit")?;
-        sem.release(p).await?;
-        sample.push(t.elapsed());
+        sem.release(p).await
+    })
+    .await
+}
+
+/// Run `cycle` back to back for `time` (after 20 warm-up cycles), in slices that alternate
+/// with the `yardstick`, if any.
+pub(crate) async fn timed_cycles<F, Fut>(
+    admin: &Admin,
+    time: Duration,
+    mut yardstick: Option<&mut RawPair>,
+    mut cycle: F,
+) -> BenchResult<CycleRun>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = BenchResult<()>>,
+{
+    // Warm up: scripts loaded, connections open.
+    for _ in 0..20 {
+        cycle().await?;
     }
-    let elapsed = start.elapsed();
+    let mut meter = Meter::default();
+    let mut sample = Vec::new();
+    let mut reference = Vec::new();
+    let mut elapsed = Duration::ZERO;
+    while elapsed < time {
+        let snap = Snap::take(admin).await?;
+        let start = Instant::now();
+        while start.elapsed() < SLICE.min(time) {
+            let t = Instant::now();
+            cycle().await?;
+            sample.push(t.elapsed());
+        }
+        elapsed += start.elapsed();
+        meter.add(admin, snap).await?;
+        if let Some(raw) = yardstick.as_deref_mut() {
+            let start = Instant::now();
+            while start.elapsed() < SLICE.min(time) {
+                let t = Instant::now();
+                raw.pair().await?;
+                reference.push(t.elapsed());
+            }
+        }
+    }
     let n = sample.len() as u64;
     Ok(CycleRun {
         cycles: n,
         elapsed_s: elapsed.as_secs_f64(),
         cycles_per_s: rate(n, elapsed),
         cycle: Latency::of(&sample),
-        server: snap.load(admin, n).await?,
+        two_raw_evalsha: yardstick.map(|_| Latency::of(&reference)),
+        server: meter.load(n),
     })
 }
 

@@ -5,7 +5,6 @@
 //! the latch's `…:opened` channel. If that layout changes, the wait for readiness times out and
 //! the scenario fails loudly.
 
-use std::future::Future;
 use std::time::Duration;
 
 use redsem::{CountDownLatch, PermitSemaphore};
@@ -14,9 +13,9 @@ use tokio::time::{Instant, timeout};
 
 use crate::BenchResult;
 use crate::admin::Admin;
-use crate::core::{CycleRun, HandoffRun, STALL, Snap};
+use crate::core::{CycleRun, HandoffRun, RawPair, STALL, timed_cycles};
 use crate::ctx::Ctx;
-use crate::stats::{Latency, rate};
+use crate::stats::Latency;
 
 /// How long a waiter may take to show up in Redis.
 const READY: Duration = Duration::from_secs(5);
@@ -31,34 +30,6 @@ pub(crate) struct CountersRun {
     pub(crate) latch_s1: Option<CycleRun>,
     /// Latch of 1: count_down() → a waiting wait() returns.
     pub(crate) latch_s3: Option<HandoffRun>,
-}
-
-/// Run `cycle` back to back for `time`.
-async fn cycles<F, Fut>(admin: &Admin, time: Duration, mut cycle: F) -> BenchResult<CycleRun>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = BenchResult<()>>,
-{
-    for _ in 0..20 {
-        cycle().await?;
-    }
-    let snap = Snap::take(admin).await?;
-    let start = Instant::now();
-    let mut sample = Vec::new();
-    while start.elapsed() < time {
-        let t = Instant::now();
-        cycle().await?;
-        sample.push(t.elapsed());
-    }
-    let elapsed = start.elapsed();
-    let n = sample.len() as u64;
-    Ok(CycleRun {
-        cycles: n,
-        elapsed_s: elapsed.as_secs_f64(),
-        cycles_per_s: rate(n, elapsed),
-        cycle: Latency::of(&sample),
-        server: snap.load(admin, n).await?,
-    })
 }
 
 /// Poll `query` (an integer reply) until it is at least 1.
@@ -90,24 +61,36 @@ async fn permits_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
     let client = ctx.redsem(prefix).await?;
     let sem: PermitSemaphore = client.permit_semaphore("p1")?;
     sem.try_set_permits(5).await?;
-    cycles(&ctx.admin, ctx.sizes.s1_time, || async {
-        sem.try_acquire(1).await?;
-        sem.release(1).await?;
-        Ok(())
-    })
+    let mut yardstick = RawPair::new(&ctx.admin).await?;
+    timed_cycles(
+        &ctx.admin,
+        ctx.sizes.s1_time,
+        Some(&mut yardstick),
+        || async {
+            sem.try_acquire(1).await?;
+            sem.release(1).await?;
+            Ok(())
+        },
+    )
     .await
 }
 
 async fn latch_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
     let client = ctx.redsem(prefix).await?;
     let latch: CountDownLatch = client.count_down_latch("l1")?;
-    cycles(&ctx.admin, ctx.sizes.s1_time, || async {
-        if !latch.try_set_count(1).await? {
-            return Err("try_set_count found the latch counting".into());
-        }
-        latch.count_down().await?;
-        Ok(())
-    })
+    let mut yardstick = RawPair::new(&ctx.admin).await?;
+    timed_cycles(
+        &ctx.admin,
+        ctx.sizes.s1_time,
+        Some(&mut yardstick),
+        || async {
+            if !latch.try_set_count(1).await? {
+                return Err("try_set_count found the latch counting".into());
+            }
+            latch.count_down().await?;
+            Ok(())
+        },
+    )
     .await
 }
 

@@ -67,7 +67,10 @@ pub(crate) fn run(args: Args) -> BenchResult<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let code = runtime.block_on(measure(&args, url))?;
+    // Every scenario runs on the worker pool, as application code does, never on the
+    // blocking `block_on` thread (whose wake-ups would add to every latency).
+    let code = runtime
+        .block_on(async move { tokio::spawn(async move { measure(&args, url).await }).await })??;
     drop(runtime);
     drop(own);
     Ok(code)
@@ -199,7 +202,14 @@ async fn s1(ctx: &Ctx) -> BenchResult<core::CycleRun> {
     let sems = ctx
         .redsem_sems(&prefix, "s1", 5, LeaseOptions::default(), 1)
         .await?;
-    let run = core::cycles(&ctx.admin, &sems[0], ctx.sizes.s1_time).await?;
+    let mut yardstick = core::RawPair::new(&ctx.admin).await?;
+    let run = core::cycles(
+        &ctx.admin,
+        &sems[0],
+        ctx.sizes.s1_time,
+        Some(&mut yardstick),
+    )
+    .await?;
     ctx.clean(&prefix).await?;
     Ok(run)
 }
@@ -261,7 +271,14 @@ async fn s7(ctx: &Ctx) -> BenchResult<SeedsRun> {
 
     let sems = ctx.seeds_sems(&prefix, "s1", 5, 1, &trips).await?;
     let before = trips.load(std::sync::atomic::Ordering::Relaxed);
-    let run = core::cycles(&ctx.admin, &sems[0], ctx.sizes.s1_time).await?;
+    let mut yardstick = core::RawPair::new(&ctx.admin).await?;
+    let run = core::cycles(
+        &ctx.admin,
+        &sems[0],
+        ctx.sizes.s1_time,
+        Some(&mut yardstick),
+    )
+    .await?;
     let after = trips.load(std::sync::atomic::Ordering::Relaxed);
     // 20 warm-up cycles ran before the measured ones.
     out.s1_round_trips_per_cycle = (after - before) as f64 / (run.cycles + 20).max(1) as f64;
