@@ -323,7 +323,12 @@ impl Figures {
             row(
                 &mut rows,
                 "cycles/s",
-                r.map_or_else(dash, |r| num(r.cycles_per_s)),
+                r.map_or_else(dash, |r| {
+                    let ratio = r.two_raw_evalsha.as_ref().map_or(String::new(), |l| {
+                        format!(" ({} of raw pairs)", pct(r.cycles_per_s * l.mean_us / 1e6))
+                    });
+                    format!("{}{ratio}", num(r.cycles_per_s))
+                }),
                 s.map_or_else(dash, |s| num(s.cycles_per_s)),
                 l.map_or_else(dash, |l| {
                     format!("{} (EVALSHA pairs/s)", num(1e6 / l.mean_us.max(1e-9)))
