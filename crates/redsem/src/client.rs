@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Result, invalid};
 use crate::keys;
@@ -140,6 +141,8 @@ pub(crate) struct Shared {
     notifier: OnceCell<Notifier>,
     /// Cancelled when the last handle goes: stops the pub/sub task.
     pub(crate) closed: CancellationToken,
+    /// Releases and withdrawals sent in the background from `Drop`.
+    background: TaskTracker,
 }
 
 impl Drop for Shared {
@@ -227,6 +230,7 @@ impl Redsem {
                 prefix: options.prefix,
                 notifier: OnceCell::new(),
                 closed: CancellationToken::new(),
+                background: TaskTracker::new(),
             }),
         })
     }
@@ -377,6 +381,41 @@ impl Redsem {
         names.sort();
         names.dedup();
         Ok(names)
+    }
+
+    /// Wait until the clean-up that dropped permits and cancelled acquires sent in the
+    /// background (a release, a withdrawal) has finished.
+    ///
+    /// Call it before a short-lived program exits, so a permit dropped on the way out is
+    /// released rather than left to run out its lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem, sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire().await?;
+    /// drop(permit); // released in the background
+    /// redsem.flush().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the background work goes on.
+    pub async fn flush(&self) {
+        let tracker = &self.shared.background;
+        tracker.close();
+        tracker.wait().await;
+        tracker.reopen();
+    }
+
+    /// Run clean-up `work` in the background (from `Drop`), tracked for [`Redsem::flush`].
+    /// Without a runtime (dropped outside one) the work is skipped: leases end by themselves.
+    pub(crate) fn spawn_cleanup(&self, work: impl Future<Output = ()> + Send + 'static) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            self.shared.background.spawn_on(work, &handle);
+        }
     }
 
     pub(crate) fn conn(&self) -> Conn {

@@ -57,6 +57,7 @@
 )]
 
 mod client;
+mod clock;
 mod error;
 mod keys;
 mod latch;

@@ -635,13 +635,12 @@ impl Drop for Withdraw {
     fn drop(&mut self) {
         let Some(sem) = self.sem.take() else { return };
         let id = self.id.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(err) = sem.withdraw(id.as_str()).await {
-                    tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
+        let redsem = sem.redsem.clone();
+        redsem.spawn_cleanup(async move {
+            if let Err(err) = sem.withdraw(id.as_str()).await {
+                tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
                         "could not withdraw a cancelled request; its waiter lease will");
-                }
-            });
-        }
+            }
+        });
     }
 }

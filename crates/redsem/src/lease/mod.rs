@@ -13,6 +13,7 @@ pub use permit::LeasePermit;
 pub use status::{Holder, Status, Waiter};
 
 use crate::client::Redsem;
+use crate::clock;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::script::{self, Acquire, Release, Request};
@@ -573,7 +574,7 @@ impl LeaseSemaphore {
         let mut conn = self.inner.redsem.conn();
 
         if let Patience::None = patience {
-            let sent = Instant::now();
+            let sent = clock::now();
             return match script::lease_acquire(&mut conn, &self.inner.keys, &req).await? {
                 Acquire::Granted { token, slots } => Ok(self.permit(id, token, slots, sent)),
                 Acquire::Busy { in_use, waiters } => Err(Error::NoPermit {
@@ -598,7 +599,7 @@ impl LeaseSemaphore {
             sem: Some(self.inner.clone()),
             id: id.clone(),
         };
-        let mut sent = Instant::now();
+        let mut sent = clock::now();
         let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
         loop {
             match reply {
@@ -624,7 +625,7 @@ impl LeaseSemaphore {
                         () = mailbox.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
-                    sent = Instant::now();
+                    sent = clock::now();
                     reply = script::lease_poll(
                         &mut conn,
                         &self.inner.keys,
@@ -638,7 +639,7 @@ impl LeaseSemaphore {
                     // Our place was dropped (we did not check in within the waiter lease, or
                     // the capacity shrank below our request): queue again.
                     tracing::warn!(semaphore = %self.inner.name, id = %id, "queued request was dropped; queuing again");
-                    sent = Instant::now();
+                    sent = clock::now();
                     reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
                 }
                 other => {
@@ -649,7 +650,7 @@ impl LeaseSemaphore {
         }
     }
 
-    fn permit(&self, id: PermitId, token: u64, slots: Vec<u32>, sent: Instant) -> LeasePermit {
+    fn permit(&self, id: PermitId, token: u64, slots: Vec<u32>, sent: Duration) -> LeasePermit {
         LeasePermit::start(self.inner.clone(), id, token, slots, sent)
     }
 
@@ -710,13 +711,12 @@ impl Drop for Withdraw {
     fn drop(&mut self) {
         let Some(sem) = self.sem.take() else { return };
         let id = self.id.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(err) = sem.release(id.as_str()).await {
-                    tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
+        let redsem = sem.redsem.clone();
+        redsem.spawn_cleanup(async move {
+            if let Err(err) = sem.release(id.as_str()).await {
+                tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
                         "could not withdraw a cancelled request; its waiter lease will");
-                }
-            });
-        }
+            }
+        });
     }
 }

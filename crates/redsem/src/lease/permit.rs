@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
+
+use crate::clock;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::SemInner;
@@ -51,19 +53,19 @@ struct PermitState {
     id: PermitId,
     token: FencingToken,
     slots: Vec<u32>,
-    /// The lease can have ended on the server no earlier than this.
-    valid_until: Mutex<Instant>,
+    /// The lease can have ended on the server no earlier than this ([`clock`] time).
+    valid_until: Mutex<Duration>,
     /// Wakes the keepalive when a manual refresh moved `valid_until`.
     moved: Notify,
     lost: CancellationToken,
 }
 
 impl PermitState {
-    fn valid_until(&self) -> Instant {
+    fn valid_until(&self) -> Duration {
         *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn renewed(&self, sent: Instant) {
+    fn renewed(&self, sent: Duration) {
         let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
         *until = (*until).max(sent + self.sem.options.lease);
     }
@@ -76,7 +78,7 @@ impl PermitState {
     }
 
     async fn refresh(&self) -> Result<bool> {
-        let sent = Instant::now();
+        let sent = clock::now();
         let held = script::lease_refresh(
             &mut self.sem.redsem.conn(),
             &self.sem.keys,
@@ -97,7 +99,7 @@ impl LeasePermit {
         id: PermitId,
         token: u64,
         slots: Vec<u32>,
-        sent: Instant,
+        sent: Duration,
     ) -> LeasePermit {
         let lease = sem.options.lease;
         let renew = sem.options.keepalive;
@@ -149,15 +151,22 @@ impl LeasePermit {
         &self.state.sem.name
     }
 
-    /// The instant, on this machine's monotonic clock, before which the lease cannot have
-    /// ended on the server. Renewals move it forward.
+    /// The instant before which the lease cannot have ended on the server. Renewals move it
+    /// forward.
     pub fn expires_at(&self) -> Instant {
-        self.state.valid_until()
+        Instant::now() + self.time_left()
     }
 
-    /// True while the permit is known to be held: not lost, and the lease cannot have ended.
+    /// How long the lease is certain to last without another renewal (zero once it may
+    /// have ended).
+    pub fn time_left(&self) -> Duration {
+        self.state.valid_until().saturating_sub(clock::now())
+    }
+
+    /// True while the permit is known to be held: not lost, and the lease cannot have ended
+    /// (also counting time the machine spent suspended).
     pub fn is_held(&self) -> bool {
-        !self.state.lost.is_cancelled() && Instant::now() < self.state.valid_until()
+        !self.state.lost.is_cancelled() && clock::now() < self.state.valid_until()
     }
 
     /// Resolves as soon as the permit is known lost, or its lease may have ended unrenewed
@@ -274,14 +283,13 @@ impl Drop for LeasePermit {
         }
         self.state.lost.cancel();
         let state = self.state.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(err) = state.sem.release(state.id.as_str()).await {
-                    tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %err,
+        let redsem = state.sem.redsem.clone();
+        redsem.spawn_cleanup(async move {
+            if let Err(err) = state.sem.release(state.id.as_str()).await {
+                tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %err,
                         "could not release a dropped permit; its lease will end by itself");
-                }
-            });
-        }
+            }
+        });
     }
 }
 
@@ -299,41 +307,52 @@ impl fmt::Debug for LeasePermit {
 
 /// Renews every third of the lease (if `renew`), and declares the permit lost when Redis says
 /// it is gone or when its lease may have ended without a renewal.
+///
+/// Deadlines are kept on [`clock`] time; tokio's timers stop while the machine is suspended,
+/// so no sleep lasts longer than a quarter of the lease before the clock is read again.
 async fn keepalive(state: Arc<PermitState>, stop: CancellationToken, renew: bool) {
-    let period = state.sem.options.lease / 3;
-    let mut next = state.valid_until() - state.sem.options.lease + period;
+    let lease = state.sem.options.lease;
+    let period = lease / 3;
+    let mut next = state.valid_until().saturating_sub(lease) + period;
     loop {
+        let now = clock::now();
         let deadline = state.valid_until();
+        if now >= deadline {
+            state.lose("lease may have ended without a renewal");
+            return;
+        }
+        let renew_in = if renew {
+            next.saturating_sub(now)
+        } else {
+            Duration::MAX
+        };
+        if renew_in.is_zero() {
+            let outcome = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(deadline - now) => continue,
+                outcome = state.refresh() => outcome,
+            };
+            match outcome {
+                Ok(true) => next = clock::now().max(next) + period,
+                Ok(false) => {
+                    state.lose("Redis no longer has it");
+                    return;
+                }
+                Err(err) => {
+                    tracing::debug!(semaphore = %state.sem.name, id = %state.id, error = %err, "renewal failed; retrying");
+                    next = clock::now() + RETRY_AFTER_ERROR.min(period);
+                }
+            }
+            continue;
+        }
+        let nap = renew_in.min(deadline - now).min(lease / 4);
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
             () = state.lost.cancelled() => return,
-            () = sleep_until(deadline) => {
-                if Instant::now() >= state.valid_until() {
-                    state.lose("lease may have ended without a renewal");
-                    return;
-                }
-            }
             () = state.moved.notified() => {}
-            () = sleep_until(next), if renew => {
-                let outcome = tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return,
-                    () = sleep_until(deadline) => continue,
-                    outcome = state.refresh() => outcome,
-                };
-                match outcome {
-                    Ok(true) => next = Instant::now().max(next) + period,
-                    Ok(false) => {
-                        state.lose("Redis no longer has it");
-                        return;
-                    }
-                    Err(err) => {
-                        tracing::debug!(semaphore = %state.sem.name, id = %state.id, error = %err, "renewal failed; retrying");
-                        next = Instant::now() + RETRY_AFTER_ERROR.min(period);
-                    }
-                }
-            }
+            () = tokio::time::sleep(nap) => {}
         }
     }
 }

@@ -263,6 +263,8 @@ async fn dropping_a_permit_releases_it() {
     let ctx = TestContext::start().await;
     let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
     drop(sem.try_acquire().await.expect("acquire"));
+    within(LIMIT, "flush", ctx.redsem.flush()).await;
+    assert_eq!(sem.status().await.expect("status").in_use, 0, "released by flush time");
     let again = within(LIMIT, "acquire after drop", sem.acquire())
         .await
         .expect("acquire");
