@@ -25,9 +25,9 @@ pub(crate) struct Sizes {
     pub(crate) s3_trials: usize,
     /// S4: waiters.
     pub(crate) s4_waiters: usize,
-    /// S5: live-holder levels, cycles timed at each, waiting tasks.
+    /// S5: live-holder levels, measuring time at each, waiting tasks.
     pub(crate) s5_levels: Vec<usize>,
-    pub(crate) s5_cycles: usize,
+    pub(crate) s5_time: Duration,
     pub(crate) s5_waiters: usize,
     /// S6: cycles watched, live holders, waiters and idle semaphores measured.
     pub(crate) s6_cycles: usize,
@@ -48,7 +48,7 @@ impl Sizes {
             s3_trials: 500,
             s4_waiters: 50,
             s5_levels: vec![10, 1_000, 100_000],
-            s5_cycles: 2_000,
+            s5_time: Duration::from_secs(1),
             s5_waiters: 10_000,
             s6_cycles: 200,
             s6_holders: 10_000,
@@ -67,7 +67,7 @@ impl Sizes {
             s3_trials: 30,
             s4_waiters: 10,
             s5_levels: vec![10, 100, 1_000],
-            s5_cycles: 100,
+            s5_time: Duration::from_millis(100),
             s5_waiters: 300,
             s6_cycles: 20,
             s6_holders: 300,

@@ -11,9 +11,8 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 
 use crate::BenchResult;
-use crate::core::STALL;
+use crate::core::{CycleRun, RawPair, STALL, timed_cycles};
 use crate::ctx::Ctx;
-use crate::stats::Latency;
 
 /// Concurrent requests when filling a semaphore with holders.
 const FILL_CONCURRENCY: usize = 128;
@@ -22,8 +21,9 @@ const FILL_CONCURRENCY: usize = 128;
 pub(crate) struct Level {
     /// Live holders while timing.
     pub(crate) holders: usize,
-    /// try_acquire + release of one more unit.
-    pub(crate) cycle: Latency,
+    /// try_acquire + release of one more unit, timed in slices alternating with two raw
+    /// EVALSHA round trips (`two_raw_evalsha`), as in S1.
+    pub(crate) run: CycleRun,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -106,52 +106,11 @@ pub(crate) async fn stop_waiters(
     Ok(())
 }
 
-async fn time_cycles(sem: &LeaseSemaphore, cycles: usize) -> BenchResult<Latency> {
-    let mut sample = Vec::with_capacity(cycles);
-    for _ in 0..cycles {
-        let t = Instant::now();
-        let p = sem.try_acquire().await?;
-        p.release().await?;
-        sample.push(t.elapsed());
-    }
-    Ok(Latency::of(&sample))
-}
-
 pub(crate) async fn run(ctx: &Ctx) -> BenchResult<ScaleRun> {
     let sizes = &ctx.sizes;
     let prefix = ctx.prefix("s5");
-    let most = sizes.s5_levels.iter().copied().max().unwrap_or(0);
-    let capacity = u32::try_from(most + 1)?;
-    // Holders that stay put for the whole scenario: no renewals, a long lease.
-    let options = LeaseOptions::default()
-        .keepalive(false)
-        .lease(Duration::from_secs(3600));
-    let client = ctx.redsem(&prefix).await?;
-    let sem = client.lease_semaphore_with("scale", capacity, options)?;
-    time_cycles(&sem, 20).await?; // warm-up
 
-    let mut held: Vec<LeasePermit> = Vec::new();
-    let mut levels = Vec::new();
-    let mut fill_per_s = 0.0;
-    for &level in &sizes.s5_levels {
-        let more = level.saturating_sub(held.len());
-        let t = Instant::now();
-        held.extend(fill(&sem, more).await?);
-        fill_per_s = more as f64 / t.elapsed().as_secs_f64().max(1e-9);
-        levels.push(Level {
-            holders: held.len(),
-            cycle: time_cycles(&sem, sizes.s5_cycles).await?,
-        });
-    }
-    // Leave them to the key clean-up rather than 100,000 releases.
-    for p in held {
-        p.forget();
-    }
-    ctx.clean(&prefix).await?;
-    drop(sem);
-    drop(client);
-
-    // Many waiting tasks on one fresh client.
+    // Many waiting tasks on one fresh client (first, while the process is small).
     let since = ctx.admin.last_client_id().await?;
     let client = ctx.redsem(&prefix).await?;
     let sem = client.lease_semaphore("queue", 1)?;
@@ -175,6 +134,42 @@ pub(crate) async fn run(ctx: &Ctx) -> BenchResult<ScaleRun> {
     };
     stop_waiters(&sem, waiting).await?;
     holder.release().await?;
+    drop(sem);
+    drop(client);
+    ctx.clean(&prefix).await?;
+
+    // Cycle latency as live holders grow.
+    let most = sizes.s5_levels.iter().copied().max().unwrap_or(0);
+    let capacity = u32::try_from(most + 1)?;
+    // Holders that stay put for the whole scenario: no renewals, a long lease.
+    let options = LeaseOptions::default()
+        .keepalive(false)
+        .lease(Duration::from_secs(3600));
+    let client = ctx.redsem(&prefix).await?;
+    let sem = client.lease_semaphore_with("scale", capacity, options)?;
+    let mut yardstick = RawPair::new(&ctx.admin).await?;
+    let mut held: Vec<LeasePermit> = Vec::new();
+    let mut levels = Vec::new();
+    let mut fill_per_s = 0.0;
+    for &level in &sizes.s5_levels {
+        let more = level.saturating_sub(held.len());
+        let t = Instant::now();
+        held.extend(fill(&sem, more).await?);
+        fill_per_s = more as f64 / t.elapsed().as_secs_f64().max(1e-9);
+        let run = timed_cycles(&ctx.admin, sizes.s5_time, Some(&mut yardstick), || async {
+            sem.try_acquire().await?.release().await?;
+            Ok(())
+        })
+        .await?;
+        levels.push(Level {
+            holders: held.len(),
+            run,
+        });
+    }
+    // Leave them to the key clean-up rather than 100,000 releases.
+    for p in held {
+        p.forget();
+    }
     ctx.clean(&prefix).await?;
 
     Ok(ScaleRun {
