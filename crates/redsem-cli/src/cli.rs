@@ -1,8 +1,10 @@
 //! The command line: global options, parsing (clap), and [`run`], which parses, sets up
 //! logging and the runtime, and executes the subcommand.
 
+use std::cell::OnceCell;
 use std::ffi::OsString;
 use std::io::IsTerminal as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,9 +29,20 @@ Examples:
   redsem --url redis://cache.internal:6379 status
   redsem status nightly-export --json
 
+  # Counted permits without owners or leases, and a countdown latch:
+  redsem permits gpu try-set 4
+  redsem permits gpu acquire 2 --wait 1m && ./train && redsem permits gpu release 2
+  redsem latch workers-ready set 3
+  redsem latch workers-ready count-down          # in each of the 3 workers, when ready
+  redsem latch workers-ready await --timeout 5m  # returns when all 3 have counted down
+
+  # TLS with a private CA:
+  redsem --url rediss://cache.internal:6380 --tls-ca /etc/redis/ca.pem status
+
 Exit codes:
-  0 ok · 1 other error (limit conflict, not held, ...) · 2 usage error ·
-  69 Redis unreachable · 75 no permit in time · 76 lease lost during `run`";
+  0 ok · 1 other error (limit conflict, not held, already set, ...) · 2 usage error ·
+  69 Redis unreachable (also: its TLS certificate not trusted) · 75 no permit in time, or a
+  latch still counting at --timeout · 76 lease lost during `run`";
 
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
@@ -58,6 +71,17 @@ struct GlobalArgs {
     )]
     url: String,
 
+    /// For rediss://: trust the CA certificates in this PEM file instead of the system's
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "REDSEM_TLS_CA",
+        hide_env_values = true,
+        value_parser = values::file
+    )]
+    tls_ca: Option<PathBuf>,
+
     /// Start of every key redsem writes, to keep apart applications sharing one Redis
     #[arg(
         long,
@@ -83,26 +107,92 @@ struct GlobalArgs {
 #[derive(Debug)]
 pub(crate) struct Context {
     url: String,
+    tls_ca: Option<PathBuf>,
     prefix: String,
     quiet: bool,
+    /// The client `connect` made, kept so its background clean-up is awaited before exit.
+    connected: OnceCell<Redsem>,
 }
 
 impl Context {
     /// Connect to Redis with the global options.
     pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
-        // rediss:// goes through rustls; name its crypto provider once for the process (an
-        // error means one is already installed).
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let options = RedsemOptions::default().prefix(self.prefix.as_str());
-        Redsem::connect_with(&self.url, options).await.map_err(
-            |err| match std::error::Error::source(&err) {
+        self.check_tls()?;
+        let mut options = RedsemOptions::default().prefix(self.prefix.as_str());
+        if let Some(ca) = &self.tls_ca {
+            options = options.tls_root_cert(ca);
+        }
+        let redsem = Redsem::connect_with(&self.url, options)
+            .await
+            .map_err(|err| match std::error::Error::source(&err) {
                 Some(cause) if err.is_unavailable() => CliError::new(
                     exit::UNAVAILABLE,
-                    format!("cannot reach Redis at {}: {cause}", redacted(&self.url)),
+                    format!(
+                        "cannot reach Redis at {}: {cause}{}",
+                        redacted(&self.url),
+                        self.tls_hint(&err)
+                    ),
                 ),
                 _ => CliError::from(err),
-            },
-        )
+            })?;
+        Ok(self.connected.get_or_init(|| redsem).clone())
+    }
+
+    /// Refuse what would not be the TLS the user asked for: `#insecure` (no certificate
+    /// checks) and `--tls-ca` with a plain `redis://` URL.
+    fn check_tls(&self) -> Result<(), CliError> {
+        let tls = self.url.starts_with("rediss://");
+        if self
+            .url
+            .split_once('#')
+            .is_some_and(|(_, f)| f == "insecure")
+        {
+            return Err(CliError::new(
+                exit::USAGE,
+                format!(
+                    "{}: #insecure (no certificate checks) is not supported; trust the \
+                     server's CA with --tls-ca FILE",
+                    redacted(&self.url)
+                ),
+            ));
+        }
+        if let (Some(ca), false) = (&self.tls_ca, tls) {
+            return Err(CliError::new(
+                exit::USAGE,
+                format!(
+                    "--tls-ca {} is for rediss:// URLs, and {} is not TLS",
+                    ca.display(),
+                    redacted(&self.url)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What to do about a refused TLS handshake (an untrusted certificate, most often), or
+    /// nothing for other failures.
+    fn tls_hint(&self, err: &redsem::Error) -> String {
+        if !self.url.starts_with("rediss://") || !tls_refused(err) {
+            return String::new();
+        }
+        match &self.tls_ca {
+            None => " (TLS refused; to trust a private CA, pass --tls-ca FILE)".to_owned(),
+            Some(ca) => format!(" (TLS refused with --tls-ca {})", ca.display()),
+        }
+    }
+
+    /// Wait (at most [`SETTLE_LIMIT`]) for the clean-up the command left in the background:
+    /// a withdrawn request, a dropped permit's release.
+    async fn settle(&self) {
+        let Some(redsem) = self.connected.get() else {
+            return;
+        };
+        if tokio::time::timeout(SETTLE_LIMIT, redsem.flush())
+            .await
+            .is_err()
+        {
+            tracing::warn!("a release or withdrawal still unsent at exit; its lease will end it");
+        }
     }
 
     /// Whether to draw progress on stderr: it is a terminal and `--quiet` was not given.
@@ -133,12 +223,16 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         .map_err(|e| CliError::new(exit::FAILURE, format!("cannot start a runtime: {e}")))?;
     let ctx = Context {
         url: cli.global.url,
+        tls_ca: cli.global.tls_ca,
         prefix: cli.global.prefix,
         quiet: cli.global.quiet,
+        connected: OnceCell::new(),
     };
-    let outcome = runtime.block_on(cli.command.execute(&ctx));
-    runtime.block_on(settle());
-    outcome
+    runtime.block_on(async {
+        let outcome = cli.command.execute(&ctx).await;
+        ctx.settle().await;
+        outcome
+    })
 }
 
 /// The clap error on one line: its first paragraph, without the `error:` tag.
@@ -149,13 +243,21 @@ fn usage_error(err: &clap::Error) -> CliError {
     CliError::new(exit::USAGE, format!("{} (see --help)", first.trim()))
 }
 
-/// Wait until the tasks left behind by the command (a withdrawal, a release) are done.
-async fn settle() {
-    let handle = tokio::runtime::Handle::current();
-    let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
-    while handle.metrics().num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+/// Whether `err` comes from a failed TLS handshake: rustls errors reach us as I/O errors of
+/// kind `InvalidData` (tokio-rustls), which redis keeps behind an `Arc`.
+fn tls_refused(err: &redsem::Error) -> bool {
+    let mut cause = std::error::Error::source(err);
+    while let Some(err) = cause {
+        let io = err.downcast_ref::<std::io::Error>().or_else(|| {
+            err.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+                .and_then(|inner| inner.downcast_ref::<std::io::Error>())
+        });
+        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData) {
+            return true;
+        }
+        cause = err.source();
     }
+    false
 }
 
 /// `url` without its password, for messages.

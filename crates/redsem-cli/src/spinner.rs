@@ -1,4 +1,5 @@
-//! The line on stderr that shows a waiting acquire: queue position and time waited.
+//! The line on stderr that shows a wait: what for, the queue position where known, and the
+//! time waited.
 
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -19,10 +20,13 @@ const QUIET_START: Duration = Duration::from_millis(300);
 /// Not yet told the queue position.
 const UNKNOWN: u64 = u64::MAX;
 
-/// A spinner for one waiting acquire; clears its line when dropped.
+/// A spinner for one wait; clears its line when dropped.
 #[derive(Debug)]
 pub(crate) struct Spinner {
-    name: String,
+    /// What is waited for, as shown: `"jobs"`, `latch "ready"`.
+    what: String,
+    /// Whether the queue position is reported (through [`Spinner::reporter`]).
+    positioned: bool,
     ahead: Arc<AtomicU64>,
     started: Instant,
     enabled: bool,
@@ -30,10 +34,20 @@ pub(crate) struct Spinner {
 }
 
 impl Spinner {
-    /// A spinner for waiting on `name`; it draws only if `enabled`.
+    /// A spinner for waiting in line for `name`, showing the queue position; it draws only
+    /// if `enabled`.
     pub(crate) fn new(name: &str, enabled: bool) -> Self {
+        let mut spinner = Spinner::plain(format!("{name:?}"), enabled);
+        spinner.positioned = true;
+        spinner
+    }
+
+    /// A spinner for waiting for `what`, showing the time waited only; it draws only if
+    /// `enabled`.
+    pub(crate) fn plain(what: String, enabled: bool) -> Self {
         Spinner {
-            name: name.to_owned(),
+            what,
+            positioned: false,
             ahead: Arc::new(AtomicU64::new(UNKNOWN)),
             started: Instant::now(),
             enabled,
@@ -58,14 +72,15 @@ impl Spinner {
         loop {
             ticker.tick().await;
             let frame = frames.next().unwrap_or(&' ');
-            let place = match self.ahead.load(Ordering::Relaxed) {
-                UNKNOWN => "queuing".to_owned(),
-                0 => "next in line".to_owned(),
-                n => format!("{n} ahead"),
+            let place = match (self.positioned, self.ahead.load(Ordering::Relaxed)) {
+                (false, _) => String::new(),
+                (true, UNKNOWN) => ": queuing".to_owned(),
+                (true, 0) => ": next in line".to_owned(),
+                (true, n) => format!(": {n} ahead"),
             };
             let line = format!(
-                "\r\x1b[2K{frame} waiting for {:?}: {place}, {}",
-                self.name,
+                "\r\x1b[2K{frame} waiting for {}{place}, {}",
+                self.what,
                 output::duration(self.started.elapsed())
             );
             let mut err = std::io::stderr().lock();

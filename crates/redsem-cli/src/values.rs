@@ -1,9 +1,10 @@
 //! Value parsers for the command line: every value a user types is checked here, while
 //! parsing, so a bad one is a usage error (exit 2) before anything is sent to Redis.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use redsem::{MAX_LEASE, MIN_LEASE};
+use redsem::{MAX_LEASE, MAX_PERMITS, MIN_LEASE};
 
 /// A semaphore name: any non-empty text.
 pub(crate) fn name(text: &str) -> Result<String, String> {
@@ -20,6 +21,11 @@ pub(crate) fn prefix(text: &str) -> Result<String, String> {
     non_empty(text, "the prefix")
 }
 
+/// A file of CA certificates: any non-empty path (the library reports one it cannot read).
+pub(crate) fn file(text: &str) -> Result<PathBuf, String> {
+    non_empty(text, "the file name").map(PathBuf::from)
+}
+
 /// A permit id as printed by `acquire`: any non-empty text (an unknown id is "not held").
 pub(crate) fn id(text: &str) -> Result<String, String> {
     non_empty(text, "the permit id")
@@ -27,14 +33,54 @@ pub(crate) fn id(text: &str) -> Result<String, String> {
 
 /// A capacity: a whole number from 1 to 4294967295.
 pub(crate) fn limit(text: &str) -> Result<u32, String> {
-    let n: i128 = text
-        .trim()
-        .parse()
-        .map_err(|_| "not a whole number".to_owned())?;
+    let n = whole(text)?;
     if n < 1 {
         return Err("the limit must be at least 1".to_owned());
     }
     u32::try_from(n).map_err(|_| format!("the limit must be at most {}", u32::MAX))
+}
+
+/// A number of permits to take or give back: a whole number from 1 to 4294967295.
+pub(crate) fn permits(text: &str) -> Result<u32, String> {
+    let n = whole(text)?;
+    if n < 1 {
+        return Err("the number of permits must be at least 1".to_owned());
+    }
+    u32::try_from(n).map_err(|_| format!("the number of permits must be at most {}", u32::MAX))
+}
+
+/// A first count of permits: a whole number from 0 (closed until permits are added) to
+/// 4294967295.
+pub(crate) fn initial_permits(text: &str) -> Result<u32, String> {
+    let n = whole(text)?;
+    if n < 0 {
+        return Err("the number of permits must not be negative".to_owned());
+    }
+    u32::try_from(n).map_err(|_| format!("the number of permits must be at most {}", u32::MAX))
+}
+
+/// Permits to add (negative: to take away): a whole number, not 0, within ±(2^53 - 1).
+pub(crate) fn delta(text: &str) -> Result<i64, String> {
+    let n = whole(text)?;
+    if n == 0 {
+        return Err("the number of permits to add must not be 0".to_owned());
+    }
+    i64::try_from(n)
+        .ok()
+        .filter(|n| (-MAX_PERMITS..=MAX_PERMITS).contains(n))
+        .ok_or_else(|| format!("the number of permits to add must be within ±{MAX_PERMITS}"))
+}
+
+/// A latch count: a whole number from 1 to 2^53 - 1.
+pub(crate) fn count(text: &str) -> Result<u64, String> {
+    let n = whole(text)?;
+    if n < 1 {
+        return Err("the count must be at least 1".to_owned());
+    }
+    u64::try_from(n)
+        .ok()
+        .filter(|&n| n <= MAX_PERMITS.unsigned_abs())
+        .ok_or_else(|| format!("the count must be at most {MAX_PERMITS}"))
 }
 
 /// A lease: a duration the library can renew (30ms up to a year).
@@ -61,6 +107,13 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write a duration with a unit: 500ms, 2s, 1m)"))
 }
 
+/// Any whole number, with its sign; a fraction or a word is an error.
+fn whole(text: &str) -> Result<i128, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| "not a whole number".to_owned())
+}
+
 fn non_empty(text: &str, what: &str) -> Result<String, String> {
     if text.is_empty() {
         Err(format!("{what} must not be empty"))
@@ -82,6 +135,46 @@ mod tests {
         assert!(limit("two").is_err());
         assert!(limit("1.5").is_err());
         assert!(limit("4294967296").is_err());
+    }
+
+    #[test]
+    fn permits_to_take_or_give_back_are_whole_numbers_from_one() {
+        assert_eq!(permits("1"), Ok(1));
+        assert_eq!(permits("4294967295"), Ok(u32::MAX));
+        assert!(permits("0").is_err());
+        assert!(permits("-1").is_err());
+        assert!(permits("one").is_err());
+        assert!(permits("4294967296").is_err());
+    }
+
+    #[test]
+    fn a_first_count_of_permits_may_be_zero_but_not_negative() {
+        assert_eq!(initial_permits("0"), Ok(0));
+        assert_eq!(initial_permits("5"), Ok(5));
+        assert!(initial_permits("-1").is_err());
+        assert!(initial_permits("2.5").is_err());
+    }
+
+    #[test]
+    fn permits_to_add_may_be_negative_but_not_zero() {
+        assert_eq!(delta("-5"), Ok(-5));
+        assert_eq!(delta("7"), Ok(7));
+        assert_eq!(delta("9007199254740991"), Ok(MAX_PERMITS));
+        assert_eq!(delta("-9007199254740991"), Ok(-MAX_PERMITS));
+        assert!(delta("0").is_err());
+        assert!(delta("9007199254740992").is_err());
+        assert!(delta("-9007199254740992").is_err());
+        assert!(delta("many").is_err());
+    }
+
+    #[test]
+    fn latch_counts_are_whole_numbers_from_one() {
+        assert_eq!(count("3"), Ok(3));
+        assert_eq!(count("9007199254740991"), Ok(MAX_PERMITS.unsigned_abs()));
+        assert!(count("0").is_err());
+        assert!(count("-3").is_err());
+        assert!(count("9007199254740992").is_err());
+        assert!(count("3x").is_err());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 mod acquire;
 mod completions;
+mod latch;
+mod permits;
 mod refresh;
 mod release;
 mod run;
@@ -22,6 +24,8 @@ pub(crate) enum Command {
     Refresh(refresh::Args),
     Release(release::Args),
     Status(status::Args),
+    Permits(permits::Args),
+    Latch(latch::Args),
     Completions(completions::Args),
 }
 
@@ -33,6 +37,8 @@ impl Command {
             Command::Refresh(args) => args.execute(ctx).await,
             Command::Release(args) => args.execute(ctx).await,
             Command::Status(args) => args.execute(ctx).await,
+            Command::Permits(args) => args.execute(ctx).await,
+            Command::Latch(args) => args.execute(ctx).await,
             Command::Completions(args) => args.execute(),
         }
     }

@@ -1,6 +1,5 @@
-use std::process::Command;
-
-use redsem_test::RedisServer;
+use redsem::redis;
+use redsem_test::{RedisServer, TlsRedisServer};
 
 use crate::support::{bare, closed_port, finish};
 
@@ -26,39 +25,72 @@ fn a_user_and_password_in_the_url_are_used_and_never_shown() {
 }
 
 #[test]
-fn rediss_urls_connect_over_tls() {
-    let certs = tempfile::tempdir().expect("temp dir");
-    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
-    let made = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        ])
-        .args(["-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl makes a self-signed certificate");
-    assert!(made.status.success(), "{made:?}");
-    let tls_port = closed_port().to_string();
-    let (cert, key) = (cert.to_string_lossy(), key.to_string_lossy());
-    let _server = RedisServer::start_with(&[
-        "--tls-port",
-        &tls_port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-auth-clients",
-        "no",
-    ]);
-    // `#insecure`: the certificate is self-signed, so only the encryption is checked here.
-    let url = format!("rediss://127.0.0.1:{tls_port}/#insecure");
+fn rediss_urls_connect_over_tls_trusting_the_ca_given_by_tls_ca_or_its_env_var() {
+    let tls = TlsRedisServer::start();
+    let url = tls.tls_url();
+    let ca = tls.ca_cert().to_string_lossy().into_owned();
     let out = finish(bare(&[
-        "--url", &url, "acquire", "jobs", "--limit", "1", "--json",
+        "--url", &url, "--tls-ca", &ca, "acquire", "jobs", "--limit", "1", "--json",
     ]))
     .success();
     assert!(out.stdout.contains("\"token\":1"), "{out:?}");
-    let out = finish(bare(&["--url", &url, "status", "jobs"])).success();
+
+    let mut from_env = bare(&["--url", &url, "status", "jobs"]);
+    from_env.env("REDSEM_TLS_CA", &ca);
+    let out = finish(from_env).success();
     assert!(out.stdout.starts_with("jobs: 1 of 1 in use"), "{out:?}");
+
+    let mut latch = bare(&["latch", "ready", "set", "2"]);
+    latch.env("REDIS_URL", &url).env("REDSEM_TLS_CA", &ca);
+    finish(latch).success();
+    let count: u64 = redis::cmd("GET")
+        .arg("redsem:{latch:ready}:count")
+        .query(&mut tls.server.connection())
+        .expect("the latch, seen through the plain port");
+    assert_eq!(count, 2);
+}
+
+#[test]
+fn a_self_signed_certificate_is_refused_with_exit_69_unless_its_ca_is_trusted() {
+    let tls = TlsRedisServer::start();
+    let url = tls.tls_url();
+    let out = finish(bare(&["--url", &url, "status", "jobs"])).expect(69);
+    assert!(out.error().contains(&url), "{out:?}");
+    assert!(out.error().contains("certificate"), "{out:?}");
+    assert!(out.error().contains("--tls-ca"), "{out:?}");
+
+    let other = TlsRedisServer::start();
+    let wrong_ca = other.ca_cert().to_string_lossy().into_owned();
+    let out = finish(bare(&["--url", &url, "--tls-ca", &wrong_ca, "status"])).expect(69);
+    assert!(out.error().contains("certificate"), "{out:?}");
+    assert!(out.error().contains(&wrong_ca), "{out:?}");
+}
+
+#[test]
+fn tls_options_that_would_weaken_or_skip_tls_are_usage_errors() {
+    let tls = TlsRedisServer::start();
+    let ca = tls.ca_cert().to_string_lossy().into_owned();
+    let insecure = format!("{}#insecure", tls.tls_url());
+    let out = finish(bare(&["--url", &insecure, "status"])).expect(2);
+    assert!(out.error().contains("#insecure"), "{out:?}");
+    assert!(out.error().contains("--tls-ca"), "{out:?}");
+
+    let plain = tls.server.url();
+    let out = finish(bare(&["--url", &plain, "--tls-ca", &ca, "status"])).expect(2);
+    assert!(out.error().contains("rediss://"), "{out:?}");
+
+    let missing = tls.server.dir().join("no-such-ca.pem");
+    let missing = missing.to_string_lossy();
+    let out = finish(bare(&[
+        "--url",
+        &tls.tls_url(),
+        "--tls-ca",
+        &missing,
+        "status",
+    ]))
+    .expect(2);
+    assert!(out.error().contains("no-such-ca.pem"), "{out:?}");
+
+    let out = finish(bare(&["--url", &tls.tls_url(), "--tls-ca", "", "status"])).expect(2);
+    assert!(out.error().contains("must not be empty"), "{out:?}");
 }

@@ -1,0 +1,187 @@
+//! `redsem latch NAME set|count-down|await|count`: a countdown latch shared through Redis.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use redsem::{CountDownLatch, Error};
+
+use crate::cli::Context;
+use crate::error::{CliError, exit};
+use crate::output;
+use crate::signals::{self, Signals};
+use crate::spinner::Spinner;
+use crate::values;
+
+const EXAMPLES: &str = "\
+Examples:
+  # A deploy waits until 3 workers have warmed their caches (at most 10 minutes):
+  redsem latch caches-warm set 3
+  redsem latch caches-warm await --timeout 10m && ./switch-traffic
+  # ... and each worker, when done:
+  redsem latch caches-warm count-down
+
+  redsem latch caches-warm count       # count-downs to go (0 once open)
+
+At 0 the latch opens: every `await`, on every machine, returns, and the latch is gone, so
+it can be set again. `await` on a latch that was never set returns at once.
+
+Exit codes: 0 ok · 1 `set` found it already counting · 2 usage error ·
+69 Redis unreachable · 75 `await --timeout` ran out";
+
+const SET_EXAMPLES: &str = "\
+Examples:
+  redsem latch workers-ready set 3
+  # Set it once, whoever comes first:
+  redsem latch workers-ready set 3 || echo \"already counting\"
+
+Exit codes: 0 set · 1 already counting (left as it is) · 2 usage error (COUNT 0, negative or
+not a number) · 69 Redis unreachable";
+
+const COUNT_DOWN_EXAMPLES: &str = "\
+Examples:
+  ./warm-cache && redsem latch caches-warm count-down
+
+Counting down a latch that is not counting (open, or never set) does nothing. Safe to repeat
+after a dropped connection: one call counts once.
+
+Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
+
+const AWAIT_EXAMPLES: &str = "\
+Examples:
+  redsem latch workers-ready await
+  redsem latch workers-ready await --timeout 30s || echo \"still $(redsem latch workers-ready count) to go\"
+
+Returns when the count reaches 0, or at once if the latch is not counting (open, or never set:
+set it before anyone awaits it). Leaves the latch as it is.
+
+Exit codes: 0 open · 2 usage error · 69 Redis unreachable · 75 still counting at --timeout";
+
+const COUNT_EXAMPLES: &str = "\
+Examples:
+  redsem latch workers-ready count
+  2
+
+Prints the count-downs to go on one line: 0 when the latch is open or was never set.
+
+Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
+
+/// Set, count down, await or read the countdown latch NAME
+#[derive(Debug, clap::Args)]
+#[command(after_help = EXAMPLES, arg_required_else_help = false)]
+pub(crate) struct Args {
+    /// The latch's name
+    #[arg(value_name = "NAME", value_parser = values::name)]
+    name: String,
+
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Action {
+    /// Set the count to COUNT, unless the latch is counting already
+    #[command(after_help = SET_EXAMPLES, allow_negative_numbers = true)]
+    Set {
+        /// How many count-downs open the latch
+        #[arg(value_name = "COUNT", value_parser = values::count)]
+        count: u64,
+    },
+    /// Take one from the count; at 0 the latch opens
+    #[command(after_help = COUNT_DOWN_EXAMPLES)]
+    CountDown,
+    /// Wait until the count reaches 0
+    #[command(after_help = AWAIT_EXAMPLES)]
+    Await {
+        /// Wait at most DUR [default: as long as it takes]
+        #[arg(long, value_name = "DUR", value_parser = values::duration)]
+        timeout: Option<Duration>,
+    },
+    /// Print the count-downs to go (0 when not counting)
+    #[command(after_help = COUNT_EXAMPLES)]
+    Count,
+}
+
+impl Args {
+    pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        match self.action {
+            Action::Set { count } => set(&open(ctx, &self.name).await?, count).await,
+            Action::CountDown => {
+                open(ctx, &self.name).await?.count_down().await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Action::Await { timeout } => {
+                // Before connecting, so a signal during the connect ends the wait too.
+                let mut signals = Signals::install()?;
+                let latch = open(ctx, &self.name).await?;
+                wait(&latch, timeout, ctx, &mut signals).await
+            }
+            Action::Count => {
+                println!("{}", open(ctx, &self.name).await?.count().await?);
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+async fn open(ctx: &Context, name: &str) -> Result<CountDownLatch, CliError> {
+    Ok(ctx.connect().await?.count_down_latch(name)?)
+}
+
+async fn set(latch: &CountDownLatch, count: u64) -> Result<ExitCode, CliError> {
+    if latch.try_set_count(count).await? {
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Best effort: it may have opened since.
+    let to_go = match latch.count().await {
+        Ok(n) if n > 0 => format!(" ({n} to go)"),
+        _ => String::new(),
+    };
+    Err(CliError::new(
+        exit::FAILURE,
+        format!(
+            "latch {:?} is already counting{to_go}; not set",
+            latch.name()
+        ),
+    ))
+}
+
+async fn wait(
+    latch: &CountDownLatch,
+    timeout: Option<Duration>,
+    ctx: &Context,
+    signals: &mut Signals,
+) -> Result<ExitCode, CliError> {
+    let what = format!("latch {:?}", latch.name());
+    let mut spinner = Spinner::plain(what.clone(), ctx.show_progress());
+    let opened = async {
+        match timeout {
+            Some(timeout) => latch.wait_timeout(timeout).await,
+            None => latch.wait().await,
+        }
+    };
+    let opened = tokio::select! {
+        opened = opened => opened,
+        signal = signals.recv() => {
+            return Err(signals::interrupted(signal, &format!("waiting for {what}")));
+        }
+        never = spinner.spin() => match never {},
+    };
+    drop(spinner);
+    match opened {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(Error::Timeout { waited, .. }) => {
+            let to_go = match latch.count().await {
+                Ok(n) if n > 0 => format!(" at {n}"),
+                _ => String::new(),
+            };
+            Err(CliError::new(
+                exit::NOT_ACQUIRED,
+                format!(
+                    "{what} still counting{to_go} after {} (timed out)",
+                    output::duration(waited)
+                ),
+            ))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
