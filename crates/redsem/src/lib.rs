@@ -67,6 +67,7 @@ mod notify;
 mod permits;
 mod script;
 mod types;
+mod withdraw;
 
 pub use client::{Redsem, RedsemOptions};
 pub use error::{Error, Result};

@@ -11,6 +11,7 @@ use crate::keys::PermitKeys;
 use crate::lease::{MAX_LEASE, MIN_LEASE};
 use crate::script::{self, Addition, PermitAcquire};
 use crate::types::PermitId;
+use crate::withdraw::{Queue, Withdraw};
 
 /// The largest magnitude a permit count may reach: Redis scripts count in doubles.
 pub const MAX_PERMITS: i64 = (1 << 53) - 1;
@@ -517,10 +518,7 @@ impl PermitSemaphore {
         } else {
             None
         };
-        let mut withdraw = Withdraw {
-            sem: Some(inner.clone()),
-            id: id.clone(),
-        };
+        let mut withdraw = Withdraw::new(inner.clone(), id.clone());
         let mut reply = script::permit_acquire(
             &mut conn,
             &inner.keys,
@@ -603,44 +601,18 @@ fn protocol(detail: &str) -> Error {
     }
 }
 
-impl PermitInner {
+impl Queue for PermitInner {
+    fn redsem(&self) -> &Redsem {
+        &self.redsem
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     async fn withdraw(&self, id: &str) -> Result<()> {
         script::permit_withdraw(&mut self.redsem.conn(), &self.keys, id)
             .await
             .map(drop)
-    }
-}
-
-/// Withdraws a request (and gives back permits handed to it) unless disarmed: on drop in the
-/// background, or awaited with [`Withdraw::now`].
-struct Withdraw {
-    sem: Option<Arc<PermitInner>>,
-    id: PermitId,
-}
-
-impl Withdraw {
-    fn disarm(&mut self) {
-        self.sem = None;
-    }
-
-    async fn now(&mut self) -> Result<()> {
-        if let Some(sem) = self.sem.take() {
-            sem.withdraw(self.id.as_str()).await?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        let Some(sem) = self.sem.take() else { return };
-        let id = self.id.clone();
-        let redsem = sem.redsem.clone();
-        redsem.spawn_cleanup(async move {
-            if let Err(err) = sem.withdraw(id.as_str()).await {
-                tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
-                        "could not withdraw a cancelled request; its waiter lease will");
-            }
-        });
     }
 }

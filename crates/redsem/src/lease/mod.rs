@@ -18,6 +18,7 @@ use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::script::{self, Acquire, Release, Request};
 use crate::types::PermitId;
+use crate::withdraw::{Queue, Withdraw};
 
 /// The shortest lease (and waiter lease) accepted: renewing every third of it must be possible.
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
@@ -595,10 +596,7 @@ impl LeaseSemaphore {
             .await
             .register(id.as_str())
             .await;
-        let mut withdraw = Withdraw {
-            sem: Some(self.inner.clone()),
-            id: id.clone(),
-        };
+        let mut withdraw = Withdraw::new(self.inner.clone(), id.clone());
         let mut sent = clock::now();
         let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
         loop {
@@ -687,36 +685,16 @@ impl SemInner {
     }
 }
 
-/// Withdraws a queued request (and gives back a unit granted to it) unless disarmed: on drop
-/// in the background, or awaited with [`Withdraw::now`].
-struct Withdraw {
-    sem: Option<Arc<SemInner>>,
-    id: PermitId,
-}
-
-impl Withdraw {
-    fn disarm(&mut self) {
-        self.sem = None;
+impl Queue for SemInner {
+    fn redsem(&self) -> &Redsem {
+        &self.redsem
     }
 
-    async fn now(&mut self) -> Result<()> {
-        if let Some(sem) = self.sem.take() {
-            sem.release(self.id.as_str()).await?;
-        }
-        Ok(())
+    fn name(&self) -> &str {
+        &self.name
     }
-}
 
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        let Some(sem) = self.sem.take() else { return };
-        let id = self.id.clone();
-        let redsem = sem.redsem.clone();
-        redsem.spawn_cleanup(async move {
-            if let Err(err) = sem.release(id.as_str()).await {
-                tracing::warn!(semaphore = %sem.name, id = %id, error = %err,
-                        "could not withdraw a cancelled request; its waiter lease will");
-            }
-        });
+    async fn withdraw(&self, id: &str) -> Result<()> {
+        self.release(id).await.map(drop)
     }
 }

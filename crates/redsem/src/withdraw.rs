@@ -1,0 +1,61 @@
+//! `Withdraw`: the guard that makes a waiting acquire cancel safe, for every queue-based
+//! primitive.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::client::Redsem;
+use crate::error::Result;
+use crate::types::PermitId;
+
+/// A primitive whose queued requests can be withdrawn: the request leaves the queue, and
+/// whatever was granted to it meanwhile is given back.
+pub(crate) trait Queue: Send + Sync + 'static {
+    fn redsem(&self) -> &Redsem;
+    fn name(&self) -> &str;
+    fn withdraw(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Withdraws request `id` unless disarmed: awaited with [`Withdraw::now`], or in the
+/// background (tracked by [`Redsem::flush`]) when dropped, e.g. with a cancelled future.
+pub(crate) struct Withdraw<Q: Queue> {
+    queue: Option<Arc<Q>>,
+    id: PermitId,
+}
+
+impl<Q: Queue> Withdraw<Q> {
+    pub(crate) fn new(queue: Arc<Q>, id: PermitId) -> Self {
+        Withdraw {
+            queue: Some(queue),
+            id,
+        }
+    }
+
+    /// The request was granted and collected: nothing to withdraw.
+    pub(crate) fn disarm(&mut self) {
+        self.queue = None;
+    }
+
+    pub(crate) async fn now(&mut self) -> Result<()> {
+        match self.queue.take() {
+            Some(queue) => queue.withdraw(self.id.as_str()).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl<Q: Queue> Drop for Withdraw<Q> {
+    fn drop(&mut self) {
+        let Some(queue) = self.queue.take() else {
+            return;
+        };
+        let id = self.id.clone();
+        let redsem = queue.redsem().clone();
+        redsem.spawn_cleanup(async move {
+            if let Err(err) = queue.withdraw(id.as_str()).await {
+                tracing::warn!(name = %queue.name(), id = %id, error = %err,
+                    "could not withdraw a cancelled request; its waiter lease will");
+            }
+        });
+    }
+}
