@@ -6,13 +6,18 @@
 /// Running the binary, processes and deadlines.
 mod support;
 
-/// Reaching Redis: `rediss://` (TLS), `user:password@`, passwords kept out of messages.
+/// Reaching Redis: `rediss://` (TLS) and `--tls-ca`, `user:password@`, passwords kept out of
+/// messages.
 mod connect;
 /// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
 mod exit_codes;
+/// `latch NAME set|count-down|await|count`.
+mod latch;
 /// `acquire`, `refresh`, `release`, `status`, global options, help and completions.
 mod manage;
 /// Figures for the closing note: printed (`--nocapture`), never asserted.
 mod measure;
+/// `permits NAME add|try-set|acquire|release|available`.
+mod permits;
 /// `run`: the command's environment and stdio, signals, leases kept and lost, waiting.
 mod run;

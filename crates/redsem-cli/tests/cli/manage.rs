@@ -190,16 +190,33 @@ fn global_options_go_before_or_after_the_subcommand_or_come_from_the_environment
 
 #[test]
 fn every_subcommand_has_help_with_examples_and_exits_0() {
-    for sub in [
-        "run",
-        "acquire",
-        "refresh",
-        "release",
-        "status",
-        "completions",
-    ] {
-        let out = finish(bare(&[sub, "--help"])).success();
-        assert!(out.stdout.contains("Examples:"), "{sub}: {out:?}");
+    let subcommands: &[&[&str]] = &[
+        &["run"],
+        &["acquire"],
+        &["refresh"],
+        &["release"],
+        &["status"],
+        &["completions"],
+        &["latch"],
+        &["latch", "ready", "set"],
+        &["latch", "ready", "count-down"],
+        &["latch", "ready", "await"],
+        &["latch", "ready", "count"],
+        &["permits"],
+        &["permits", "gpu", "add"],
+        &["permits", "gpu", "try-set"],
+        &["permits", "gpu", "acquire"],
+        &["permits", "gpu", "release"],
+        &["permits", "gpu", "available"],
+    ];
+    for sub in subcommands {
+        let mut args = sub.to_vec();
+        args.push("--help");
+        let out = finish(bare(&args)).success();
+        assert!(out.stdout.contains("Examples:"), "{sub:?}: {out:?}");
+        if sub[0] != "completions" {
+            assert!(out.stdout.contains("Exit codes:"), "{sub:?}: {out:?}");
+        }
         assert!(out.stderr.is_empty());
     }
     let out = finish(bare(&["--help"])).success();

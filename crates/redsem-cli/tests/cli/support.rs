@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use redsem::redis;
 use redsem_test::{RedisServer, eventually};
 
 /// The binary under test.
@@ -91,6 +92,72 @@ impl World {
             );
             thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// `permits NAME available`, as a number.
+    pub(crate) fn available(&self, name: &str) -> i64 {
+        let out = self.run(&["permits", name, "available"]).success();
+        out.stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+
+    /// `latch NAME count`, as a number.
+    pub(crate) fn latch_count(&self, name: &str) -> u64 {
+        let out = self.run(&["latch", name, "count"]).success();
+        out.stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    }
+
+    /// The requests queued for permits of NAME: read from the answer to a `--no-wait` request
+    /// for more permits than there can ever be ("... (N available, K waiting)"), which takes
+    /// nothing.
+    pub(crate) fn permit_waiters(&self, name: &str) -> u64 {
+        let out = self
+            .run(&["permits", name, "acquire", "4294967295", "--no-wait"])
+            .expect(75);
+        let waiting = out
+            .error()
+            .strip_suffix(" waiting)")
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok());
+        waiting.unwrap_or_else(|| panic!("no waiter count in {out:?}"))
+    }
+
+    /// Wait until NAME has `n` queued requests for permits.
+    pub(crate) fn wait_for_permit_waiters(&self, name: &str, n: u64) {
+        let mut last = None;
+        eventually(LIMIT, &format!("{n} waiting for permits of {name}"), || {
+            last = Some(self.permit_waiters(name));
+            last == Some(n)
+        });
+    }
+
+    /// Wait until `n` processes listen for latch NAME to open: subscribers to its channels
+    /// (`redsem:{latch:NAME}:...`, the prefix, kind and name every key and channel of it
+    /// starts with).
+    pub(crate) fn wait_for_latch_listeners(&self, name: &str, n: i64) {
+        let mut conn = self.server.connection();
+        let pattern = format!("redsem:{{latch:{name}}}:*");
+        eventually(LIMIT, &format!("{n} listening to latch {name}"), || {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(&pattern)
+                .query(&mut conn)
+                .expect("PUBSUB CHANNELS");
+            if channels.is_empty() {
+                return false;
+            }
+            let counts: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channels)
+                .query(&mut conn)
+                .expect("PUBSUB NUMSUB");
+            counts.iter().map(|(_, k)| k).sum::<i64>() >= n
+        });
     }
 
     /// Wait until the file at `path` holds a pid (written by `echo $$ > path`), and return it.
