@@ -141,12 +141,7 @@ impl Context {
     /// Refuse what would not be the TLS the user asked for: `#insecure` (no certificate
     /// checks) and `--tls-ca` with a plain `redis://` URL.
     fn check_tls(&self) -> Result<(), CliError> {
-        let tls = self.url.starts_with("rediss://");
-        if self
-            .url
-            .split_once('#')
-            .is_some_and(|(_, f)| f == "insecure")
-        {
+        if let Some((_, "insecure")) = self.url.split_once('#') {
             return Err(CliError::new(
                 exit::USAGE,
                 format!(
@@ -156,7 +151,9 @@ impl Context {
                 ),
             ));
         }
-        if let (Some(ca), false) = (&self.tls_ca, tls) {
+        if let Some(ca) = &self.tls_ca
+            && !self.url.starts_with("rediss://")
+        {
             return Err(CliError::new(
                 exit::USAGE,
                 format!(

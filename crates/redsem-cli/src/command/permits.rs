@@ -74,7 +74,8 @@ Examples:
 Anyone may release, also permits it never acquired. Waiters that now fit are served. Safe to
 repeat after a dropped connection: one call releases once.
 
-Exit codes: 0 ok · 2 usage error (N 0, negative or not a number) · 69 Redis unreachable";
+Exit codes: 0 ok · 2 usage error (N 0, negative or not a number, or the count would pass
+2^53 - 1) · 69 Redis unreachable";
 
 const AVAILABLE_EXAMPLES: &str = "\
 Examples:

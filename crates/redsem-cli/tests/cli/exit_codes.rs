@@ -53,6 +53,34 @@ fn exit_1_and_not_held_for_a_permit_that_is_gone() {
 }
 
 #[test]
+fn exit_1_when_a_key_of_a_latch_or_permits_holds_a_foreign_value() {
+    let world = World::new();
+    let mut conn = world.server.connection();
+    for key in ["redsem:{latch:ready}:count", "redsem:{permits:gpu}:count"] {
+        let () = redis::cmd("RPUSH")
+            .arg(key)
+            .arg("not redsem's")
+            .query(&mut conn)
+            .expect("RPUSH");
+    }
+    let cases: &[&[&str]] = &[
+        &["latch", "ready", "set", "3"],
+        &["latch", "ready", "count-down"],
+        &["latch", "ready", "await", "--timeout", "1s"],
+        &["latch", "ready", "count"],
+        &["permits", "gpu", "add", "-1"],
+        &["permits", "gpu", "try-set", "2"],
+        &["permits", "gpu", "acquire", "--wait", "1s"],
+        &["permits", "gpu", "release"],
+        &["permits", "gpu", "available"],
+    ];
+    for args in cases {
+        let out = world.run(args).expect(1);
+        assert!(out.error().contains("left untouched"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
 fn exit_2_on_one_line_for_bad_flags_and_values() {
     let world = World::new();
     let cases: &[(&[&str], &str)] = &[

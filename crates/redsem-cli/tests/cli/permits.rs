@@ -48,6 +48,18 @@ fn add_takes_permits_away_with_a_negative_number_even_below_zero() {
     assert_eq!(out.stdout, "-1\n");
     world.run(&["permits", "gpu", "add", "4"]).success();
     assert_eq!(world.available("gpu"), 3);
+
+    // At most 2^53 - 1 in all: a step past it is refused and changes nothing.
+    world
+        .run(&["permits", "big", "add", "9007199254740991"])
+        .success();
+    for args in [&["add", "1"][..], &["release"][..]] {
+        let mut all = vec!["permits", "big"];
+        all.extend_from_slice(args);
+        let out = world.run(&all).expect(2);
+        assert!(out.error().contains("9007199254740991"), "{out:?}");
+    }
+    assert_eq!(world.available("big"), 9_007_199_254_740_991);
 }
 
 #[test]

@@ -120,9 +120,10 @@ fn sigterm_and_sigint_are_forwarded_and_the_permit_released_after_the_command_ex
 
     // SIGINT: the command traps it and exits 42, which redsem passes on.
     let pidfile = world.path("int.pid");
-    let trap = with_pidfile(
-        &pidfile,
-        "trap 'kill $!; exit 42' INT; sleep 30 >/dev/null 2>&1 & wait",
+    // The trap is set before the pid is written, so the signal cannot come before it.
+    let trap = format!(
+        "trap 'kill $!; exit 42' INT; echo $$ > {}; sleep 30 >/dev/null 2>&1 & wait",
+        pidfile.display()
     );
     let running = world.start(&["run", "jobs", "--limit", "1", "--", "sh", "-c", &trap]);
     world.pid_in(&pidfile);
@@ -268,7 +269,11 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
         "--",
         "sh",
         "-c",
-        &with_pidfile(&pidfile, "trap '' TERM; while :; do sleep 0.05; done"),
+        // The trap is set before the pid is written.
+        &format!(
+            "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+            pidfile.display()
+        ),
     ]);
     let child = world.pid_in(&pidfile);
     world.server.stop();
