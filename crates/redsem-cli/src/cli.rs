@@ -130,7 +130,7 @@ impl Context {
                     format!(
                         "cannot reach Redis at {}: {cause}{}",
                         redacted(&self.url),
-                        self.tls_hint(&err)
+                        self.unreachable_hint(&err)
                     ),
                 ),
                 _ => CliError::from(err),
@@ -166,11 +166,18 @@ impl Context {
         Ok(())
     }
 
-    /// What to do about a refused TLS handshake (an untrusted certificate, most often), or
-    /// nothing for other failures.
-    fn tls_hint(&self, err: &redsem::Error) -> String {
+    /// What to try next when Redis cannot be reached: start one (connection refused), or
+    /// trust its CA (a refused TLS handshake); nothing for other failures.
+    fn unreachable_hint(&self, err: &redsem::Error) -> String {
         if !self.url.starts_with("rediss://") || !tls_refused(err) {
-            return String::new();
+            return match err {
+                redsem::Error::Unavailable(cause) if cause.is_connection_refusal() => {
+                    " (start one with `redis-server --daemonize yes`, or point --url / REDIS_URL \
+                     at another)"
+                        .to_owned()
+                }
+                _ => String::new(),
+            };
         }
         match &self.tls_ca {
             None => " (TLS refused; to trust a private CA, pass --tls-ca FILE)".to_owned(),
