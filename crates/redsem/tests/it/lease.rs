@@ -264,7 +264,11 @@ async fn dropping_a_permit_releases_it() {
     let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
     drop(sem.try_acquire().await.expect("acquire"));
     within(LIMIT, "flush", ctx.redsem.flush()).await;
-    assert_eq!(sem.status().await.expect("status").in_use, 0, "released by flush time");
+    assert_eq!(
+        sem.status().await.expect("status").in_use,
+        0,
+        "released by flush time"
+    );
     let again = within(LIMIT, "acquire after drop", sem.acquire())
         .await
         .expect("acquire");
