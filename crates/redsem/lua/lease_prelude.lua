@@ -246,7 +246,8 @@ local function drop_waiter(id, r)
 end
 
 -- Grant, in arrival order, every waiter at the head of the queue that now fits, and wake
--- exactly those (one message each on their client's channel). Stops at the first waiter
+-- exactly those (one message each on their client's channel: "id|token|slot,slot"). The
+-- grant's lease ends where the waiter's lease ended; the client renews it. Stops at the first waiter
 -- that does not fit, so a large request is never overtaken by smaller ones behind it.
 -- A waiter asking for more than the capacity is dropped and woken to learn it.
 local function promote(now)
@@ -267,10 +268,11 @@ local function promote(now)
       return
     else
       local expires = tonumber(redis.call('ZSCORE', LEASES, head)) or now
-      grant(head, w.k, w.l, expires, now)
+      local token, slots = grant(head, w.k, w.l, expires, now)
       redis.call('ZREM', QUEUE, head)
       put('qlen', S.qlen - 1)
-      redis.call('PUBLISH', w.c, head)
+      -- The grant travels with the wake-up, so the waiter needs no round trip to collect it.
+      redis.call('PUBLISH', w.c, string.format('%s|%d|%s', head, token, table.concat(slots, ',')))
     end
   end
 end

@@ -23,7 +23,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 #[derive(Default)]
 struct Routes {
     /// Queued requests of this client, by request id.
-    waiters: HashMap<String, Arc<Notify>>,
+    waiters: HashMap<String, Arc<Mailbox>>,
     /// Broadcast channels with local listeners: (listener count, their notifier, true once
     /// the server confirmed the subscription).
     channels: HashMap<String, (usize, Arc<Notify>, watch::Receiver<bool>)>,
@@ -76,15 +76,15 @@ impl Notifier {
     /// subscription is in place (or after a bounded wait if pub/sub is unreachable), so a
     /// grant published right after this cannot be missed.
     pub(crate) async fn register(&self, id: &str) -> Registration {
-        let notify = Arc::new(Notify::new());
+        let mailbox = Arc::new(Mailbox::default());
         lock(&self.routes)
             .waiters
-            .insert(id.to_owned(), notify.clone());
+            .insert(id.to_owned(), mailbox.clone());
         self.wait_subscribed().await;
         Registration {
             routes: self.routes.clone(),
             id: id.to_owned(),
-            notify,
+            mailbox,
         }
     }
 
@@ -128,17 +128,34 @@ impl Notifier {
     }
 }
 
+/// Where wake-ups for one queued request land: a notifier, and what the last message said
+/// after the request id (a lease grant's token and slots).
+#[derive(Default)]
+struct Mailbox {
+    notify: Notify,
+    news: Mutex<Option<String>>,
+}
+
 /// A queued request's mailbox; dropping it stops the routing.
 pub(crate) struct Registration {
     routes: Arc<Mutex<Routes>>,
     id: String,
-    notify: Arc<Notify>,
+    mailbox: Arc<Mailbox>,
 }
 
 impl Registration {
     /// Resolves at the next wake-up (one sent before this call is kept and returns at once).
     pub(crate) async fn woken(&self) {
-        self.notify.notified().await;
+        self.mailbox.notify.notified().await;
+    }
+
+    /// What the last wake-up message carried after `<id>|`, if anything; taken once.
+    pub(crate) fn news(&self) -> Option<String> {
+        self.mailbox
+            .news
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -248,11 +265,18 @@ impl Task {
     fn dispatch(&self, channel: &str, payload: &[u8]) {
         let routes = lock(&self.routes);
         if channel == self.own_channel {
-            if let Some(notify) = std::str::from_utf8(payload)
-                .ok()
-                .and_then(|id| routes.waiters.get(id))
-            {
-                notify.notify_one();
+            let Ok(payload) = std::str::from_utf8(payload) else {
+                return;
+            };
+            let (id, news) = match payload.split_once('|') {
+                Some((id, news)) => (id, Some(news)),
+                None => (payload, None),
+            };
+            if let Some(mailbox) = routes.waiters.get(id) {
+                if let Some(news) = news {
+                    *mailbox.news.lock().unwrap_or_else(|p| p.into_inner()) = Some(news.to_owned());
+                }
+                mailbox.notify.notify_one();
             }
         } else if let Some((_, notify, _)) = routes.channels.get(channel) {
             notify.notify_waiters();
@@ -261,8 +285,8 @@ impl Task {
 
     fn wake_everyone(&self) {
         let routes = lock(&self.routes);
-        for notify in routes.waiters.values() {
-            notify.notify_one();
+        for mailbox in routes.waiters.values() {
+            mailbox.notify.notify_one();
         }
         for (_, notify, _) in routes.channels.values() {
             notify.notify_waiters();

@@ -623,6 +623,19 @@ impl LeaseSemaphore {
                         () = mailbox.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
+                    if let Some((token, slots)) = mailbox.news().as_deref().and_then(parse_grant) {
+                        // Handed over with the wake-up. Its lease ends where our waiter lease
+                        // did, which the check-in sent at `sent` started: renewed soon.
+                        withdraw.disarm();
+                        let valid_until = sent + options.waiter_lease.min(options.lease);
+                        return Ok(LeasePermit::start(
+                            self.inner.clone(),
+                            id,
+                            token,
+                            slots,
+                            valid_until,
+                        ));
+                    }
                     sent = clock::now();
                     reply = script::lease_poll(
                         &mut conn,
@@ -648,8 +661,10 @@ impl LeaseSemaphore {
         }
     }
 
+    /// A permit whose grant (or last renewal) was sent at `sent`.
     fn permit(&self, id: PermitId, token: u64, slots: Vec<u32>, sent: Duration) -> LeasePermit {
-        LeasePermit::start(self.inner.clone(), id, token, slots, sent)
+        let valid_until = sent + self.inner.options.lease;
+        LeasePermit::start(self.inner.clone(), id, token, slots, valid_until)
     }
 
     fn refusal(&self, reply: Acquire, requested: u32) -> Error {
@@ -683,6 +698,17 @@ impl SemInner {
             id: id.to_string(),
         }
     }
+}
+
+/// The grant in a wake-up message: `token|slot,slot`.
+fn parse_grant(news: &str) -> Option<(u64, Vec<u32>)> {
+    let (token, slots) = news.split_once('|')?;
+    let slots = slots
+        .split(',')
+        .map(str::parse)
+        .collect::<std::result::Result<Vec<u32>, _>>()
+        .ok()?;
+    Some((token.parse().ok()?, slots))
 }
 
 impl Queue for SemInner {

@@ -99,16 +99,15 @@ impl LeasePermit {
         id: PermitId,
         token: u64,
         slots: Vec<u32>,
-        sent: Duration,
+        valid_until: Duration,
     ) -> LeasePermit {
-        let lease = sem.options.lease;
         let renew = sem.options.keepalive;
         let state = Arc::new(PermitState {
             sem,
             id,
             token: FencingToken(token),
             slots,
-            valid_until: Mutex::new(sent + lease),
+            valid_until: Mutex::new(valid_until),
             moved: Notify::new(),
             lost: CancellationToken::new(),
         });
@@ -313,7 +312,10 @@ impl fmt::Debug for LeasePermit {
 async fn keepalive(state: Arc<PermitState>, stop: CancellationToken, renew: bool) {
     let lease = state.sem.options.lease;
     let period = lease / 3;
-    let mut next = state.valid_until().saturating_sub(lease) + period;
+    // First renewal after a third of the lease, or sooner if less than two thirds are
+    // left (a grant handed over with a wake-up runs on the waiter's lease).
+    let now = clock::now();
+    let mut next = now + period.min(state.valid_until().saturating_sub(now) / 2);
     loop {
         let now = clock::now();
         let deadline = state.valid_until();

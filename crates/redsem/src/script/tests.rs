@@ -111,7 +111,7 @@ async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
 }
 
 #[tokio::test]
-async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_waiter_id() {
+async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
@@ -143,8 +143,10 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_waiter_id()
     let msg = within(LIMIT, "wake-up message", pubsub.on_message().next())
         .await
         .expect("a message");
-    assert_eq!(msg.get_payload::<String>().expect("payload"), "b");
+    // The grant travels with the wake-up: id, token, slots.
+    assert_eq!(msg.get_payload::<String>().expect("payload"), "b|2|0");
 
+    // A poll (the fallback when the message is lost) finds the same grant.
     let polled = lease_poll(
         &mut conn,
         &keys(),

@@ -428,3 +428,33 @@ async fn ten_thousand_waiters_share_two_connections() {
     drop(holder);
     until_settled(&sem, 0).await;
 }
+
+#[tokio::test]
+async fn a_handed_over_permit_is_renewed_and_kept() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("handed", 1, short(300))
+        .expect("semaphore");
+    let holder = sem.try_acquire().await.expect("hold");
+    let waiter = {
+        let sem = sem.clone();
+        tokio::spawn(async move { sem.acquire().await })
+    };
+    until_waiters(&sem, 1).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    holder.release().await.expect("release");
+    let permit = within(LIMIT, "hand-off", waiter)
+        .await
+        .expect("task")
+        .expect("granted");
+    tokio::select! {
+        () = permit.lost() => panic!("a handed-over permit was lost while renewed"),
+        () = tokio::time::sleep(Duration::from_millis(1_000)) => {}
+    }
+    assert!(permit.is_held());
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.holders.len(), 1);
+    assert!(status.holders[0].expires_in > Duration::from_millis(100));
+    permit.release().await.expect("release");
+}
