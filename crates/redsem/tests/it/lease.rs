@@ -596,3 +596,54 @@ async fn connects_over_tls_with_a_given_root_certificate() {
         .expect_err("an untrusted self-signed certificate");
     assert!(!err.is_invalid_argument(), "{err:?}");
 }
+
+#[tokio::test]
+async fn connects_with_a_password_a_user_and_a_database_number() {
+    let server = RedisServer::start();
+    let mut admin = server.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("s3cret")
+        .query(&mut admin)
+        .expect("requirepass");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("jobs")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query(&mut admin)
+        .expect("ACL SETUSER");
+    let port = server.port();
+    for url in [
+        format!("redis://:s3cret@127.0.0.1:{port}/3"),
+        format!("redis://jobs:pw@127.0.0.1:{port}/3"),
+    ] {
+        let redsem = within(LIMIT, "connect", Redsem::connect(&url))
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let sem = redsem.lease_semaphore("db3", 1).expect("semaphore");
+        sem.try_acquire()
+            .await
+            .expect("acquire")
+            .release()
+            .await
+            .expect("release");
+    }
+    let _: () = redis::cmd("SELECT")
+        .arg(3)
+        .query(&mut admin)
+        .expect("select");
+    let state: bool = redis::cmd("EXISTS")
+        .arg("redsem:{lease:db3}:state")
+        .query(&mut admin)
+        .expect("exists");
+    assert!(state, "the state lives in database 3");
+    let wrong = Redsem::connect(&format!("redis://:nope@127.0.0.1:{port}/"))
+        .await
+        .expect_err("a wrong password");
+    assert!(!wrong.is_invalid_argument(), "{wrong:?}");
+}
