@@ -11,6 +11,9 @@ use tokio::time::Instant;
 
 use crate::support::*;
 
+/// How late a timer may fire on a busy 2-core machine before a test calls it a failure.
+const SCHEDULING_SLACK: Duration = Duration::from_millis(100);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_more_than_capacity_holders_with_32_tasks_over_two_clients() {
     let ctx = TestContext::start().await;
@@ -162,7 +165,8 @@ async fn lost_fires_before_the_lease_ends_when_renewals_stop() {
     let permit = sem.try_acquire().await.expect("acquire");
     within(LIMIT, "lost", permit.lost()).await;
     let fired = Instant::now();
-    assert!(fired <= sent + Duration::from_millis(300) + Duration::from_millis(50));
+    // The timer is set for exactly the lease; allow the scheduler of a loaded CI machine.
+    assert!(fired <= sent + Duration::from_millis(300) + SCHEDULING_SLACK);
     assert!(fired >= sent + Duration::from_millis(250), "not too early");
     assert!(!permit.is_held());
     // The server agrees within a moment: another client gets the unit.
@@ -198,7 +202,7 @@ async fn lost_fires_before_the_lease_ends_when_the_server_stalls() {
     .await;
     let fired = Instant::now();
     assert!(
-        fired <= sent + Duration::from_millis(300) + Duration::from_millis(50),
+        fired <= sent + Duration::from_millis(300) + SCHEDULING_SLACK,
         "lost {:?} after the grant was sent",
         fired - sent
     );
