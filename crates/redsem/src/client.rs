@@ -17,8 +17,7 @@ use crate::mutex::Mutex;
 use crate::notify::Notifier;
 use crate::types::PermitId;
 
-/// The connection every command goes through: multiplexed and reconnecting.
-pub(crate) type Conn = ConnectionManager;
+pub(crate) use crate::conn::Conn;
 
 /// Options for [`Redsem::connect_with`].
 #[derive(Debug, Clone)]
@@ -109,6 +108,30 @@ fn open_client(url: &str, options: &RedsemOptions) -> Result<redis::Client> {
     }
 }
 
+/// Every key matching `pattern` on the node behind `conn`, with `SCAN` (never `KEYS`).
+async fn scan(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+    found: &mut Vec<String>,
+) -> Result<()> {
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(conn)
+            .await?;
+        found.extend(batch);
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 /// A handle to one Redis deployment: the entry point of redsem.
 ///
 /// It owns one multiplexed, auto-reconnecting command connection and, once something waits,
@@ -134,7 +157,9 @@ pub struct Redsem {
 
 pub(crate) struct Shared {
     pub(crate) conn: Conn,
-    pub(crate) client: redis::Client,
+    /// Where the pub/sub connection may go: the server, or each seed node of a cluster
+    /// (a cluster forwards every PUBLISH to every node).
+    pub(crate) pubsub_clients: Vec<redis::Client>,
     pub(crate) prefix: String,
     /// The channel on which this client's queued requests are told they were granted.
     pub(crate) wake_channel: String,
@@ -155,7 +180,15 @@ impl fmt::Debug for Redsem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Redsem")
             .field("prefix", &self.shared.prefix)
-            .field("server", &self.shared.client.get_connection_info().addr())
+            .field(
+                "servers",
+                &self
+                    .shared
+                    .pubsub_clients
+                    .iter()
+                    .map(|c| c.get_connection_info().addr().to_string())
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -221,18 +254,102 @@ impl Redsem {
             .set_response_timeout(Some(options.response_timeout))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(Self::assemble(Conn::Single(conn), vec![client], options))
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes (`seeds`), with the default
+    /// options.
+    ///
+    /// Every key of one primitive shares one hash tag, so each script runs on the one node
+    /// that owns it; wake-ups use classic pub/sub, which a cluster forwards to every node.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// let redsem = redsem::Redsem::connect_cluster(&[
+    ///     "redis://10.0.0.1:7000",
+    ///     "redis://10.0.0.2:7000",
+    /// ])
+    /// .await?;
+    /// let sem = redsem.lease_semaphore("exports", 4)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Redsem::connect`]; TLS root certificates are not supported for clusters yet
+    /// ([`Error::InvalidArgument`](crate::Error::InvalidArgument)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn connect_cluster(seeds: &[&str]) -> Result<Redsem> {
+        Self::connect_cluster_with(seeds, RedsemOptions::default()).await
+    }
+
+    /// Connect to a Redis Cluster with `options`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// use redsem::{Redsem, RedsemOptions};
+    /// let redsem =
+    ///     Redsem::connect_cluster_with(&["redis://10.0.0.1:7000"], RedsemOptions::default().prefix("app"))
+    ///         .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Redsem::connect_cluster`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn connect_cluster_with(seeds: &[&str], options: RedsemOptions) -> Result<Redsem> {
+        if options.prefix.is_empty() {
+            return Err(invalid("the key prefix must not be empty"));
+        }
+        if seeds.is_empty() {
+            return Err(invalid("a cluster needs at least one seed node URL"));
+        }
+        if options.tls_root_cert.is_some() {
+            return Err(invalid(
+                "TLS root certificates are not supported for clusters yet",
+            ));
+        }
+        let clients = seeds
+            .iter()
+            .map(|url| open_client(url, &options))
+            .collect::<Result<Vec<_>>>()?;
+        let cluster = redis::cluster::ClusterClient::builder(
+            clients.iter().map(|c| c.get_connection_info().clone()),
+        )
+        .connection_timeout(options.connect_timeout)
+        .response_timeout(options.response_timeout)
+        .build()
+        .map_err(|e| invalid(format!("bad cluster seeds {seeds:?}: {e}")))?;
+        let conn = cluster.get_async_connection().await?;
+        Ok(Self::assemble(Conn::Cluster(conn), clients, options))
+    }
+
+    fn assemble(conn: Conn, pubsub_clients: Vec<redis::Client>, options: RedsemOptions) -> Redsem {
         let client_id = PermitId::random();
-        Ok(Redsem {
+        Redsem {
             shared: Arc::new(Shared {
                 conn,
-                client,
+                pubsub_clients,
                 wake_channel: keys::wake_channel(&options.prefix, client_id.as_str()),
                 prefix: options.prefix,
                 notifier: OnceCell::new(),
                 closed: CancellationToken::new(),
                 background: TaskTracker::new(),
             }),
-        })
+        }
     }
 
     /// The key prefix.
@@ -356,28 +473,33 @@ impl Redsem {
     /// Cancel safe.
     pub async fn lease_semaphore_names(&self) -> Result<Vec<String>> {
         let pattern = keys::lease_state_pattern(&self.shared.prefix);
-        let mut conn = self.conn();
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await?;
-            names.extend(
-                batch
-                    .iter()
-                    .filter_map(|key| keys::lease_name_of_state(&self.shared.prefix, key)),
-            );
-            if next == 0 {
-                break;
+        let mut found = Vec::new();
+        match self.conn() {
+            Conn::Single(mut conn) => scan(&mut conn, &pattern, &mut found).await?,
+            Conn::Cluster(mut conn) => {
+                // SCAN walks one node: walk every primary.
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await?;
+                let Some(seed) = self.shared.pubsub_clients.first() else {
+                    return Ok(Vec::new());
+                };
+                for (host, port) in crate::conn::primaries(&nodes) {
+                    let info = seed
+                        .get_connection_info()
+                        .clone()
+                        .set_addr(redis::ConnectionAddr::Tcp(host, port));
+                    let client = redis::Client::open(info)?;
+                    let mut node = client.get_multiplexed_async_connection().await?;
+                    scan(&mut node, &pattern, &mut found).await?;
+                }
             }
-            cursor = next;
         }
+        let mut names: Vec<String> = found
+            .iter()
+            .filter_map(|key| keys::lease_name_of_state(&self.shared.prefix, key))
+            .collect();
         names.sort();
         names.dedup();
         Ok(names)

@@ -58,6 +58,7 @@
 
 mod client;
 mod clock;
+mod conn;
 mod error;
 mod keys;
 mod latch;

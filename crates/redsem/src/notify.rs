@@ -57,7 +57,8 @@ impl Notifier {
         let (subscribed_tx, subscribed) = watch::channel(0);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let task = Task {
-            client: shared.client.clone(),
+            clients: shared.pubsub_clients.clone(),
+            next_client: 0,
             own_channel: shared.wake_channel.clone(),
             routes: routes.clone(),
             subscribed: subscribed_tx,
@@ -197,7 +198,9 @@ impl Drop for Listener {
 }
 
 struct Task {
-    client: redis::Client,
+    /// Where to connect; after a failure the next one is tried (cluster seed nodes).
+    clients: Vec<redis::Client>,
+    next_client: usize,
     own_channel: String,
     routes: Arc<Mutex<Routes>>,
     subscribed: watch::Sender<u64>,
@@ -213,6 +216,8 @@ impl Task {
                 Ok(()) => return,
                 Err(err) => {
                     tracing::warn!(error = %err, "redsem pub/sub connection lost; reconnecting");
+                    // Try the next node (cluster seeds); a single server is tried again.
+                    self.next_client += 1;
                     self.wake_everyone();
                 }
             }
@@ -226,7 +231,13 @@ impl Task {
 
     /// One connection's life. `Ok` when the client closed, `Err` when the connection failed.
     async fn session(&mut self) -> redis::RedisResult<()> {
-        let pubsub = self.client.get_async_pubsub().await?;
+        let Some(client) = self
+            .clients
+            .get(self.next_client % self.clients.len().max(1))
+        else {
+            return Ok(());
+        };
+        let pubsub = client.get_async_pubsub().await?;
         let (mut sink, mut stream) = pubsub.split();
         let channels: Vec<String> = lock(&self.routes).channels.keys().cloned().collect();
         sink.subscribe(&self.own_channel).await?;

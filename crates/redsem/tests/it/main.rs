@@ -7,6 +7,9 @@ mod support;
 /// Lease semaphore: grants, tokens, slots, renewals, release, status, bad input.
 mod lease;
 
+/// The lease semaphore on a 3-master cluster.
+mod cluster;
+
 /// Waiting: FIFO order, targeted wake-ups, dead waiters, cancellation, the mutex.
 mod waiting;
 

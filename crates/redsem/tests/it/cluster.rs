@@ -1,0 +1,69 @@
+//! The same primitives on a 3-master Redis Cluster: every script lands on the node that owns
+//! its semaphore's hash tag, and wake-ups cross nodes through cluster-wide pub/sub.
+
+use std::time::Duration;
+
+use redsem::Redsem;
+use redsem_test::RedisCluster;
+
+use crate::support::*;
+
+async fn connect(cluster: &RedisCluster) -> Redsem {
+    let urls = cluster.urls();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    within(LIMIT, "cluster connect", Redsem::connect_cluster(&seeds))
+        .await
+        .expect("connect to the cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_semaphores_work_on_every_node_of_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let a = connect(&cluster).await;
+    let b = connect(&cluster).await;
+    // Names spread over the three nodes.
+    let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
+    for name in &names {
+        let sem_a = a
+            .lease_semaphore_with(name, 1, short(2_000))
+            .expect("semaphore");
+        let sem_b = b
+            .lease_semaphore_with(name, 1, short(2_000))
+            .expect("semaphore");
+        let held = within(LIMIT, "try_acquire", sem_a.try_acquire())
+            .await
+            .expect("free");
+        assert!(
+            sem_b
+                .try_acquire()
+                .await
+                .expect_err("held")
+                .is_not_acquired()
+        );
+        let waiter = tokio::spawn(async move { sem_b.acquire().await });
+        within(LIMIT, "queued", async {
+            while sem_a.status().await.expect("status").waiters.len() != 1 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        let released = tokio::time::Instant::now();
+        held.release().await.expect("release");
+        let next = within(LIMIT, "hand-off across clients", waiter)
+            .await
+            .expect("task")
+            .expect("granted");
+        assert!(
+            released.elapsed() < Duration::from_millis(500),
+            "woken by the message, not the timer: {:?}",
+            released.elapsed()
+        );
+        assert_eq!(next.token().get(), 2);
+        next.release().await.expect("release");
+    }
+    let mut listed = within(LIMIT, "names", a.lease_semaphore_names())
+        .await
+        .expect("names on every primary");
+    listed.sort();
+    assert_eq!(listed, names);
+}
