@@ -7,24 +7,32 @@
 --        | {"REPEATED", count left}   (this id was applied already)
 --        | {"ABSENT"}                 (no latch counting: never set, opened or deleted)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local rid, channel = ARGV[1], ARGV[2]
-local now = now_ms()
-if applied(rid, now) then
-  return { 'REPEATED', tonumber(redis.call('GET', COUNT) or '0') }
-end
-if redis.call('EXISTS', COUNT) == 0 then
-  return { 'ABSENT' }
-end
-local left = redis.call('DECR', COUNT)
-remember(rid, now)
-if left <= 0 then
-  redis.call('DEL', COUNT)
-  redis.call('SET', DONE, '1', 'PX', DONE_MS)
-  redis.call('PUBLISH', channel, 'opened')
-  return { 'COUNTED', 0 }
-end
-return { 'COUNTED', left }
+return run(function()
+  local rid, channel = ARGV[1], ARGV[2]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local count = read_count()
+  if not count then
+    -- Nothing to count: a repeat of a call that opened it, or not counting at all.
+    local applied = call(APPLIED, 'ZSCORE', APPLIED, rid)
+    call(DONE, 'GET', DONE)
+    if applied and tonumber(applied) > now then
+      return { 'REPEATED', 0 }
+    end
+    return { 'ABSENT' }
+  end
+  if count <= 1 then
+    -- It opens: the done marker is written below.
+    call(DONE, 'GET', DONE)
+  end
+  if remember(rid, now) then
+    return { 'REPEATED', count }
+  end
+  if count <= 1 then
+    redis.call('DEL', COUNT)
+    redis.call('SET', DONE, '1', 'PX', DONE_MS)
+    redis.call('PUBLISH', channel, 'opened')
+    return { 'COUNTED', 0 }
+  end
+  return { 'COUNTED', redis.call('DECR', COUNT) }
+end)

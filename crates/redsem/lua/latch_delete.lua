@@ -3,13 +3,15 @@
 -- KEYS: see latch_prelude.lua
 -- ARGV[1] the latch's channel
 -- Returns: {"DELETED", 1 if it was counting else 0} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local counting = redis.call('EXISTS', COUNT)
-redis.call('DEL', COUNT, DONE, APPLIED)
-if counting == 1 then
-  redis.call('PUBLISH', ARGV[1], 'opened')
-end
-return { 'DELETED', counting }
+return run(function()
+  -- Check every key first: a foreign value is reported, never deleted.
+  local count = read_count()
+  call(DONE, 'GET', DONE)
+  call(APPLIED, 'ZCARD', APPLIED)
+  redis.call('DEL', COUNT, DONE, APPLIED)
+  if count then
+    redis.call('PUBLISH', ARGV[1], 'opened')
+    return { 'DELETED', 1 }
+  end
+  return { 'DELETED', 0 }
+end)

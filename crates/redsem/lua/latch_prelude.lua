@@ -6,44 +6,78 @@
 --                     Never expires.
 --   2 done     STRING "1" for DONE_MS after the count reached 0: tells "opened" from "never set"
 --   3 applied  ZSET   request id -> forget-at, ms of Redis time: try_set and count_down calls
---                     applied, remembered for REMEMBER_MS so a repeated call is applied once
+--                     applied, remembered REMEMBER_MS so a repeated call is applied once
+--
+-- Cost: every redis.call costs about a microsecond, so scripts make few. Key types are
+-- checked for free: every command on a key goes through call(), and each script reaches
+-- every key it may write with a read (or a write that cannot harm) before it writes
+-- anything; a failing access (a foreign type) aborts it, and run() answers WRONGTYPE.
 local COUNT, DONE, APPLIED = KEYS[1], KEYS[2], KEYS[3]
 
 -- How long an applied id is remembered (a retry comes within seconds).
 local REMEMBER_MS = 60000
 -- How long an opened latch is reported as done rather than never set.
 local DONE_MS = 3600000
+-- Ids past their time are dropped on about one call in PRUNE_ONE_IN (by the time's low bits).
+local PRUNE_ONE_IN = 16
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local EXPECTED = { [COUNT] = 'string', [DONE] = 'string', [APPLIED] = 'zset' }
+
+local function call(key, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    error({ key = key, cause = r })
+  end
+  return r
 end
 
--- A key of ours holding a foreign type is reported, never overwritten.
-local function foreign_key()
-  local expected = { { COUNT, 'string' }, { DONE, 'string' }, { APPLIED, 'zset' } }
-  for _, e in ipairs(expected) do
-    local actual = redis.call('TYPE', e[1])['ok']
-    if actual ~= 'none' and actual ~= e[2] then
-      return { 'WRONGTYPE', e[1], actual, e[2] }
-    end
-  end
-  local count = redis.call('GET', COUNT)
+-- The count; nil if absent. A value that is not a count is foreign.
+local function read_count()
+  local count = call(COUNT, 'GET', COUNT)
   if count and not string.match(count, '^%d+$') then
-    return { 'WRONGTYPE', COUNT, 'string', 'integer' }
+    error({ key = COUNT, integer = true })
   end
-  return nil
+  return tonumber(count)
 end
 
--- Forget ids remembered long enough; true if `id` is still remembered.
-local function applied(id, now)
-  redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', now)
-  return redis.call('ZSCORE', APPLIED, id) ~= false
-end
-
+-- Remember `id` until REMEMBER_MS after `now`, unless it is remembered already: true if
+-- it was. The first access of applied in the scripts that write; the key expires
+-- REMEMBER_MS after the last id.
 local function remember(id, now)
-  redis.call('ZADD', APPLIED, now + REMEMBER_MS, id)
+  local forget = now + REMEMBER_MS
+  if call(APPLIED, 'ZADD', APPLIED, 'NX', forget, id) == 0 then
+    if tonumber(redis.call('ZSCORE', APPLIED, id)) > now then
+      return true
+    end
+    -- Past its time, but not dropped yet.
+    redis.call('ZADD', APPLIED, forget, id)
+  end
   redis.call('PEXPIRE', APPLIED, REMEMBER_MS)
+  if now % PRUNE_ONE_IN == 0 then
+    redis.call('ZREMRANGEBYSCORE', APPLIED, '-inf', now)
+  end
+  return false
+end
+
+-- Run a script body; a foreign value at one of our keys becomes a WRONGTYPE reply.
+local function run(body)
+  local ok, result = pcall(body)
+  if ok then
+    return result
+  end
+  if type(result) == 'table' and result.key then
+    local key = result.key
+    local actual = redis.call('TYPE', key)['ok']
+    local expected = EXPECTED[key]
+    if result.integer then
+      expected = 'integer'
+    end
+    if actual ~= expected then
+      return { 'WRONGTYPE', key, actual, expected }
+    end
+    return result.cause
+  end
+  return redis.error_reply(tostring(result))
 end
 
 ---------------------------------------------------------------------------------------

@@ -3,15 +3,15 @@
 -- ARGV: none
 -- Returns: {"COUNTING", count} | {"DONE"} (opened within DONE_MS) | {"NEVER"} (never set,
 --          deleted, or opened longer ago) | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local count = redis.call('GET', COUNT)
-if count then
-  return { 'COUNTING', tonumber(count) }
-end
-if redis.call('EXISTS', DONE) == 1 then
-  return { 'DONE' }
-end
-return { 'NEVER' }
+return run(function()
+  local count = read_count()
+  if count then
+    return { 'COUNTING', count }
+  end
+  local done = call(DONE, 'GET', DONE)
+  call(APPLIED, 'ZCARD', APPLIED)
+  if done then
+    return { 'DONE' }
+  end
+  return { 'NEVER' }
+end)

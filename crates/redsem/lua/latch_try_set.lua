@@ -4,20 +4,25 @@
 -- KEYS: see latch_prelude.lua
 -- ARGV[1] request id   ARGV[2] count (>= 1)
 -- Returns: {"SET"} | {"EXISTS", count} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local rid = ARGV[1]
-local now = now_ms()
-if applied(rid, now) then
+return run(function()
+  local rid = ARGV[1]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local count = read_count()
+  if count then
+    local applied = call(APPLIED, 'ZSCORE', APPLIED, rid)
+    if applied and tonumber(applied) > now then
+      return { 'SET' }
+    end
+    return { 'EXISTS', count }
+  end
+  local done = call(DONE, 'GET', DONE)
+  if remember(rid, now) then
+    return { 'SET' }
+  end
+  redis.call('SET', COUNT, ARGV[2])
+  if done then
+    redis.call('DEL', DONE)
+  end
   return { 'SET' }
-end
-local count = redis.call('GET', COUNT)
-if count then
-  return { 'EXISTS', tonumber(count) }
-end
-redis.call('SET', COUNT, ARGV[2])
-redis.call('DEL', DONE)
-remember(rid, now)
-return { 'SET' }
+end)

@@ -8,35 +8,42 @@
 --        | {"GONE"}                                  (the id was withdrawn)
 --        | {"WRONGTYPE", key, actual, expected}
 -- A repeated id answers as a poll would: the same request is never granted twice.
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id, k, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local waiter_lease, channel = tonumber(ARGV[4]), ARGV[5]
-local now = now_ms()
-settle(now)
+local name = 'r:' .. ARGV[1]
+return run(function()
+  local id, k, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+  local lease, channel = tonumber(ARGV[4]), ARGV[5]
+  if S[name] then
+    return check_in(id, lease)
+  end
 
-local raw = redis.call('HGET', RECORDS, id)
-if raw then
-  return check_in(id, cjson.decode(raw), now, waiter_lease)
-end
+  local count, position = S.count or 0, S.qlen
+  if position == 0 and count >= k then
+    remember(name)
+    add(-k)
+    set(name, 'c|' .. k)
+    return { 'GRANTED' }
+  end
+  if mode ~= 'wait' then
+    return { 'BUSY', count, position }
+  end
 
-local count = available()
-local waiting = redis.call('ZCARD', QUEUE)
-if waiting == 0 and count >= k then
-  redis.call('DECRBY', COUNT, k)
-  remember(id, { s = 'c', k = k }, now)
-  touch(now)
-  return { 'GRANTED' }
-end
-if mode ~= 'wait' then
-  return { 'BUSY', count, waiting }
-end
-
-local ticket = redis.call('HINCRBY', META, 'seq', 1)
-redis.call('ZADD', QUEUE, ticket, id)
-redis.call('ZADD', WAITERS, now + waiter_lease, id)
-redis.call('HSET', RECORDS, id, cjson.encode({ s = 'w', k = k, c = channel, w = now }))
-touch(now)
-return { 'QUEUED', waiting, recheck_ms(waiter_lease) }
+  -- Each write is counted in records as soon as it is made, so a foreign value found at the
+  -- next key leaves nothing uncounted.
+  local deadline = S.now + lease
+  local added = call(WAITERS, 'ZADD', WAITERS, deadline, id)
+  if S.wlen == 0 then
+    S.fresh_waiters = true
+    set('wnext', deadline)
+  elseif not S.wnext or deadline < S.wnext then
+    set('wnext', deadline)
+  end
+  set('wlen', S.wlen + added)
+  S.need = math.max(S.need, deadline)
+  local ticket = call(META, 'HINCRBY', META, 'seq', 1)
+  S.fresh_meta = ticket == 1
+  call(QUEUE, 'ZADD', QUEUE, ticket, id)
+  S.fresh_queue = position == 0
+  set('qlen', position + 1)
+  set(name, string.format('w|%d|%d|%s', k, S.now, channel))
+  return { 'QUEUED', position, math.max(math.floor(lease / 3), 1) }
+end, name)

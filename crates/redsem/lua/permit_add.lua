@@ -7,22 +7,24 @@
 --        | {"REPEATED", available}   (this id was applied already)
 --        | {"RANGE", available}      (the count would leave +-(2^53 - 1); nothing changed)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local rid, delta = ARGV[1], tonumber(ARGV[2])
-local now = now_ms()
-settle(now)
-if redis.call('ZSCORE', APPLIED, rid) then
-  return { 'REPEATED', available() }
-end
-local count = available()
-if math.abs(count + delta) > MAX_ABS then
-  return { 'RANGE', count }
-end
-redis.call('INCRBY', COUNT, ARGV[2])
-remember(rid, nil, now)
-promote()
-touch(now)
-return { 'ADDED', available() }
+return run(function()
+  local name, delta = 'm:' .. ARGV[1], tonumber(ARGV[2])
+  local count = S.count or 0
+  local applied = call(APPLIED, 'ZSCORE', APPLIED, name)
+  if applied and tonumber(applied) > S.now then
+    return { 'REPEATED', count }
+  end
+  if math.abs(count + delta) > MAX_ABS then
+    return { 'RANGE', count }
+  end
+  remember(name)
+  if math.abs(delta) > MAX_ABS then
+    -- Not exact as a double: let Redis add the digits.
+    redis.call('INCRBY', COUNT, ARGV[2])
+    S.count = count + delta
+  else
+    add(delta)
+  end
+  promote()
+  return { 'ADDED', S.count }
+end)

@@ -4,9 +4,6 @@
 -- ARGV: none
 -- Returns: {"AVAILABLE", available (0 if never set), waiting requests, 1 if set else 0}
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-settle(now_ms())
-return { 'AVAILABLE', available(), redis.call('ZCARD', QUEUE), redis.call('EXISTS', COUNT) }
+return run(function()
+  return { 'AVAILABLE', S.count or 0, S.qlen, S.count and 1 or 0 }
+end)

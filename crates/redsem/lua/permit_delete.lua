@@ -3,10 +3,17 @@
 -- KEYS: see permit_prelude.lua
 -- ARGV: none
 -- Returns: {"DELETED", 1 if the count was set else 0} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local set = redis.call('EXISTS', COUNT)
-redis.call('DEL', COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED)
-return { 'DELETED', set }
+return run(function()
+  -- Check every key first: a foreign value is reported, never deleted.
+  local count = call(COUNT, 'GET', COUNT)
+  if count and not string.match(count, '^-?%d+$') then
+    error({ key = COUNT, integer = true })
+  end
+  call(QUEUE, 'ZCARD', QUEUE)
+  call(WAITERS, 'ZCARD', WAITERS)
+  call(RECORDS, 'HLEN', RECORDS)
+  call(META, 'HLEN', META)
+  call(APPLIED, 'ZCARD', APPLIED)
+  redis.call('DEL', COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED)
+  return { 'DELETED', count and 1 or 0 }
+end, nil, true)

@@ -2,14 +2,11 @@
 -- KEYS: see permit_prelude.lua
 -- ARGV: none
 -- Returns: {"DRAINED", permits taken} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-settle(now_ms())
-local count = available()
-if count <= 0 then
-  return { 'DRAINED', 0 }
-end
-redis.call('SET', COUNT, 0)
-return { 'DRAINED', count }
+return run(function()
+  local count = S.count or 0
+  if count <= 0 then
+    return { 'DRAINED', 0 }
+  end
+  add(-count)
+  return { 'DRAINED', count }
+end)

@@ -6,15 +6,6 @@
 --        | {"QUEUED", position, recheck ms}
 --        | {"GONE"}        (neither queued nor granted: its waiter lease ended, or withdrawn)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local id, waiter_lease = ARGV[1], tonumber(ARGV[2])
-local now = now_ms()
-settle(now)
-local raw = redis.call('HGET', RECORDS, id)
-if not raw then
-  return { 'GONE' }
-end
-return check_in(id, cjson.decode(raw), now, waiter_lease)
+return run(function()
+  return check_in(ARGV[1], tonumber(ARGV[2]))
+end, 'r:' .. ARGV[1])

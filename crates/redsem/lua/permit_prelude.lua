@@ -7,56 +7,78 @@
 --   2 queue    ZSET   waiting request id -> ticket (arrival order)
 --   3 waiters  ZSET   request id -> waiter-lease end, ms of Redis time: requests waiting, and
 --                     requests granted while they waited that have not collected the grant
---   4 records  HASH   request id -> JSON {s state, k permits, c wake channel, w waiting since}
---                     state "w" waiting, "g" granted (not collected), "c" collected,
---                     "x" withdrawn
+--   4 records  HASH   r:<id> a request: "w|k|since|channel" waiting, "g|k" granted (not
+--                     collected), "c|k" collected, "x" withdrawn (k permits); and the fields
+--                     read with them: keep (ms until which every key but the count is kept),
+--                     prune (when to forget remembered ids next), wlen (size of waiters),
+--                     wnext (no waiter lease ends before it), qlen (size of queue)
 --   5 meta     HASH   seq (ticket counter)
---   6 applied  ZSET   id -> forget-at, ms of Redis time: mutations applied (add, release,
---                     try_set) and requests settled ("c", "x"), remembered for REMEMBER_MS so
---                     that a call repeated with the same id is applied once
+--   6 applied  ZSET   r:<id> of requests settled ("c", "x") and m:<id> of mutations applied
+--                     (add, release, try_set) -> forget-at, ms of Redis time: remembered at
+--                     least REMEMBER_MS, so that a call repeated with the same id is applied
+--                     once
+--
+-- Cost: every redis.call costs about a microsecond, and so does every few helpers Lua builds
+-- on each call, so there are few of both. A script reads the fields of records once (HMGET),
+-- changes them in Lua (set), and writes them back with one HSET/HDEL, the count with one
+-- INCRBY, at the end. Key types are checked for free: every command on a key goes through
+-- call(), and a failing first access of a key (a foreign type) aborts the script before
+-- that key is written; run() then saves what was settled so far and answers WRONGTYPE.
 local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
--- How long an applied id is remembered (a retry comes within seconds).
+-- How long an applied id is remembered at least (a retry comes within seconds).
 local REMEMBER_MS = 60000
--- How long the bookkeeping keys outlive the last waiter lease and remembered id.
-local KEEP_IDLE_MS = 60000
+-- Forgetting is batched: an id is forgotten up to this much later than REMEMBER_MS.
+local PRUNE_EVERY_MS = 10000
 -- Redis scripts count in doubles: counts stay within +-(2^53 - 1).
 local MAX_ABS = 9007199254740991
 
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- S: the time (now), the fields of records read or changed, the count (nil if absent), the
+-- permits taken by this call (taken, written back as one INCRBY), the latest deadline this
+-- call set (need: keep must cover it), and the keys it created (fresh_*: they get keep).
+-- dirty: the fields of records to write back (a value, or false to delete).
+local S, dirty = { taken = 0, need = 0 }, {}
+
+local function call(key, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    error({ key = key, cause = r })
+  end
+  return r
 end
 
--- A key of ours holding a foreign type is reported, never overwritten.
-local function foreign_key()
-  local expected = {
-    { COUNT, 'string' }, { QUEUE, 'zset' }, { WAITERS, 'zset' }, { RECORDS, 'hash' },
-    { META, 'hash' }, { APPLIED, 'zset' },
-  }
-  for _, e in ipairs(expected) do
-    local actual = redis.call('TYPE', e[1])['ok']
-    if actual ~= 'none' and actual ~= e[2] then
-      return { 'WRONGTYPE', e[1], actual, e[2] }
-    end
-  end
-  local count = redis.call('GET', COUNT)
-  if count and not string.match(count, '^-?%d+$') then
-    return { 'WRONGTYPE', COUNT, 'string', 'integer' }
-  end
-  return nil
+local function set(name, value)
+  S[name] = value
+  dirty[name] = value
 end
 
-local function available()
-  return tonumber(redis.call('GET', COUNT) or '0')
+-- A record's state, permits and wake channel.
+local function parse(raw)
+  if not raw then
+    return nil, 0
+  end
+  local st, k, channel = string.match(raw, '^(%a)|?(%d*)|?%d*|?(.*)$')
+  return st, tonumber(k) or 0, channel
 end
 
--- Remember `id` (and its record, if any) until REMEMBER_MS from now.
-local function remember(id, record, now)
-  if record then
-    redis.call('HSET', RECORDS, id, cjson.encode(record))
+-- Remember `name` (r:<id> or m:<id>) for REMEMBER_MS from now.
+local function remember(name)
+  local forget = S.now + REMEMBER_MS
+  call(APPLIED, 'ZADD', APPLIED, forget, name)
+  if not S.prune then
+    S.fresh_applied = true
+    set('prune', forget + PRUNE_EVERY_MS)
   end
-  redis.call('ZADD', APPLIED, now + REMEMBER_MS, id)
+  if forget > S.need then
+    S.need = forget
+  end
+end
+
+-- Change the count by `delta` (the count is created if absent, as INCRBY would).
+local function add(delta)
+  S.create_count = S.create_count or not S.count
+  S.count = (S.count or 0) + delta
+  S.taken = S.taken - delta
 end
 
 -- Hand permits, in arrival order, to every waiter at the head of the queue that now fits,
@@ -64,88 +86,211 @@ end
 -- waiter that does not fit, so a large request is never overtaken by smaller ones behind it.
 -- A granted waiter keeps its waiter lease until it collects the grant.
 local function promote()
-  local count = available()
-  while true do
-    local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  while S.qlen > 0 do
+    local head = call(QUEUE, 'ZRANGE', QUEUE, 0, 0)[1]
     if not head then
+      set('qlen', 0)
       return
     end
-    local raw = redis.call('HGET', RECORDS, head)
-    local w = raw and cjson.decode(raw)
-    if not w or w.s ~= 'w' then
-      redis.call('ZREM', QUEUE, head)
-    elseif w.k > count then
+    local name = 'r:' .. head
+    if S[name] == nil then
+      S[name] = redis.call('HGET', RECORDS, name)
+    end
+    local st, k, channel = parse(S[name])
+    if st == 'w' and k > (S.count or 0) then
       return
-    else
-      count = redis.call('DECRBY', COUNT, w.k)
-      redis.call('ZREM', QUEUE, head)
-      w.s = 'g'
-      redis.call('HSET', RECORDS, head, cjson.encode(w))
-      redis.call('PUBLISH', w.c, head)
+    end
+    redis.call('ZREM', QUEUE, head)
+    set('qlen', S.qlen - 1)
+    if st == 'w' then
+      add(-k)
+      set(name, 'g|' .. k)
+      redis.call('PUBLISH', channel, head)
     end
   end
-end
-
--- Forget ids remembered long enough, drop waiters whose lease ended (giving back what was
--- granted to them and never collected), then hand what is available to the queue.
-local function settle(now)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', APPLIED, '-inf', now, 'LIMIT', 0, 256)) do
-    redis.call('ZREM', APPLIED, id)
-    redis.call('HDEL', RECORDS, id)
-  end
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', WAITERS, '-inf', now)) do
-    local raw = redis.call('HGET', RECORDS, id)
-    redis.call('ZREM', QUEUE, id)
-    redis.call('ZREM', WAITERS, id)
-    redis.call('HDEL', RECORDS, id)
-    if raw then
-      local w = cjson.decode(raw)
-      if w.s == 'g' then
-        redis.call('INCRBY', COUNT, w.k)
-      end
-    end
-  end
-  promote()
-end
-
--- Keep the bookkeeping keys alive until KEEP_IDLE_MS after the last waiter lease and the
--- last remembered id end.
-local function touch(now)
-  local last = now
-  for _, key in ipairs({ WAITERS, APPLIED }) do
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if top[2] then
-      last = math.max(last, tonumber(top[2]))
-    end
-  end
-  local ttl = last - now + KEEP_IDLE_MS
-  for _, key in ipairs({ QUEUE, WAITERS, RECORDS, META, APPLIED }) do
-    redis.call('PEXPIRE', key, ttl)
-  end
-end
-
-local function recheck_ms(waiter_lease)
-  return math.max(math.floor(waiter_lease / 3), 1)
 end
 
 -- A request that already has a record checks in: collect a grant, renew a wait, or learn
 -- that it was withdrawn.
-local function check_in(id, w, now, waiter_lease)
-  if w.s == 'c' then
-    return { 'GRANTED' }
+local function check_in(id, lease)
+  local name = 'r:' .. id
+  local st, k = parse(S[name])
+  if st == 'g' then
+    remember(name)
+    set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+    set(name, 'c|' .. k)
+  elseif st == 'w' then
+    local deadline = S.now + lease
+    call(WAITERS, 'ZADD', WAITERS, 'XX', deadline, id)
+    if deadline > S.need then
+      S.need = deadline
+    end
+    return { 'QUEUED', call(QUEUE, 'ZRANK', QUEUE, id), math.max(math.floor(lease / 3), 1) }
+  elseif st ~= 'c' then
+    return { 'GONE' }
   end
-  if w.s == 'g' then
-    redis.call('ZREM', WAITERS, id)
-    remember(id, { s = 'c', k = w.k }, now)
-    touch(now)
-    return { 'GRANTED' }
+  return { 'GRANTED' }
+end
+
+-- Run a script body and write back what it changed; a foreign value at one of our keys
+-- becomes a WRONGTYPE reply (after saving what was settled before it was found).
+--
+-- Before the body (unless `bare`): read the time, the fields of records (and the field
+-- `name`, if given) and the count; then forget ids remembered long enough, drop waiters
+-- whose lease ended (giving back what was granted to them and never collected), and hand
+-- what is available to the queue.
+--
+-- After it: keep every bookkeeping key alive until an idle minute after the latest
+-- deadline (`keep`): when a new deadline comes within half a minute of keep, keep moves
+-- and every key gets it (PEXPIREAT); a key created by this call gets the current keep.
+local function run(body, name, bare)
+  local ok, result = pcall(function()
+    if bare then
+      return body()
+    end
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    S.now = now
+    local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', name or 'keep')
+    S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
+    S.wlen, S.wnext, S.qlen = tonumber(r[3]) or 0, tonumber(r[4]), tonumber(r[5]) or 0
+    if name then
+      S[name] = r[6]
+    end
+    local count = call(COUNT, 'GET', COUNT)
+    if count and not string.match(count, '^-?%d+$') then
+      error({ key = COUNT, integer = true })
+    end
+    S.count = tonumber(count)
+
+    if S.keep == 0 then
+      -- No bookkeeping: check every other key once (rare, so the cost does not matter), so
+      -- that nothing is written next to a foreign value. Later calls find a foreign value
+      -- at its first access instead.
+      call(QUEUE, 'ZCARD', QUEUE)
+      call(WAITERS, 'ZCARD', WAITERS)
+      call(META, 'HLEN', META)
+      call(APPLIED, 'ZCARD', APPLIED)
+      return body()
+    end
+
+    if S.prune and now >= S.prune then
+      local batch = 256
+      local due = call(APPLIED, 'ZRANGEBYSCORE', APPLIED, '-inf', now, 'LIMIT', 0, batch)
+      if #due > 0 then
+        redis.call('ZREMRANGEBYRANK', APPLIED, 0, #due - 1)
+        for _, remembered in ipairs(due) do
+          if string.sub(remembered, 1, 2) == 'r:' then
+            set(remembered, false)
+          end
+        end
+      end
+      if #due == batch then
+        set('prune', now)
+      else
+        local first = redis.call('ZRANGE', APPLIED, 0, 0, 'WITHSCORES')[2]
+        set('prune', first and tonumber(first) + PRUNE_EVERY_MS or false)
+      end
+    end
+
+    if S.wlen > 0 and now >= (S.wnext or 0) then
+      local ids = call(WAITERS, 'ZRANGEBYSCORE', WAITERS, '-inf', now)
+      if #ids > 0 then
+        redis.call('ZREMRANGEBYRANK', WAITERS, 0, #ids - 1)
+        local names, queued = {}, {}
+        for i, id in ipairs(ids) do
+          names[i] = 'r:' .. id
+        end
+        local raws = redis.call('HMGET', RECORDS, unpack(names))
+        for i, id in ipairs(ids) do
+          local st, k = parse(raws[i])
+          if st == 'w' then
+            queued[#queued + 1] = id
+          elseif st == 'g' then
+            add(k)
+          end
+          set(names[i], false)
+        end
+        if #queued > 0 then
+          set('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, unpack(queued)), 0))
+        end
+        set('wlen', math.max(S.wlen - #ids, 0))
+      end
+      local first = S.wlen > 0 and redis.call('ZRANGE', WAITERS, 0, 0, 'WITHSCORES')[2]
+      set('wnext', first and tonumber(first) or false)
+      if not first then
+        set('wlen', 0)
+      end
+    end
+    promote()
+    return body()
+  end)
+
+  local reply = result
+  if not ok then
+    if type(result) ~= 'table' or not result.key then
+      return redis.error_reply(tostring(result))
+    end
+    local key = result.key
+    local actual = redis.call('TYPE', key)['ok']
+    local expected = ({
+      [COUNT] = 'string', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
+    })[key]
+    if result.integer then
+      expected = 'integer'
+    end
+    if actual == expected then
+      return result.cause
+    end
+    reply = { 'WRONGTYPE', key, actual, expected }
   end
-  if w.s == 'w' then
-    redis.call('ZADD', WAITERS, 'XX', now + waiter_lease, id)
-    touch(now)
-    return { 'QUEUED', redis.call('ZRANK', QUEUE, id), recheck_ms(waiter_lease) }
+
+  if S.taken ~= 0 or S.create_count then
+    redis.call('INCRBY', COUNT, string.format('%d', -S.taken))
   end
-  return { 'GONE' }
+  local need = S.need
+  if need == 0 and S.keep == 0 and next(dirty) then
+    need = S.now
+  end
+  if need > 0 and need + 30000 > S.keep then
+    set('keep', need + 60000)
+    for _, key in ipairs({ QUEUE, WAITERS, META, APPLIED }) do
+      redis.call('PEXPIREAT', key, S.keep)
+    end
+  else
+    if S.fresh_queue then
+      redis.call('PEXPIREAT', QUEUE, S.keep)
+    end
+    if S.fresh_waiters then
+      redis.call('PEXPIREAT', WAITERS, S.keep)
+    end
+    if S.fresh_meta then
+      redis.call('PEXPIREAT', META, S.keep)
+    end
+    if S.fresh_applied then
+      redis.call('PEXPIREAT', APPLIED, S.keep)
+    end
+  end
+  local args, gone = {}, {}
+  for field, value in pairs(dirty) do
+    if value then
+      args[#args + 1] = field
+      args[#args + 1] = value
+    else
+      gone[#gone + 1] = field
+    end
+  end
+  if #args > 0 then
+    redis.call('HSET', RECORDS, unpack(args))
+    if dirty.keep then
+      -- After the HSET: records may have been created just now.
+      redis.call('PEXPIREAT', RECORDS, S.keep)
+    end
+  end
+  if #gone > 0 then
+    redis.call('HDEL', RECORDS, unpack(gone))
+  end
+  return reply
 end
 
 ---------------------------------------------------------------------------------------

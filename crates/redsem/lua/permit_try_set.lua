@@ -4,21 +4,18 @@
 -- KEYS: see permit_prelude.lua
 -- ARGV[1] request id   ARGV[2] permits (>= 0)
 -- Returns: {"SET"} | {"EXISTS", available} | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
-local rid = ARGV[1]
-local now = now_ms()
-settle(now)
-if redis.call('ZSCORE', APPLIED, rid) then
+return run(function()
+  local name = 'm:' .. ARGV[1]
+  local applied = call(APPLIED, 'ZSCORE', APPLIED, name)
+  if applied and tonumber(applied) > S.now then
+    return { 'SET' }
+  end
+  if S.count then
+    return { 'EXISTS', S.count }
+  end
+  remember(name)
+  redis.call('SET', COUNT, ARGV[2])
+  S.count = tonumber(ARGV[2])
+  promote()
   return { 'SET' }
-end
-if redis.call('EXISTS', COUNT) == 1 then
-  return { 'EXISTS', available() }
-end
-redis.call('SET', COUNT, ARGV[2])
-remember(rid, nil, now)
-promote()
-touch(now)
-return { 'SET' }
+end)

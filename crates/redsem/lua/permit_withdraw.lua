@@ -7,27 +7,23 @@
 --        | {"RETURNED", permits}      (it had been granted; the permits were given back)
 --        | {"UNKNOWN"}                (no such request, or already withdrawn)
 --        | {"WRONGTYPE", key, actual, expected}
-local bad = foreign_key()
-if bad then
-  return bad
-end
 local id = ARGV[1]
-local now = now_ms()
-settle(now)
-local raw = redis.call('HGET', RECORDS, id)
-local w = raw and cjson.decode(raw)
-local result = { 'UNKNOWN' }
-if w and w.s ~= 'x' then
-  redis.call('ZREM', QUEUE, id)
-  redis.call('ZREM', WAITERS, id)
-  if w.s == 'w' then
+local name = 'r:' .. id
+return run(function()
+  local st, k = parse(S[name])
+  remember(name)
+  local result = { 'UNKNOWN' }
+  if st == 'w' then
+    set('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, id), 0))
     result = { 'WITHDRAWN' }
-  else
-    redis.call('INCRBY', COUNT, w.k)
-    result = { 'RETURNED', w.k }
+  elseif st == 'g' or st == 'c' then
+    add(k)
+    result = { 'RETURNED', k }
   end
-end
-remember(id, { s = 'x', k = 0 }, now)
-promote()
-touch(now)
-return result
+  if st == 'w' or st == 'g' then
+    set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+  end
+  set(name, 'x')
+  promote()
+  return result
+end, name)
