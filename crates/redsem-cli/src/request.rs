@@ -37,6 +37,10 @@ pub(crate) struct PermitRequest {
     /// A label kept with the permit and shown by `status` (a host name, a job id)
     #[arg(long, value_name = "LABEL", value_parser = values::label)]
     pub(crate) holder: Option<String>,
+
+    /// At most one permit per --holder: fail (exit 1) if LABEL already holds or awaits one
+    #[arg(long, requires = "holder")]
+    pub(crate) one_per_holder: bool,
 }
 
 impl PermitRequest {
@@ -53,7 +57,8 @@ impl PermitRequest {
     ) -> Result<LeasePermit, CliError> {
         let mut options = LeaseOptions::default()
             .lease(self.lease)
-            .keepalive(keepalive);
+            .keepalive(keepalive)
+            .one_per_label(self.one_per_holder);
         if let Some(label) = &self.holder {
             options = options.label(label.as_str());
         }

@@ -30,6 +30,38 @@ fn exit_1_naming_both_limits_when_the_limit_differs_from_the_one_in_force() {
 }
 
 #[test]
+fn exit_1_when_one_per_holder_finds_the_holder_already_in() {
+    let world = World::new();
+    let flags = ["--limit", "3", "--holder", "10.0.0.7", "--one-per-holder"];
+    let first = world
+        .run(&[&["acquire", "jobs"][..], &flags[..]].concat())
+        .success();
+    assert!(!first.stdout.trim().is_empty());
+    let out = world
+        .run(&[&["run", "jobs"][..], &flags[..], &["--", "true"][..]].concat())
+        .expect(1);
+    out.assert_one_error_line();
+    assert!(
+        out.error().contains("already held by \"10.0.0.7\""),
+        "{out:?}"
+    );
+    // Another holder still gets in.
+    world
+        .run(&[
+            "run",
+            "jobs",
+            "--limit",
+            "3",
+            "--holder",
+            "10.0.0.8",
+            "--one-per-holder",
+            "--",
+            "true",
+        ])
+        .success();
+}
+
+#[test]
 fn exit_1_and_not_held_for_a_permit_that_is_gone() {
     let world = World::new();
     let unknown = "0123456789abcdef0123456789abcdef";
