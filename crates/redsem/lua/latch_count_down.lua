@@ -10,7 +10,7 @@
 return run(function()
   local rid, channel = ARGV[1], ARGV[2]
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local count = read_count()
   if not count then
     -- Nothing to count: a repeat of a call that opened it, or not counting at all.

@@ -7,7 +7,7 @@
 return run(function()
   local rid = ARGV[1]
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local count = read_count()
   if count then
     local applied = call(APPLIED, 'ZSCORE', APPLIED, rid)

@@ -20,7 +20,7 @@ return run(function()
   if position == 0 and count >= k then
     remember(name)
     add(-k)
-    set(name, 'c|' .. k)
+    set(name, 'c|' .. ARGV[2])
     return { 'GRANTED' }
   end
   if mode ~= 'wait' then

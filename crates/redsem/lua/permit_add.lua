@@ -9,15 +9,33 @@
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local name, delta = 'm:' .. ARGV[1], tonumber(ARGV[2])
-  local count = S.count or 0
-  local applied = call(APPLIED, 'ZSCORE', APPLIED, name)
-  if applied and tonumber(applied) > S.now then
-    return { 'REPEATED', count }
+  if not remember(name, true) then
+    if S.unread then
+      read_count()
+    end
+    return { 'REPEATED', S.count or 0 }
   end
+  if S.unread and math.abs(delta) <= MAX_ABS then
+    -- Nobody waits and no grant is given back: add first, look after.
+    local count = call(COUNT, 'INCRBY', COUNT, ARGV[2])
+    if math.abs(count) <= MAX_ABS then
+      S.count, S.unread = count, false
+      return { 'ADDED', count }
+    end
+    S.count, S.unread = redis.call('DECRBY', COUNT, ARGV[2]), false
+  elseif S.unread then
+    read_count()
+  end
+  local count = S.count or 0
   if math.abs(count + delta) > MAX_ABS then
+    -- Nothing changes, so the id is not remembered either.
+    redis.call('ZREM', APPLIED, name)
+    if S.fresh_applied then
+      S.fresh_applied = false
+      set('prune', false)
+    end
     return { 'RANGE', count }
   end
-  remember(name)
   if math.abs(delta) > MAX_ABS then
     -- Not exact as a double: let Redis add the digits.
     redis.call('INCRBY', COUNT, ARGV[2])
@@ -27,4 +45,4 @@ return run(function()
   end
   promote()
   return { 'ADDED', S.count }
-end)
+end, nil, 'lazy')

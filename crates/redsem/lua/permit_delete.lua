@@ -5,10 +5,7 @@
 -- Returns: {"DELETED", 1 if the count was set else 0} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   -- Check every key first: a foreign value is reported, never deleted.
-  local count = call(COUNT, 'GET', COUNT)
-  if count and not string.match(count, '^-?%d+$') then
-    error({ key = COUNT, integer = true })
-  end
+  local count = read_count()
   call(QUEUE, 'ZCARD', QUEUE)
   call(WAITERS, 'ZCARD', WAITERS)
   call(RECORDS, 'HLEN', RECORDS)
@@ -16,4 +13,4 @@ return run(function()
   call(APPLIED, 'ZCARD', APPLIED)
   redis.call('DEL', COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED)
   return { 'DELETED', count and 1 or 0 }
-end, nil, true)
+end, nil, 'bare')

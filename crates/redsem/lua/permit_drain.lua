@@ -7,6 +7,8 @@ return run(function()
   if count <= 0 then
     return { 'DRAINED', 0 }
   end
-  add(-count)
+  -- Exactly 0, whatever was given back on the way.
+  redis.call('SET', COUNT, 0)
+  S.count, S.taken, S.create_count = 0, 0, false
   return { 'DRAINED', count }
 end)

@@ -11,7 +11,8 @@
 --                     collected), "c|k" collected, "x" withdrawn (k permits); and the fields
 --                     read with them: keep (ms until which every key but the count is kept),
 --                     prune (when to forget remembered ids next), wlen (size of waiters),
---                     wnext (no waiter lease ends before it), qlen (size of queue)
+--                     wnext (no waiter lease ends before it), qlen (size of queue); wlen
+--                     and qlen are absent when 0
 --   5 meta     HASH   seq (ticket counter)
 --   6 applied  ZSET   r:<id> of requests settled ("c", "x") and m:<id> of mutations applied
 --                     (add, release, try_set) -> forget-at, ms of Redis time: remembered at
@@ -52,19 +53,28 @@ local function set(name, value)
   dirty[name] = value
 end
 
--- A record's state, permits and wake channel.
+-- A record's state, permits (a number, and as written) and wake channel.
 local function parse(raw)
   if not raw then
     return nil, 0
   end
   local st, k, channel = string.match(raw, '^(%a)|?(%d*)|?%d*|?(.*)$')
-  return st, tonumber(k) or 0, channel
+  return st, tonumber(k) or 0, channel, k
 end
 
--- Remember `name` (r:<id> or m:<id>) for REMEMBER_MS from now.
-local function remember(name)
+-- Remember `name` (r:<id> or m:<id>) for REMEMBER_MS from now. With `once`, a name
+-- remembered already is left as it is, and the answer is false.
+local function remember(name, once)
   local forget = S.now + REMEMBER_MS
-  call(APPLIED, 'ZADD', APPLIED, forget, name)
+  if not once then
+    call(APPLIED, 'ZADD', APPLIED, forget, name)
+  elseif call(APPLIED, 'ZADD', APPLIED, 'NX', forget, name) == 0 then
+    if tonumber(redis.call('ZSCORE', APPLIED, name)) > S.now then
+      return false
+    end
+    -- Past its time, but not forgotten yet.
+    redis.call('ZADD', APPLIED, forget, name)
+  end
   if not S.prune then
     S.fresh_applied = true
     set('prune', forget + PRUNE_EVERY_MS)
@@ -72,6 +82,17 @@ local function remember(name)
   if forget > S.need then
     S.need = forget
   end
+  return true
+end
+
+-- Read the count (nil if absent).
+local function read_count()
+  local count = call(COUNT, 'GET', COUNT)
+  if count and not string.match(count, '^-?%d+$') then
+    error({ key = COUNT, integer = true })
+  end
+  S.count, S.unread = tonumber(count), false
+  return S.count
 end
 
 -- Change the count by `delta` (the count is created if absent, as INCRBY would).
@@ -96,7 +117,7 @@ local function promote()
     if S[name] == nil then
       S[name] = redis.call('HGET', RECORDS, name)
     end
-    local st, k, channel = parse(S[name])
+    local st, k, channel, digits = parse(S[name])
     if st == 'w' and k > (S.count or 0) then
       return
     end
@@ -104,7 +125,7 @@ local function promote()
     set('qlen', S.qlen - 1)
     if st == 'w' then
       add(-k)
-      set(name, 'g|' .. k)
+      set(name, 'g|' .. digits)
       redis.call('PUBLISH', channel, head)
     end
   end
@@ -118,10 +139,13 @@ local function check_in(id, lease)
   if st == 'g' then
     remember(name)
     set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
-    set(name, 'c|' .. k)
+    set(name, 'c' .. string.sub(S[name], 2))
   elseif st == 'w' then
     local deadline = S.now + lease
     call(WAITERS, 'ZADD', WAITERS, 'XX', deadline, id)
+    if not S.wnext or deadline < S.wnext then
+      set('wnext', deadline)
+    end
     if deadline > S.need then
       S.need = deadline
     end
@@ -135,33 +159,36 @@ end
 -- Run a script body and write back what it changed; a foreign value at one of our keys
 -- becomes a WRONGTYPE reply (after saving what was settled before it was found).
 --
--- Before the body (unless `bare`): read the time, the fields of records (and the field
--- `name`, if given) and the count; then forget ids remembered long enough, drop waiters
--- whose lease ended (giving back what was granted to them and never collected), and hand
--- what is available to the queue.
+-- Before the body (unless `mode` is "bare"): read the time, the fields of records (and the
+-- field `name`, if given) and the count (with mode "lazy", only if this needs it: else
+-- S.unread is set); then forget ids remembered long enough, drop waiters whose lease ended
+-- (giving back what was granted to them and never collected), and hand what is available
+-- to the queue.
 --
 -- After it: keep every bookkeeping key alive until an idle minute after the latest
 -- deadline (`keep`): when a new deadline comes within half a minute of keep, keep moves
 -- and every key gets it (PEXPIREAT); a key created by this call gets the current keep.
-local function run(body, name, bare)
+local function run(body, name, mode)
   local ok, result = pcall(function()
-    if bare then
+    if mode == 'bare' then
       return body()
     end
     local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local now = t[1] * 1000 + math.floor(t[2] / 1000)
     S.now = now
     local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', name or 'keep')
+    -- (Absent fields are false; wlen and qlen are absent when 0.)
     S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
-    S.wlen, S.wnext, S.qlen = tonumber(r[3]) or 0, tonumber(r[4]), tonumber(r[5]) or 0
+    S.wlen, S.qlen = r[3] and tonumber(r[3]) or 0, r[5] and tonumber(r[5]) or 0
+    S.wnext = r[4] and tonumber(r[4])
     if name then
       S[name] = r[6]
     end
-    local count = call(COUNT, 'GET', COUNT)
-    if count and not string.match(count, '^-?%d+$') then
-      error({ key = COUNT, integer = true })
+    if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
+      read_count()
+    else
+      S.unread = true
     end
-    S.count = tonumber(count)
 
     if S.keep == 0 then
       -- No bookkeeping: check every other key once (rare, so the cost does not matter), so
@@ -236,7 +263,8 @@ local function run(body, name, bare)
     local expected = ({
       [COUNT] = 'string', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
     })[key]
-    if result.integer then
+    if result.integer or (key == COUNT and actual == 'string') then
+      -- Text, or a number past what a count may be.
       expected = 'integer'
     end
     if actual == expected then
@@ -273,7 +301,7 @@ local function run(body, name, bare)
   end
   local args, gone = {}, {}
   for field, value in pairs(dirty) do
-    if value then
+    if value and value ~= 0 then
       args[#args + 1] = field
       args[#args + 1] = value
     else
