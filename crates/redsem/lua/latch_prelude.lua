@@ -77,6 +77,9 @@ local function run(body)
     end
     return result.cause
   end
+  if type(result) == 'table' then
+    return result -- an error reply of redis.call
+  end
   return redis.error_reply(tostring(result))
 end
 

@@ -31,7 +31,7 @@ return run(function()
     -- Nothing changes, so the id is not remembered either.
     redis.call('ZREM', APPLIED, name)
     if S.fresh_applied then
-      S.fresh_applied = false
+      S.fresh_applied, S.need = false, 0
       set('prune', false)
     end
     return { 'RANGE', count }

@@ -19,12 +19,14 @@
 --                     least REMEMBER_MS, so that a call repeated with the same id is applied
 --                     once
 --
--- Cost: every redis.call costs about a microsecond, and so does every few helpers Lua builds
--- on each call, so there are few of both. A script reads the fields of records once (HMGET),
--- changes them in Lua (set), and writes them back with one HSET/HDEL, the count with one
--- INCRBY, at the end. Key types are checked for free: every command on a key goes through
--- call(), and a failing first access of a key (a foreign type) aborts the script before
--- that key is written; run() then saves what was settled so far and answers WRONGTYPE.
+-- Cost: every redis.call costs about a microsecond, more than most commands themselves, and
+-- Lua builds every helper below again on each call, so there are few of both. A script
+-- reads the fields of records once (HMGET), changes them in Lua (set), and writes them back
+-- with one HSET/HDEL, and the count with one INCRBY, at the end. The bookkeeping keys'
+-- lives are extended about twice a minute, not on every call. Key types are checked for
+-- free: every command on a key goes through call(), and a failing first access of a key (a
+-- foreign type) aborts the script before that key is written; run() then saves what was
+-- settled so far and answers WRONGTYPE.
 local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
 -- How long an applied id is remembered at least (a retry comes within seconds).
@@ -135,7 +137,7 @@ end
 -- that it was withdrawn.
 local function check_in(id, lease)
   local name = 'r:' .. id
-  local st, k = parse(S[name])
+  local st = parse(S[name])
   if st == 'g' then
     remember(name)
     set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
@@ -221,7 +223,8 @@ local function run(body, name, mode)
     end
 
     if S.wlen > 0 and now >= (S.wnext or 0) then
-      local ids = call(WAITERS, 'ZRANGEBYSCORE', WAITERS, '-inf', now)
+      local batch = 1000
+      local ids = call(WAITERS, 'ZRANGEBYSCORE', WAITERS, '-inf', now, 'LIMIT', 0, batch)
       if #ids > 0 then
         redis.call('ZREMRANGEBYRANK', WAITERS, 0, #ids - 1)
         local names, queued = {}, {}
@@ -244,6 +247,9 @@ local function run(body, name, mode)
         set('wlen', math.max(S.wlen - #ids, 0))
       end
       local first = S.wlen > 0 and redis.call('ZRANGE', WAITERS, 0, 0, 'WITHSCORES')[2]
+      if #ids == batch then
+        first = now -- more are due
+      end
       set('wnext', first and tonumber(first) or false)
       if not first then
         set('wlen', 0)
@@ -255,8 +261,10 @@ local function run(body, name, mode)
 
   local reply = result
   if not ok then
-    if type(result) ~= 'table' or not result.key then
+    if type(result) ~= 'table' then
       return redis.error_reply(tostring(result))
+    elseif not result.key then
+      return result -- an error reply of redis.call
     end
     local key = result.key
     local actual = redis.call('TYPE', key)['ok']
@@ -308,15 +316,16 @@ local function run(body, name, mode)
       gone[#gone + 1] = field
     end
   end
-  if #args > 0 then
-    redis.call('HSET', RECORDS, unpack(args))
-    if dirty.keep then
-      -- After the HSET: records may have been created just now.
-      redis.call('PEXPIREAT', RECORDS, S.keep)
-    end
+  -- (In slices: unpack has a limit.)
+  for i = 1, #args, 1000 do
+    redis.call('HSET', RECORDS, unpack(args, i, math.min(i + 999, #args)))
   end
-  if #gone > 0 then
-    redis.call('HDEL', RECORDS, unpack(gone))
+  if dirty.keep then
+    -- After the HSET: records may have been created just now.
+    redis.call('PEXPIREAT', RECORDS, S.keep)
+  end
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', RECORDS, unpack(gone, i, math.min(i + 999, #gone)))
   end
   return reply
 end
