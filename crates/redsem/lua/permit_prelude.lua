@@ -11,8 +11,7 @@
 --                     collected), "c|k" collected, "x" withdrawn (k permits); and the fields
 --                     read with them: keep (ms until which every key but the count is kept),
 --                     prune (when to forget remembered ids next), wlen (size of waiters),
---                     wnext (no waiter lease ends before it), qlen (size of queue); wlen
---                     and qlen are absent when 0
+--                     wnext (no waiter lease ends before it), qlen (size of queue)
 --   5 meta     HASH   seq (ticket counter)
 --   6 applied  ZSET   r:<id> of requests settled ("c", "x") and m:<id> of mutations applied
 --                     (add, release, try_set) -> forget-at, ms of Redis time: remembered at
@@ -179,9 +178,10 @@ local function run(body, name, mode)
     local now = t[1] * 1000 + math.floor(t[2] / 1000)
     S.now = now
     local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', name or 'keep')
-    -- (Absent fields are false; wlen and qlen are absent when 0.)
+    -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
     S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
-    S.wlen, S.qlen = r[3] and tonumber(r[3]) or 0, r[5] and tonumber(r[5]) or 0
+    S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
+    S.qlen = r[5] and r[5] ~= '0' and tonumber(r[5]) or 0
     S.wnext = r[4] and tonumber(r[4])
     if name then
       S[name] = r[6]
@@ -309,7 +309,7 @@ local function run(body, name, mode)
   end
   local args, gone = {}, {}
   for field, value in pairs(dirty) do
-    if value and value ~= 0 then
+    if value then
       args[#args + 1] = field
       args[#args + 1] = value
     else
