@@ -107,6 +107,10 @@ local function run(body)
     end
     return result.cause
   end
+  if type(result) == 'table' and result.err then
+    -- An error reply from a plain redis.call: pass it on as it is.
+    return result
+  end
   return redis.error_reply(tostring(result))
 end
 
