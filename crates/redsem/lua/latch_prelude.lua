@@ -21,21 +21,13 @@ local DONE_MS = 3600000
 -- Ids past their time are dropped on about one call in PRUNE_ONE_IN (by the time's low bits).
 local PRUNE_ONE_IN = 16
 
-local EXPECTED = { [COUNT] = 'string', [DONE] = 'string', [APPLIED] = 'zset' }
-
-local function call(key, ...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    error({ key = key, cause = r })
-  end
-  return r
-end
+local EXPECTED = { [COUNT] = 'integer', [DONE] = 'string', [APPLIED] = 'zset' }
 
 -- The count; nil if absent. A value that is not a count is foreign.
 local function read_count()
   local count = call(COUNT, 'GET', COUNT)
   if count and not string.match(count, '^%d+$') then
-    error({ key = COUNT, integer = true })
+    error({ key = COUNT })
   end
   return tonumber(count)
 end
@@ -65,22 +57,7 @@ local function run(body)
   if ok then
     return result
   end
-  if type(result) == 'table' and result.key then
-    local key = result.key
-    local actual = redis.call('TYPE', key)['ok']
-    local expected = EXPECTED[key]
-    if result.integer then
-      expected = 'integer'
-    end
-    if actual ~= expected then
-      return { 'WRONGTYPE', key, actual, expected }
-    end
-    return result.cause
-  end
-  if type(result) == 'table' then
-    return result -- an error reply of redis.call
-  end
-  return redis.error_reply(tostring(result))
+  return (caught(result, EXPECTED))
 end
 
 ---------------------------------------------------------------------------------------

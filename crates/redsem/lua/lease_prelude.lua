@@ -24,15 +24,7 @@ local KEEP_IDLE_MS = 3600000
 -- Extend the keys' lives only when a lease ends closer than this to `keep`.
 local KEEP_MARGIN_MS = 60000
 
-local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string', [TOKEN] = 'string' }
-
-local function call(key, ...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    error({ key = key, cause = r })
-  end
-  return r
-end
+local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string', [TOKEN] = 'integer' }
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -86,32 +78,18 @@ local function save()
   dirty, removed = {}, {}
 end
 
--- Run a script body; a foreign value at one of our keys becomes a WRONGTYPE reply.
+-- Run a script body; a foreign value at one of our keys becomes a WRONGTYPE reply, after
+-- saving what was settled before it was found.
 local function run(body)
   local ok, result = pcall(body)
   if ok then
     return result
   end
-  if type(result) == 'table' and result.key then
-    local key = result.key
-    local actual = redis.call('TYPE', key)['ok']
-    local expected = EXPECTED[key]
-    if result.foreign then
-      expected = 'slot bitmap of a semaphore with state'
-    elseif actual == expected and key == TOKEN then
-      actual, expected = 'string', 'integer'
-    end
-    if actual ~= expected or key == TOKEN or result.foreign then
-      save()
-      return { 'WRONGTYPE', key, actual, expected }
-    end
-    return result.cause
+  local reply, foreign = caught(result, EXPECTED)
+  if foreign then
+    save()
   end
-  if type(result) == 'table' and result.err then
-    -- An error reply from a plain redis.call: pass it on as it is.
-    return result
-  end
-  return redis.error_reply(tostring(result))
+  return reply
 end
 
 -- Read the state fields (and the record of `id`, if given).
@@ -132,7 +110,7 @@ local function load(id)
       error({ key = TOKEN })
     end
     if redis.call('EXISTS', SLOTS) == 1 then
-      error({ key = SLOTS, foreign = true })
+      error({ key = SLOTS, expected = 'slot bitmap of a semaphore with state' })
     end
   end
 end

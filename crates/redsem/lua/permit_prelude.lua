@@ -41,13 +41,6 @@ local MAX_ABS = 9007199254740991
 -- dirty: the fields of records to write back (a value, or false to delete).
 local S, dirty = { taken = 0, need = 0 }, {}
 
-local function call(key, ...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    error({ key = key, cause = r })
-  end
-  return r
-end
 
 local function set(name, value)
   S[name] = value
@@ -90,7 +83,7 @@ end
 local function read_count()
   local count = call(COUNT, 'GET', COUNT)
   if count and not string.match(count, '^-?%d+$') then
-    error({ key = COUNT, integer = true })
+    error({ key = COUNT })
   end
   S.count, S.unread = tonumber(count), false
   return S.count
@@ -261,24 +254,13 @@ local function run(body, name, mode)
 
   local reply = result
   if not ok then
-    if type(result) ~= 'table' then
-      return redis.error_reply(tostring(result))
-    elseif not result.key then
-      return result -- an error reply of redis.call
+    local foreign
+    reply, foreign = caught(result, {
+      [COUNT] = 'integer', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
+    })
+    if not foreign then
+      return reply
     end
-    local key = result.key
-    local actual = redis.call('TYPE', key)['ok']
-    local expected = ({
-      [COUNT] = 'string', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
-    })[key]
-    if result.integer or (key == COUNT and actual == 'string') then
-      -- Text, or a number past what a count may be.
-      expected = 'integer'
-    end
-    if actual == expected then
-      return result.cause
-    end
-    reply = { 'WRONGTYPE', key, actual, expected }
   end
 
   if S.taken ~= 0 or S.create_count then

@@ -16,6 +16,7 @@ macro_rules! permit_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
+                include_str!("../../lua/common.lua"),
                 include_str!("../../lua/permit_prelude.lua"),
                 include_str!(concat!("../../lua/", $file))
             ))
@@ -27,6 +28,7 @@ macro_rules! latch_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
+                include_str!("../../lua/common.lua"),
                 include_str!("../../lua/latch_prelude.lua"),
                 include_str!(concat!("../../lua/", $file))
             ))
@@ -365,19 +367,9 @@ mod tests {
     use super::*;
     use crate::error::Error;
 
-    const LIMIT: Duration = Duration::from_secs(10);
-    const CHANNEL: &str = "t:wake:test";
-    const LONG: Duration = Duration::from_secs(30);
+    use crate::script::tests::{CHANNEL, LIMIT, connect};
 
-    async fn connect(server: &RedisServer) -> MultiplexedConnection {
-        within(
-            LIMIT,
-            "connect",
-            server.client().get_multiplexed_async_connection(),
-        )
-        .await
-        .expect("connect")
-    }
+    const LONG: Duration = Duration::from_secs(30);
 
     async fn subscribe(server: &RedisServer, channel: &str) -> redis::aio::PubSub {
         let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
@@ -433,35 +425,6 @@ mod tests {
             .await
             .expect("available")
             .available
-    }
-
-    #[tokio::test]
-    async fn server_computes_the_same_sha_for_every_counter_script() {
-        let server = RedisServer::start();
-        let mut conn = connect(&server).await;
-        for script in [
-            &PERMIT_ACQUIRE,
-            &PERMIT_POLL,
-            &PERMIT_WITHDRAW,
-            &PERMIT_ADD,
-            &PERMIT_TRY_SET,
-            &PERMIT_AVAILABLE,
-            &PERMIT_DRAIN,
-            &PERMIT_DELETE,
-            &LATCH_TRY_SET,
-            &LATCH_COUNT_DOWN,
-            &LATCH_STATE,
-            &LATCH_DELETE,
-        ] {
-            let sha = within(
-                LIMIT,
-                "SCRIPT LOAD",
-                script.prepare_invoke().load_async(&mut conn),
-            )
-            .await
-            .expect("script compiles on the server");
-            assert_eq!(sha, script.get_hash());
-        }
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ macro_rules! lease_script {
     ($file:literal) => {
         LazyLock::new(|| {
             Script::new(concat!(
+                include_str!("../../lua/common.lua"),
                 include_str!("../../lua/lease_prelude.lua"),
                 include_str!(concat!("../../lua/", $file))
             ))

@@ -9,10 +9,10 @@ use redsem_test::{RedisCluster, RedisServer, within};
 
 use super::*;
 
-const LIMIT: Duration = Duration::from_secs(10);
-const CHANNEL: &str = "t:wake:test";
+pub(super) const LIMIT: Duration = Duration::from_secs(10);
+pub(super) const CHANNEL: &str = "t:wake:test";
 
-async fn connect(server: &RedisServer) -> MultiplexedConnection {
+pub(super) async fn connect(server: &RedisServer) -> MultiplexedConnection {
     within(
         LIMIT,
         "connect",
@@ -57,6 +57,18 @@ async fn server_computes_the_same_sha_for_every_script() {
         &LEASE_RELEASE,
         &LEASE_STATUS,
         &LEASE_SET_CAPACITY,
+        &PERMIT_ACQUIRE,
+        &PERMIT_POLL,
+        &PERMIT_WITHDRAW,
+        &PERMIT_ADD,
+        &PERMIT_TRY_SET,
+        &PERMIT_AVAILABLE,
+        &PERMIT_DRAIN,
+        &PERMIT_DELETE,
+        &LATCH_TRY_SET,
+        &LATCH_COUNT_DOWN,
+        &LATCH_STATE,
+        &LATCH_DELETE,
     ] {
         let sha = within(
             LIMIT,
