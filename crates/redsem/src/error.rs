@@ -103,6 +103,26 @@ pub enum Error {
         /// The type redsem keeps there.
         expected: String,
     },
+    /// The primitive's state vanished from Redis while a call relied on it: a restart without
+    /// persistence, a failover to a replica that had not received it, a `FLUSHALL`, or
+    /// eviction. Nothing was granted or opened because of it.
+    #[error("the state of {name:?} was lost by the Redis server ({detail})")]
+    StateLost {
+        /// Name of the primitive.
+        name: String,
+        /// What was found missing.
+        detail: String,
+    },
+    /// The server (or the user redsem logs in as) is set up so that redsem's guarantees would
+    /// not hold: an eviction policy that may drop live state, or missing ACL rights on redsem's
+    /// keys, channels or commands. Found when connecting; see `RedsemOptions`.
+    #[error("redis server not suitable for redsem: {setting}: {problem}")]
+    Unsuitable {
+        /// The setting or right concerned, e.g. `maxmemory-policy` or `ACL channels`.
+        setting: String,
+        /// What is wrong and what to change.
+        problem: String,
+    },
     /// A script answered in a shape redsem does not understand (a bug or a foreign script).
     #[error("unexpected reply from {script}: {detail}")]
     Protocol {

@@ -18,3 +18,10 @@ mod permits;
 
 /// Countdown latch: every waiter wakes, timeouts, lost messages, state, retried count-downs.
 mod latch;
+
+/// Faults of the lease semaphore: data loss (restart, flush, failover), resent commands,
+/// eviction, huge inputs, stale wake-ups, ACL limits.
+mod lease_faults;
+
+/// Faults of the permit semaphore and the latch: data loss, resent commands, eviction.
+mod counter_faults;

@@ -1,0 +1,2 @@
+//! Faults of the permit semaphore and the countdown latch, each reproduced on throwaway
+//! servers (see `redsem-test`).

@@ -1,0 +1,1 @@
+//! Faults of the lease semaphore, each reproduced on throwaway servers (see `redsem-test`).
