@@ -26,6 +26,7 @@
 
 mod cluster;
 mod port;
+mod proxy;
 mod server;
 mod tls;
 
@@ -33,6 +34,7 @@ use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 pub use cluster::RedisCluster;
+pub use proxy::FaultProxy;
 pub use server::RedisServer;
 pub use tls::TlsRedisServer;
 
