@@ -16,6 +16,16 @@ const START_ATTEMPTS: usize = 5;
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many lines of the log go into a panic message.
 const LOG_TAIL_LINES: usize = 40;
+/// How long a replica may take to sync, catch up, or become a primary.
+const REPLICATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`RedisServer::fill_until_evicting`] may write before it gives up.
+const FILL_TIMEOUT: Duration = Duration::from_secs(20);
+/// Size of each filler value written by [`RedisServer::fill_until_evicting`].
+const FILLER_BYTES: usize = 4096;
+/// How many filler keys go into one pipeline.
+const FILLER_BATCH: usize = 32;
+/// The TTL of filler keys written with `ttl: true`.
+const FILLER_TTL_MS: u64 = 3_600_000;
 
 /// A `redis-server` process on a free port of 127.0.0.1, with its own temporary directory.
 ///
@@ -50,6 +60,256 @@ impl RedisServer {
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
         let extra_args = extra_args.iter().map(OsString::from).collect();
         RedisServer::launch(extra_args, false)
+    }
+
+    /// Start a throwaway replica of `primary` (`--replicaof 127.0.0.1 <primary port>`), and wait
+    /// until its link to the primary is up and the initial sync is complete.
+    ///
+    /// The replica is read-only; [`promote`](Self::promote) makes it a primary. It stays a replica
+    /// across [`restart`](Self::restart) (and syncs again from scratch). The primary's
+    /// `repl-diskless-sync-delay` is set to 0, so the sync starts at once instead of after 5 s.
+    ///
+    /// # Panics
+    ///
+    /// If the server does not start, or the sync is not complete within 10 s; the message
+    /// carries the log tail of both servers.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        // Diskless sync waits 5 s by default for more replicas to come: start it at once.
+        let () = primary
+            .query(
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("repl-diskless-sync-delay")
+                    .arg(0),
+            )
+            .unwrap_or_else(|e| primary.fail(&format!("CONFIG SET on the primary failed: {e}")));
+        let port = primary.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        replica.wait_replication_state(primary, "the initial sync from the primary", |info| {
+            field(info, "role") == Some("slave")
+                && field(info, "master_link_status") == Some("up")
+                && field(info, "master_sync_in_progress") == Some("0")
+        });
+        replica
+    }
+
+    /// Wait until this replica has applied everything `primary` had written when the call began:
+    /// its `slave_repl_offset` reaches the primary's `master_repl_offset`.
+    ///
+    /// Call it after the writes that the replica must have before a failover.
+    ///
+    /// # Panics
+    ///
+    /// If this server is not a replica of `primary`, or has not caught up within 10 s; the
+    /// message carries the log tail of both servers.
+    pub fn wait_replicated_from(&self, primary: &RedisServer) {
+        let info = primary.info("replication");
+        let target: u64 = field(&info, "master_repl_offset")
+            .and_then(|offset| offset.parse().ok())
+            .unwrap_or_else(|| {
+                primary.fail(&format!(
+                    "no master_repl_offset in the primary's INFO replication:\n{info}"
+                ))
+            });
+        let mine = self.info("replication");
+        if field(&mine, "master_port") != Some(primary.port().to_string().as_str()) {
+            self.fail(&format!(
+                "the server on port {} is not a replica of the one on port {}:\n{mine}",
+                self.port,
+                primary.port()
+            ));
+        }
+        self.wait_replication_state(
+            primary,
+            &format!("catching up with the primary's offset {target}"),
+            |info| {
+                field(info, "master_link_status") == Some("up")
+                    && field(info, "slave_repl_offset")
+                        .and_then(|offset| offset.parse::<u64>().ok())
+                        .is_some_and(|offset| offset >= target)
+            },
+        );
+    }
+
+    /// Make this replica a primary: `REPLICAOF NO ONE`, then wait until it reports `role:master`.
+    ///
+    /// A promoted replica has exactly what it had applied. Two ways to have it miss the last
+    /// writes of the primary, both deterministic (see `tests/replication.rs`):
+    ///
+    /// * **Hold the stream back**: `CLIENT PAUSE <ms> WRITE` on the replica postpones the
+    ///   commands it receives from its primary; promoted during the pause, it drops them (Redis
+    ///   7.0: the postponed commands of the old master link are discarded with it).
+    /// * **Split brain**: promote first, then write to the old primary, which goes on accepting
+    ///   writes from the clients still connected to it.
+    ///
+    /// ```no_run
+    /// use redis::Commands;
+    /// use redsem_test::RedisServer;
+    ///
+    /// let mut primary = RedisServer::start();
+    /// let replica = RedisServer::start_replica_of(&primary);
+    /// let () = primary.connection().set("k", 1).unwrap();
+    /// replica.wait_replicated_from(&primary); // the replica has k = 1
+    /// let () = redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("WRITE")
+    ///     .query(&mut replica.connection()).unwrap();
+    /// // "The last write": acknowledged by the primary, held back on the replica.
+    /// let () = primary.connection().set("k", 2).unwrap();
+    /// replica.promote();
+    /// primary.stop(); // the old primary dies; clients move to `replica`, where k = 1
+    /// let () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut replica.connection()).unwrap();
+    /// ```
+    ///
+    /// A `DEBUG SLEEP` on the replica is racy instead: when it wakes, whether it first applies
+    /// the stream it buffered or runs `REPLICAOF NO ONE` depends on the order in which its event
+    /// loop serves the two connections.
+    ///
+    /// # Panics
+    ///
+    /// If `REPLICAOF NO ONE` fails or the role does not change within 10 s.
+    pub fn promote(&self) {
+        let () = self
+            .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
+            .unwrap_or_else(|e| self.fail(&format!("REPLICAOF NO ONE failed: {e}")));
+        let deadline = Instant::now() + REPLICATION_TIMEOUT;
+        loop {
+            let info = self.info("replication");
+            if field(&info, "role") == Some("master") {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "still not a primary {REPLICATION_TIMEOUT:?} after REPLICAOF NO ONE:\n{info}"
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Delete every key of every database (`FLUSHALL SYNC`).
+    ///
+    /// # Panics
+    ///
+    /// If the command fails (on a replica, for one: it is read-only).
+    pub fn flushall(&self) {
+        let () = self
+            .query(redis::cmd("FLUSHALL").arg("SYNC"))
+            .unwrap_or_else(|e| self.fail(&format!("FLUSHALL SYNC failed: {e}")));
+    }
+
+    /// Start a throwaway server that evicts keys: `--maxmemory <maxmemory>` (e.g. `"2mb"`) and
+    /// `--maxmemory-policy <policy>` (e.g. `"volatile-lru"`, `"allkeys-lru"`, `"noeviction"`).
+    ///
+    /// A fresh server uses about 1 MB, so a `maxmemory` of a few MB makes
+    /// [`fill_until_evicting`](Self::fill_until_evicting) quick.
+    ///
+    /// # Panics
+    ///
+    /// If the server does not start (an unknown policy, a malformed size: the message says so).
+    pub fn start_with_eviction(policy: &str, maxmemory: &str) -> RedisServer {
+        RedisServer::start_with(&["--maxmemory", maxmemory, "--maxmemory-policy", policy])
+    }
+
+    /// Write filler keys (`redsem-test:filler:<n>`, 4 KiB each, with a one-hour TTL if `ttl`)
+    /// until the server evicts at least one key, and return `evicted_keys` of `INFO stats` then.
+    ///
+    /// With a `volatile-*` policy only keys with a TTL are candidates: fill with `ttl: true` to
+    /// make room by evicting the filler (and any other key with a TTL), while keys without a TTL
+    /// stay; with `ttl: false` the server runs out of candidates and refuses writes instead.
+    ///
+    /// # Panics
+    ///
+    /// If a write is refused (`OOM`: the policy has nothing it may evict) or nothing was evicted
+    /// after 20 s of writing (no `maxmemory`, or a huge one).
+    pub fn fill_until_evicting(&self, ttl: bool) -> u64 {
+        let before = self.evicted_keys();
+        let mut con = self.connection();
+        let _ = con.set_read_timeout(Some(IO_TIMEOUT));
+        let value = vec![b'x'; FILLER_BYTES];
+        let deadline = Instant::now() + FILL_TIMEOUT;
+        let mut written = 0usize;
+        loop {
+            let mut pipe = redis::pipe();
+            for n in written..written + FILLER_BATCH {
+                let set = pipe
+                    .cmd("SET")
+                    .arg(format!("redsem-test:filler:{n}"))
+                    .arg(&value);
+                if ttl {
+                    set.arg("PX").arg(FILLER_TTL_MS);
+                }
+                set.ignore();
+            }
+            if let Err(e) = pipe.query::<()>(&mut con) {
+                self.fail(&format!(
+                    "a filler write failed after {written} keys (ttl: {ttl}): {e}; \
+                     an OOM error means the eviction policy has no key it may evict"
+                ));
+            }
+            written += FILLER_BATCH;
+            let evicted = self.evicted_keys();
+            if evicted > before {
+                return evicted;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "nothing was evicted after {written} filler keys in {FILL_TIMEOUT:?}; \
+                     INFO memory:\n{}",
+                    self.info("memory")
+                ));
+            }
+        }
+    }
+
+    /// `evicted_keys` of `INFO stats`: how many keys the server has evicted since it started.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be reached or reports no such field.
+    pub fn evicted_keys(&self) -> u64 {
+        let info = self.info("stats");
+        field(&info, "evicted_keys")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| self.fail(&format!("no evicted_keys in INFO stats:\n{info}")))
+    }
+
+    /// The text of `INFO <section>`.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be reached.
+    pub fn info(&self, section: &str) -> String {
+        self.query(redis::cmd("INFO").arg(section))
+            .unwrap_or_else(|e| self.fail(&format!("INFO {section} failed: {e}")))
+    }
+
+    /// Poll this server's `INFO replication` until `done` accepts it.
+    fn wait_replication_state(
+        &self,
+        primary: &RedisServer,
+        what: &str,
+        done: impl Fn(&str) -> bool,
+    ) {
+        let deadline = Instant::now() + REPLICATION_TIMEOUT;
+        loop {
+            let info: redis::RedisResult<String> =
+                self.query(redis::cmd("INFO").arg("replication"));
+            let last = match info {
+                Ok(info) if done(&info) => return,
+                Ok(info) => info,
+                Err(e) => format!("INFO replication failed: {e}"),
+            };
+            if Instant::now() >= deadline {
+                panic!(
+                    "replica on port {}: {what} did not complete within {REPLICATION_TIMEOUT:?}\n\
+                     replica INFO replication:\n{last}\n{}\nprimary on port {}:\n{}",
+                    self.port,
+                    self.log_tail(),
+                    primary.port(),
+                    primary.log_tail()
+                );
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// Start one node of a cluster: cluster mode on, and its bus port (`port + 10000`) free.
@@ -323,6 +583,14 @@ pub(crate) fn spawn_failed(bin: &OsString, var: &str, error: &io::Error) -> ! {
     panic!("cannot run {bin:?} (set by ${var}): {error}");
 }
 
+/// The value of `name` in the `name:value` lines of an `INFO` reply.
+fn field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        let (key, value) = line.trim_end().split_once(':')?;
+        (key == name).then_some(value)
+    })
+}
+
 fn last_lines(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
@@ -357,6 +625,15 @@ fn die_with_parent(_cmd: &mut Command) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_reads_info_lines() {
+        let info = "# Replication\r\nrole:slave\r\nmaster_port:6380\r\nslave_repl_offset:42\r\n";
+        assert_eq!(field(info, "role"), Some("slave"));
+        assert_eq!(field(info, "slave_repl_offset"), Some("42"));
+        assert_eq!(field(info, "master_repl_offset"), None);
+        assert_eq!(field(info, "# Replication"), None);
+    }
 
     #[test]
     fn last_lines_keeps_the_tail() {
