@@ -1,4 +1,5 @@
--- lease_acquire: grant K units to a new request now, or (mode "wait") queue it.
+-- lease_acquire: grant K units to a new request now, or (mode "wait") queue it. A request id
+-- seen before (the same request, resent after a lost reply) is answered as by lease_poll.
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] request id   ARGV[2] capacity   ARGV[3] units k   ARGV[4] lease ms
 -- ARGV[5] label ("" for none)   ARGV[6] "1" = one live request per label
@@ -6,61 +7,70 @@
 -- Returns: {"GRANTED", token, {slots}}
 --        | {"QUEUED", position, recheck ms}          (mode "wait" only)
 --        | {"BUSY", units in use, waiters}           (mode "try": no room, or others wait)
+--        | {"GONE"}                                  (this id was released or withdrawn)
 --        | {"CONFLICT", capacity in force}           (a different capacity while in use)
 --        | {"LABEL", label}                          (the label already holds or awaits one)
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
+--        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local id, cap, k, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local label, exclusive, mode = ARGV[5], ARGV[6] == '1', ARGV[7]
   local waiter_lease, channel = tonumber(ARGV[8]), ARGV[9]
-  load()
-  local now = now_ms()
-
-  if S.cap then
-    settle(now)
+  if k > MAX_UNITS then
+    return { 'TOOMANY', MAX_UNITS }
   end
+  load(id)
+  if S.cap then
+    settle()
+  end
+
+  local mine = record(id)
+  if mine and mine.x then
+    return { 'GONE' }
+  elseif mine then
+    -- Resent: answer as the first attempt did, renewing what it got.
+    call(LEASES, 'ZADD', LEASES, S.now + (mine.h and lease or waiter_lease), id)
+    if mine.h then
+      return { 'GRANTED', mine.t, mine.s }
+    end
+    return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
+  end
+
   if S.cap ~= cap then
     if S.cap and (S.used > 0 or S.qlen > 0) then
-      local current = S.cap
-      save()
-      return { 'CONFLICT', current }
+      return { 'CONFLICT', S.cap }
     end
     set_cap(cap)
   end
   if k > cap then
-    save()
     return { 'TOOBIG', cap }
   end
   if exclusive and label ~= '' and (tonumber(field('label:' .. label)) or 0) > 0 then
-    save()
     return { 'LABEL', label }
   end
 
-  if S.qlen == 0 and S.used + k <= cap then
-    local token, slots = grant(id, k, label, now + lease, now)
+  local function fits()
+    return S.qlen == 0 and S.used + k <= cap
+  end
+  if not fits() and check() then
+    promote()
+  end
+  if fits() then
+    local token, slots = grant(id, k, label, lease, S.now + lease)
     label_add(label, 1)
-    keep_alive(now + lease)
-    save()
     return { 'GRANTED', token, slots }
   end
   if mode ~= 'wait' then
-    local used, waiting = S.used, S.qlen
-    save()
-    return { 'BUSY', used, waiting }
+    return { 'BUSY', S.used, S.qlen }
   end
 
   local position = S.qlen
   call(QUEUE, 'ZADD', QUEUE, S.seq + 1, id)
-  if position == 0 then
-    created(QUEUE)
-  end
-  add_lease(id, now + waiter_lease)
+  call(LEASES, 'ZADD', LEASES, S.now + waiter_lease, id)
   put('seq', S.seq + 1)
   put('qlen', position + 1)
-  put('r:' .. id, waiter_record(k, now, channel, label))
+  put('r:' .. id, waiter_record(k, S.now, lease, waiter_lease, channel, label))
   label_add(label, 1)
-  keep_alive(now + waiter_lease)
-  save()
-  return { 'QUEUED', position, recheck_ms(now, id, waiter_lease) }
+  return { 'QUEUED', position, recheck_ms(id, waiter_lease) }
 end)

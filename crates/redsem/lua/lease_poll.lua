@@ -1,10 +1,11 @@
 -- lease_poll: a queued request checks in. Renews its place in the queue, or, if it was
--- granted while it waited, starts its lease now and collects the grant.
+-- granted while it waited, renews the grant's lease from now and collects the grant.
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] request id   ARGV[2] lease ms   ARGV[3] waiter lease ms
 -- Returns: {"GRANTED", token, {slots}}
 --        | {"QUEUED", position, recheck ms}
---        | {"GONE"}            (neither queued nor granted: evicted, or dropped by a capacity change)
+--        | {"GONE"}   (neither queued nor granted: its lease ran out, it was withdrawn, the
+--                      capacity shrank below it, or the state was lost)
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local id, lease, waiter_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -12,20 +13,25 @@ return run(function()
   if not S.cap then
     return { 'GONE' }
   end
-  local now = now_ms()
-  settle(now)
+  settle()
 
   local r = record(id)
-  if not r then
-    save()
+  if not r or r.x then
     return { 'GONE' }
   end
-  local ends = now + (r.h and lease or waiter_lease)
-  redis.call('ZADD', LEASES, ends, id)
-  keep_alive(ends)
-  save()
+  local rank
+  if not r.h then
+    rank = redis.call('ZRANK', QUEUE, id)
+    if not rank then
+      repair() -- a waiter record without its place in the queue
+      return { 'GONE' }
+    end
+  end
+  if call(LEASES, 'ZADD', LEASES, S.now + (r.h and lease or waiter_lease), id) == 1 then
+    check() -- its lease entry was missing
+  end
   if r.h then
     return { 'GRANTED', r.t, r.s }
   end
-  return { 'QUEUED', redis.call('ZRANK', QUEUE, id), recheck_ms(now, id, waiter_lease) }
+  return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
 end)

@@ -1,40 +1,63 @@
+---------------------------------------------------------------------------------------
 -- lease_prelude: shared by every lease_*.lua script; joined in front of each one at
 -- compile time, so every script sees the same KEYS layout and helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
---   1 leases  ZSET    id -> lease end (ms of Redis time) of every holder and every waiter
+--   1 leases  ZSET    id -> ms of Redis time: the lease end of every holder and waiter, and
+--                     the forget-at of every tombstone (a request released or withdrawn)
 --   2 queue   ZSET    waiter id -> ticket (arrival order)
---   3 state   HASH    cap, used (units held), qlen (waiters), seq (ticket counter),
---                     keep (ms until which every key here is kept alive),
---                     label:<label> (holders + waiters with that label),
---                     r:<id> record: holder "h|token|units|granted at|slot,slot|label"
---                                    waiter "w|units|since|len(channel)|channel label"
---   4 slots   STRING  bitmap: bit n set = slot n held
---   5 token   STRING  fencing-token counter; the only key that never expires
+--   3 state   HASH    cap, used (units held), nh (holders), qlen (waiters), nt (tombstones),
+--                     seq (ticket counter), tok (last fencing token), idle (ms when the idle
+--                     keys expire; 0 while anyone holds or waits), label:<label> (holders +
+--                     waiters with that label), r:<id> records:
+--                       holder    "h|token|units|granted at|lease|slot,slot|label"
+--                       waiter    "w|units|since|lease|waiter lease|len(channel)|channel label"
+--                       tombstone "x|R" released, "x|D" withdrawn
+--   4 slots   STRING  bitmap: bit n set = slot n held; deleted when no unit is held
 --
--- Cost: every redis.call costs about a microsecond, so a script reads the state fields once
--- (HMGET), changes them in Lua, and writes them back with one HSET/HDEL (save()). Key types
--- are checked for free: every command on a key goes through call(), and a failing first
--- access of a key (a foreign type) aborts the script before that key is written; run()
--- then saves what was settled so far and answers WRONGTYPE.
-local LEASES, QUEUE, STATE, SLOTS, TOKEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- Failure rules every script keeps:
+--   * Nothing live carries a TTL: while anyone holds or waits, no key has one, so no
+--     `volatile-*` eviction can pick it. Only an idle semaphore's keys expire (KEEP_IDLE_MS).
+--   * Every key is first touched by a read, or by a write that fails before changing it (a
+--     foreign type, a missing ACL right), and the body writes nothing but through call();
+--     run() saves what was settled before such a failure. State fields are written back in
+--     slices (unpack() has a limit) and messages are published last, after everything is
+--     saved, with pcall: a refused PUBLISH (ACL) costs the waiter a timer, not the state.
+--   * The work of one script is bounded by MAX_UNITS, WORK_BUDGET and SETTLE_BATCH, never
+--     by the numbers it is given.
+--   * The counters (used, nh, qlen, nt), labels and the slot bitmap are rebuilt from the
+--     records (repair()) when a cheap check finds them disagreeing.
+--   * Fencing tokens are max(last token + 1, TIME in microseconds): they keep increasing
+--     after the state is lost (restart without persistence, flush, failover, expiry) as long
+--     as the server clock does not go back by more than the outage.
+local LEASES, QUEUE, STATE, SLOTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
--- How long the keys of an idle semaphore outlive its last lease.
+-- How long the keys of an idle semaphore are kept.
 local KEEP_IDLE_MS = 3600000
--- Extend the keys' lives only when a lease ends closer than this to `keep`.
+-- Move the idle deadline only when it comes closer than this.
 local KEEP_MARGIN_MS = 60000
+-- How long a released or withdrawn id is remembered, so a resent request answers as the
+-- first one did (a resend comes within seconds).
+local REMEMBER_MS = 60000
+-- The most units one request may take (the client checks this too).
+local MAX_UNITS = 4096
+-- Units one script may grant to or take from others (promote, settle), beyond its own
+-- request: what is left over is done by the next script on this semaphore.
+local WORK_BUDGET = 4096
+-- Expired entries dropped by one script at most.
+local SETTLE_BATCH = 256
+-- Field/value pairs per HSET (unpack() fails near 8000 values).
+local SLICE = 500
 
-local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string', [TOKEN] = 'integer' }
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
 
 -- Cached state fields, and the ones to write back or delete.
 local S = {}
 local dirty = {}
 local removed = {}
+-- Wake-ups to publish after everything is saved: channel, message, channel, message, ...
+local outbox = {}
+local budget = WORK_BUDGET
 
 local function put(name, value)
   S[name] = value
@@ -55,92 +78,133 @@ local function field(name)
   return S[name]
 end
 
+-- Redis time, read once per script: S.now in ms, S.now_us in microseconds (exact in a
+-- double until the year 2255).
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  S.now, S.now_us = s * 1000 + math.floor(us / 1000), s * 1000000 + us
+  return S.now
+end
+
+-- Integers go out with %d: Lua would print 16 digits as 1.79e+15.
+local function text(value)
+  if type(value) == 'number' then
+    return string.format('%d', value)
+  end
+  return value
+end
+
+-- Write back the changed fields (in slices), give the keys the TTL the state calls for, and
+-- publish the wake-ups. The last thing every script does.
 local function save()
+  if S.cap then
+    local live = S.used > 0 or S.qlen > 0
+    if live and S.idle > 0 then
+      -- Live state carries no TTL. (The slot bitmap and the queue never get one.)
+      redis.call('PERSIST', STATE)
+      redis.call('PERSIST', LEASES)
+      put('idle', 0)
+    elseif not live and S.idle < S.now + KEEP_MARGIN_MS then
+      if S.slots_written then
+        redis.call('DEL', SLOTS) -- no unit held: every bit is clear
+      end
+      put('idle', S.now + KEEP_IDLE_MS)
+      S.expire = true
+    end
+  end
   local args = {}
   for name in pairs(dirty) do
     args[#args + 1] = name
-    args[#args + 1] = S[name]
+    args[#args + 1] = text(S[name])
   end
-  if #args > 0 then
-    redis.call('HSET', STATE, unpack(args))
-    if dirty.keep then
-      -- After the HSET: the state may have been created just now.
-      redis.call('PEXPIREAT', STATE, S.keep)
-    end
+  for i = 1, #args, 2 * SLICE do
+    redis.call('HSET', STATE, unpack(args, i, math.min(i + 2 * SLICE - 1, #args)))
   end
   local gone = {}
   for name in pairs(removed) do
     gone[#gone + 1] = name
   end
-  if #gone > 0 then
-    redis.call('HDEL', STATE, unpack(gone))
+  for i = 1, #gone, SLICE do
+    redis.call('HDEL', STATE, unpack(gone, i, math.min(i + SLICE - 1, #gone)))
   end
-  dirty, removed = {}, {}
+  if S.expire then
+    -- After the HSET: the state may have been created just now.
+    redis.call('PEXPIREAT', STATE, S.idle)
+    redis.call('PEXPIREAT', LEASES, S.idle)
+  end
+  dirty, removed, S.expire = {}, {}, false
+  for i = 1, #outbox, 2 do
+    redis.pcall('PUBLISH', outbox[i], outbox[i + 1])
+  end
+  outbox = {}
 end
 
--- Run a script body; a foreign value at one of our keys becomes a WRONGTYPE reply, after
--- saving what was settled before it was found.
+-- Run a script body and save what it changed. If one of our keys fails its first access (a
+-- foreign value, a missing right), the reply says so, and what was settled before is saved.
 local function run(body)
   local ok, result = pcall(body)
   if ok then
+    save()
     return result
   end
-  local reply, foreign = caught(result, EXPECTED)
-  if foreign then
+  local reply = caught(result, EXPECTED)
+  if S.loaded and type(result) == 'table' and result.key then
     save()
   end
   return reply
 end
 
--- Read the state fields (and the record of `id`, if given).
-local function load(id)
-  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'keep', 'r:' .. (id or ''))
-  S.cap, S.used, S.qlen = tonumber(r[1]), tonumber(r[2]) or 0, tonumber(r[3]) or 0
-  S.seq, S.keep = tonumber(r[4]) or 0, tonumber(r[5]) or 0
-  if id then
-    S['r:' .. id] = r[6]
+local function count(value)
+  if value == false or value == nil then
+    return 0
   end
-  if not S.cap then
-    -- No state: check every key once (rare, so the cost does not matter). Later scripts
-    -- find a foreign value at its first access instead.
-    call(LEASES, 'ZCARD', LEASES)
-    call(QUEUE, 'ZCARD', QUEUE)
-    local token = call(TOKEN, 'GET', TOKEN)
-    if token and not tonumber(token) then
-      error({ key = TOKEN })
-    end
-    if redis.call('EXISTS', SLOTS) == 1 then
-      error({ key = SLOTS, expected = 'slot bitmap of a semaphore with state' })
-    end
+  local n = tonumber(value)
+  if not n or n < 0 or n ~= math.floor(n) then
+    error({ key = STATE, expected = 'hash of a semaphore (a count field is not a count)' })
   end
+  return n
 end
 
--- Store a capacity. A semaphore without state starts with an empty slot bitmap, so the
--- bitmap exists (and expires) together with the state; a string already there is foreign.
+local repair
+
+-- Read the state fields (and the record of `id`, if given), and the time.
+local function load(id)
+  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'r:' .. (id or ''))
+  clock()
+  if r[1] then
+    S.cap = count(r[1])
+  end
+  S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
+  S.tok, S.nh, S.nt = count(r[6]), count(r[7]), count(r[8])
+  if id then
+    S['r:' .. id] = r[9]
+  end
+  if not S.cap then
+    -- No state. Whatever is left in the other keys belongs to a state that was lost
+    -- (evicted, or expired a moment apart): check their types, then clear them.
+    local leftover = call(LEASES, 'ZCARD', LEASES) + call(QUEUE, 'ZCARD', QUEUE)
+    local slots = redis.call('TYPE', SLOTS)['ok']
+    if slots ~= 'none' and slots ~= 'string' then
+      error({ key = SLOTS })
+    end
+    if leftover > 0 or slots == 'string' then
+      redis.call('DEL', LEASES, QUEUE, SLOTS)
+    end
+  elseif not r[7] or (S.used > 0) ~= (S.nh > 0) then
+    repair() -- counters missing (a state from an older version) or disagreeing
+  end
+  S.loaded = true
+end
+
+-- Store a capacity; a new state starts with every counter at 0.
 local function set_cap(cap)
   if not S.cap then
-    redis.call('SET', SLOTS, '\0')
+    for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt' }) do
+      put(name, 0)
+    end
   end
   put('cap', cap)
-end
-
--- Keep every expiring key alive until KEEP_IDLE_MS after `lease_end`.
-local function keep_alive(lease_end)
-  if lease_end + KEEP_MARGIN_MS <= S.keep then
-    return
-  end
-  local keep = lease_end + KEEP_IDLE_MS
-  for _, key in ipairs({ LEASES, QUEUE, SLOTS }) do
-    redis.call('PEXPIREAT', key, keep)
-  end
-  put('keep', keep) -- save() sets the state's own expiry
-end
-
--- A zset that was empty (so absent) gets the keys' common expiry when re-created.
-local function created(key)
-  if S.keep > 0 then
-    redis.call('PEXPIREAT', key, S.keep)
-  end
 end
 
 local function label_add(label, delta)
@@ -155,135 +219,273 @@ local function label_add(label, delta)
   end
 end
 
-local function holder_record(token, k, at, slots, label)
-  return string.format('h|%d|%d|%d|%s|%s', token, k, at, table.concat(slots, ','), label)
+local function holder_record(token, k, at, lease, slots, label)
+  return string.format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, table.concat(slots, ','), label)
 end
 
-local function waiter_record(k, since, channel, label)
-  return string.format('w|%d|%d|%d|%s%s', k, since, #channel, channel, label)
+local function waiter_record(k, since, lease, waiter_lease, channel, label)
+  return string.format('w|%d|%d|%d|%d|%d|%s%s', k, since, lease, waiter_lease, #channel, channel, label)
 end
 
--- The record of `id` as a table: {h = true, t, k, a, s, l} or {k, w, c, l}; nil if none.
-local function record(id)
-  local raw = field('r:' .. id)
+-- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
+-- wl, c, l}, tombstone {x = "R" | "D"}; nil if none or unreadable.
+local function parse(raw)
   if not raw then
     return nil
   end
-  local t, k, a, slots, label = string.match(raw, '^h|(%d+)|(%d+)|(%d+)|([%d,]*)|(.*)$')
-  if t then
+  local kind = string.sub(raw, 1, 1)
+  if kind == 'h' then
+    local t, k, a, lease, slots, label = string.match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,]*)|(.*)$')
+    if not t then
+      return nil
+    end
     local s = {}
     for n in string.gmatch(slots, '%d+') do
       s[#s + 1] = tonumber(n)
     end
-    return { h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), s = s, l = label }
+    return { h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = s, l = label }
+  elseif kind == 'w' then
+    local k, since, lease, wl, clen, rest = string.match(raw, '^w|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+    if not k then
+      return nil
+    end
+    clen = tonumber(clen)
+    return {
+      k = tonumber(k), w = tonumber(since), lease = tonumber(lease), wl = tonumber(wl),
+      c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1),
+    }
+  elseif kind == 'x' then
+    return { x = string.sub(raw, 3) }
   end
-  local wk, since, clen, rest = string.match(raw, '^w|(%d+)|(%d+)|(%d+)|(.*)$')
-  if not wk then
-    return nil
-  end
-  clen = tonumber(clen)
-  return { k = tonumber(wk), w = tonumber(since), c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1) }
+  return nil
 end
 
-local function add_lease(id, expires)
-  local was_empty = S.used == 0 and S.qlen == 0
+local function record(id)
+  return parse(field('r:' .. id))
+end
+
+-- The next fencing token: larger than the last one, and than every token handed out before
+-- the last moment the server clock passed (so a lost state does not send tokens back).
+local function next_token()
+  local token = math.max(S.tok + 1, S.now_us)
+  put('tok', token)
+  return token
+end
+
+-- Each unit takes the lowest free slot (with nothing held, slots 0..k-1).
+local function grant(id, k, label, lease, expires)
+  local slots, from = {}, 0
+  for i = 1, k do
+    local s = i - 1
+    if S.used > 0 then
+      s = call(SLOTS, 'BITPOS', SLOTS, 0, from)
+      from = math.floor(s / 8)
+    end
+    call(SLOTS, 'SETBIT', SLOTS, s, 1)
+    slots[i] = s
+  end
+  S.slots_written = true
+  local token = next_token()
   call(LEASES, 'ZADD', LEASES, expires, id)
-  if was_empty then
-    created(LEASES)
-  end
+  put('r:' .. id, holder_record(token, k, S.now, lease, slots, label))
+  put('used', S.used + k)
+  put('nh', S.nh + 1)
+  return token, slots
 end
 
--- Each unit takes the lowest free slot. Reads and the token come before any write.
-local function grant(id, k, label, expires, now)
-  local first = call(SLOTS, 'BITPOS', SLOTS, 0)
-  local token = call(TOKEN, 'INCR', TOKEN)
-  local slots = { first }
-  redis.call('SETBIT', SLOTS, first, 1)
-  for i = 2, k do
-    slots[i] = redis.call('BITPOS', SLOTS, 0)
-    redis.call('SETBIT', SLOTS, slots[i], 1)
-  end
-  add_lease(id, expires)
-  put('r:' .. id, holder_record(token, k, now, slots, label))
-  put('used', S.used + k)
-  return token, slots
+-- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn).
+local function bury(id, outcome)
+  call(LEASES, 'ZADD', LEASES, S.now + REMEMBER_MS, id)
+  put('r:' .. id, 'x|' .. outcome)
+  put('nt', S.nt + 1)
 end
 
 local function drop_holder(id, r)
   for _, s in ipairs(r.s) do
     call(SLOTS, 'SETBIT', SLOTS, s, 0)
   end
-  redis.call('ZREM', LEASES, id)
+  S.slots_written = true
   del('r:' .. id)
-  put('used', S.used - r.k)
+  put('used', math.max(S.used - r.k, 0))
+  put('nh', math.max(S.nh - 1, 0))
   label_add(r.l, -1)
 end
 
 local function drop_waiter(id, r)
   call(QUEUE, 'ZREM', QUEUE, id)
-  redis.call('ZREM', LEASES, id)
   del('r:' .. id)
-  put('qlen', S.qlen - 1)
+  put('qlen', math.max(S.qlen - 1, 0))
   label_add(r.l, -1)
 end
 
 -- Grant, in arrival order, every waiter at the head of the queue that now fits, and wake
--- exactly those (one message each on their client's channel: "id|token|slot,slot"). The
--- grant's lease ends where the waiter's lease ended; the client renews it. Stops at the first waiter
--- that does not fit, so a large request is never overtaken by smaller ones behind it.
+-- exactly those: one message each on their client's channel,
+-- "id|token|slot,slot|ms since its last check-in". The grant's lease is the waiter's own
+-- lease, from now; the waiter counts it from its last check-in plus that delay, which is
+-- never later than here. Stops at the first waiter that does not fit, so a large request is
+-- never overtaken by smaller ones behind it, and when WORK_BUDGET is spent.
 -- A waiter asking for more than the capacity is dropped and woken to learn it.
-local function promote(now)
-  while S.qlen > 0 do
+local function promote()
+  while S.qlen > 0 and budget > 0 do
     local head = call(QUEUE, 'ZRANGE', QUEUE, 0, 0)[1]
     if not head then
-      put('qlen', 0)
+      repair() -- qlen says someone waits, the queue is empty
       return
     end
     local w = record(head)
-    if not w or w.h then
+    if not w or w.h or w.x then
       redis.call('ZREM', QUEUE, head)
-      put('qlen', S.qlen - 1)
+      put('qlen', math.max(S.qlen - 1, 0))
     elseif w.k > S.cap then
       drop_waiter(head, w)
-      redis.call('PUBLISH', w.c, head)
+      redis.call('ZREM', LEASES, head)
+      outbox[#outbox + 1] = w.c
+      outbox[#outbox + 1] = head
     elseif S.used + w.k > S.cap then
       return
     else
-      local expires = tonumber(redis.call('ZSCORE', LEASES, head)) or now
-      local token, slots = grant(head, w.k, w.l, expires, now)
+      budget = budget - w.k
+      local checked_in = (tonumber(redis.call('ZSCORE', LEASES, head)) or S.now) - w.wl
+      local token, slots = grant(head, w.k, w.l, w.lease, S.now + w.lease)
       redis.call('ZREM', QUEUE, head)
-      put('qlen', S.qlen - 1)
-      -- The grant travels with the wake-up, so the waiter needs no round trip to collect it.
-      redis.call('PUBLISH', w.c, string.format('%s|%d|%s', head, token, table.concat(slots, ',')))
+      put('qlen', math.max(S.qlen - 1, 0))
+      outbox[#outbox + 1] = w.c
+      outbox[#outbox + 1] = string.format('%s|%d|%s|%d', head, token, table.concat(slots, ','),
+        math.max(S.now - checked_in, 0))
     end
   end
 end
 
--- Drop expired holders and waiters, then hand freed units to the queue.
-local function settle(now)
-  for _, id in ipairs(call(LEASES, 'ZRANGEBYSCORE', LEASES, '-inf', now)) do
-    local r = record(id)
-    if not r then
-      redis.call('ZREM', LEASES, id)
-    elseif r.h then
-      drop_holder(id, r)
-    else
-      drop_waiter(id, r)
+-- Drop expired holders, waiters and tombstones (at most SETTLE_BATCH, and holders only while
+-- the budget lasts: the rest stay counted until a later script), then promote.
+local function settle()
+  local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, '-inf', S.now, 'LIMIT', 0, SETTLE_BATCH)
+  if #due > 0 then
+    local names = {}
+    for i, id in ipairs(due) do
+      names[i] = 'r:' .. id
     end
+    local raws = redis.call('HMGET', STATE, unpack(names))
+    local done = {}
+    for i, id in ipairs(due) do
+      local r = parse(raws[i])
+      S[names[i]] = raws[i]
+      if r and r.h then
+        if budget < r.k and #done > 0 then
+          break
+        end
+        budget = budget - r.k
+        drop_holder(id, r)
+      elseif r and r.x then
+        del(names[i])
+        put('nt', math.max(S.nt - 1, 0))
+      elseif r then
+        drop_waiter(id, r)
+      end
+      done[#done + 1] = id
+    end
+    redis.call('ZREM', LEASES, unpack(done))
   end
-  promote(now)
+  promote()
 end
 
 -- When to look again without a wake-up: the head waiter also when the first lease ends.
-local function recheck_ms(now, id, waiter_lease)
+local function recheck_ms(id, waiter_lease)
   local wait = math.floor(waiter_lease / 3)
   if redis.call('ZRANK', QUEUE, id) == 0 then
     local first = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
     if first[2] then
-      wait = math.min(wait, tonumber(first[2]) - now + 1)
+      wait = math.min(wait, tonumber(first[2]) - S.now + 1)
     end
   end
   return math.max(wait, 1)
 end
 
----------------------------------------------------------------------------------------
+-- True if the entries of leases or the bits of the slot bitmap disagree with the counters
+-- (one ZCARD, one BITCOUNT): then repaired.
+local function check()
+  if call(LEASES, 'ZCARD', LEASES) ~= S.nh + S.qlen + S.nt or call(SLOTS, 'BITCOUNT', SLOTS) ~= S.used then
+    repair()
+    return true
+  end
+  return false
+end
+
+-- Rebuild the counters, labels, the slot bitmap and the two zsets from the records: every
+-- holder record keeps its unit (with a lease entry of its full lease from now if it had
+-- none, so no live holder is overtaken), a waiter without its queue or lease entry is
+-- dropped (it re-queues when it checks in), entries without a record go. Linear in the
+-- size of the semaphore; runs only when a check finds a disagreement.
+repair = function()
+  local leases, queued = {}, {}
+  local entries = call(LEASES, 'ZRANGE', LEASES, 0, -1, 'WITHSCORES')
+  for i = 1, #entries, 2 do
+    leases[entries[i]] = tonumber(entries[i + 1])
+  end
+  for _, id in ipairs(call(QUEUE, 'ZRANGE', QUEUE, 0, -1)) do
+    queued[id] = true
+  end
+  local slots = redis.call('TYPE', SLOTS)['ok']
+  if slots ~= 'none' and slots ~= 'string' then
+    error({ key = SLOTS })
+  end
+  local all = redis.call('HGETALL', STATE)
+  local used, nh, nq, nt, labels, keep = 0, 0, 0, 0, {}, {}
+  redis.call('DEL', SLOTS)
+  for i = 1, #all, 2 do
+    local name, raw = all[i], all[i + 1]
+    if string.sub(name, 1, 6) == 'label:' then
+      del(name)
+    elseif string.sub(name, 1, 2) == 'r:' then
+      local id = string.sub(name, 3)
+      local r = parse(raw)
+      S[name] = raw
+      if r and r.h then
+        if not leases[id] then
+          redis.call('ZADD', LEASES, S.now + r.lease, id)
+        end
+        queued[id] = nil
+        for _, s in ipairs(r.s) do
+          redis.call('SETBIT', SLOTS, s, 1)
+        end
+        used, nh, keep[id] = used + r.k, nh + 1, true
+        labels[r.l] = (labels[r.l] or 0) + 1
+      elseif r and r.x and leases[id] then
+        nt, keep[id] = nt + 1, true
+      elseif r and not r.x and leases[id] and queued[id] then
+        nq, keep[id] = nq + 1, true
+        labels[r.l] = (labels[r.l] or 0) + 1
+      else
+        del(name)
+      end
+    end
+  end
+  for id in pairs(leases) do
+    if not keep[id] then
+      redis.call('ZREM', LEASES, id)
+    end
+  end
+  for id in pairs(queued) do
+    if not keep[id] then
+      redis.call('ZREM', QUEUE, id)
+    end
+  end
+  for label, n in pairs(labels) do
+    if label ~= '' then
+      put('label:' .. label, n)
+    end
+  end
+  put('used', used)
+  put('nh', nh)
+  put('qlen', nq)
+  put('nt', nt)
+  S.slots_written = true
+  -- Keys of older versions carried TTLs while live; none do now.
+  for _, key in ipairs({ LEASES, QUEUE, STATE }) do
+    redis.call('PERSIST', key)
+  end
+  del('keep')
+  put('idle', 0)
+  S.repaired = true
+end
+

@@ -8,15 +8,13 @@ return run(function()
   if not S.cap then
     return { 'NOTHELD' }
   end
-  local now = now_ms()
-  settle(now)
+  settle()
   local r = record(id)
   if not (r and r.h) then
-    save()
     return { 'NOTHELD' }
   end
-  redis.call('ZADD', LEASES, now + lease, id)
-  keep_alive(now + lease)
-  save()
+  if call(LEASES, 'ZADD', LEASES, S.now + lease, id) == 1 then
+    check() -- its lease entry was missing
+  end
   return { 'OK' }
 end)

@@ -6,14 +6,11 @@
 return run(function()
   local cap = tonumber(ARGV[1])
   load()
-  local now = now_ms()
   local old = S.cap or -1
   if S.cap then
-    settle(now)
+    settle()
   end
   set_cap(cap)
-  promote(now)
-  keep_alive(now)
-  save()
+  promote()
   return { 'OK', old }
 end)

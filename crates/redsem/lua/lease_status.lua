@@ -1,4 +1,5 @@
--- lease_status: a snapshot of a lease semaphore, after dropping what has expired.
+-- lease_status: a snapshot of a lease semaphore, after dropping what has expired (and
+-- repairing the counters if they disagree with the records).
 -- KEYS: see lease_prelude.lua
 -- ARGV: none
 -- Returns: {"STATUS", capacity (-1 if none stored), units in use,
@@ -10,24 +11,23 @@ return run(function()
   if not S.cap then
     return { 'STATUS', -1, 0, {}, {} }
   end
-  local now = now_ms()
-  settle(now)
-  save()
+  settle()
+  check()
 
   local holders = {}
   local leases = call(LEASES, 'ZRANGE', LEASES, 0, -1, 'WITHSCORES')
   for i = 1, #leases, 2 do
     local r = record(leases[i])
     if r and r.h then
-      holders[#holders + 1] = { leases[i], r.l, r.t, tonumber(leases[i + 1]) - now, now - r.a, r.s }
+      holders[#holders + 1] = { leases[i], r.l, r.t, tonumber(leases[i + 1]) - S.now, S.now - r.a, r.s }
     end
   end
   table.sort(holders, function(a, b) return a[3] < b[3] end)
   local waiters = {}
   for _, id in ipairs(call(QUEUE, 'ZRANGE', QUEUE, 0, -1)) do
     local w = record(id)
-    if w then
-      waiters[#waiters + 1] = { id, w.l, w.k, now - w.w }
+    if w and not w.h and not w.x then
+      waiters[#waiters + 1] = { id, w.l, w.k, S.now - w.w }
     end
   end
   return { 'STATUS', S.cap, S.used, holders, waiters }

@@ -6,7 +6,7 @@
 /// The keys of one lease semaphore, in the order the `lease_*.lua` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseKeys {
-    pub(crate) all: [String; 5],
+    pub(crate) all: [String; 4],
 }
 
 impl LeaseKeys {
@@ -14,27 +14,54 @@ impl LeaseKeys {
         let base = format!("{prefix}:{{lease:{name}}}");
         let part = |p: &str| format!("{base}:{p}");
         LeaseKeys {
-            all: [
-                part("leases"),
-                part("queue"),
-                part("state"),
-                part("slots"),
-                part("token"),
-            ],
+            all: [part("leases"), part("queue"), part("state"), part("slots")],
         }
     }
 }
 
-/// A `SCAN MATCH` pattern for the `state` key of every lease semaphore under `prefix`.
-pub(crate) fn lease_state_pattern(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
+/// Why `prefix` cannot start redsem's keys, if it cannot.
+///
+/// Every key is `<prefix>:{<kind>:<name>}:<part>` and Redis Cluster hashes the text between
+/// the *first* `{` and the next `}`: a brace in the prefix would move the hash tag into the
+/// prefix, so a primitive's keys would no longer share one slot and every script would fail
+/// on a cluster with CROSSSLOT (and on a single server, keys made here would not move to a
+/// cluster later). Rejected everywhere, so a prefix works the same on both.
+pub(crate) fn prefix_problem(prefix: &str) -> Option<String> {
+    if prefix.is_empty() {
+        return Some("the key prefix must not be empty".to_owned());
+    }
+    if prefix.contains(['{', '}']) {
+        return Some(format!(
+            "the key prefix {prefix:?} contains a brace: redsem puts each primitive's name in \
+             {{...}} after the prefix so all its keys share one Redis Cluster hash slot, and a \
+             brace in the prefix would take that place (every call on a cluster would fail \
+             with CROSSSLOT); use a prefix without {{ and }}"
+        ));
+    }
+    None
+}
+
+/// `text` with the glob characters of `SCAN MATCH` and ACL patterns escaped.
+pub(crate) fn escape_glob(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             escaped.push('\\');
         }
         escaped.push(c);
     }
-    format!("{escaped}:{{lease:*}}:state")
+    escaped
+}
+
+/// A `SCAN MATCH` pattern for the `state` key of every lease semaphore under `prefix`.
+pub(crate) fn lease_state_pattern(prefix: &str) -> String {
+    format!("{}:{{lease:*}}:state", escape_glob(prefix))
+}
+
+/// A key under `prefix` that the connect-time ACL probe names (never written); `n` picks its
+/// hash tag, so that a key can be found for any cluster node.
+pub(crate) fn acl_probe_key(prefix: &str, n: u32) -> String {
+    format!("{prefix}:{{check:{n}}}:acl")
 }
 
 /// The semaphore name in a `state` key found by [`lease_state_pattern`].
@@ -159,9 +186,21 @@ mod tests {
     }
 
     #[test]
+    fn prefixes_with_braces_are_refused_and_others_accepted() {
+        for bad in ["", "{app}", "a{b", "a}b"] {
+            assert!(prefix_problem(bad).is_some(), "{bad:?}");
+        }
+        for good in ["redsem", "app:locks", "a*b", "with space", "ü"] {
+            assert_eq!(prefix_problem(good), None, "{good:?}");
+        }
+        let why = prefix_problem("x{1}").unwrap_or_default();
+        assert!(why.contains("brace") && why.contains("CROSSSLOT"), "{why}");
+    }
+
+    #[test]
     fn keys_are_readable() {
         let keys = LeaseKeys::new("p", "build");
         assert_eq!(keys.all[0], "p:{lease:build}:leases");
-        assert_eq!(keys.all[4], "p:{lease:build}:token");
+        assert_eq!(keys.all[3], "p:{lease:build}:slots");
     }
 }

@@ -22,6 +22,9 @@ use crate::withdraw::{Queue, Withdraw};
 
 /// The shortest lease (and waiter lease) accepted: renewing every third of it must be possible.
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
+/// The most units one request may take at once ([`LeaseSemaphore::acquire_many`]): a grant
+/// costs Redis a few commands per unit, so this bounds the time one script can take.
+pub const MAX_UNITS: u32 = 4096;
 /// The longest lease accepted.
 pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -552,17 +555,20 @@ impl LeaseSemaphore {
         mut progress: impl FnMut(u64) + Send,
     ) -> Result<LeasePermit> {
         let capacity = self.capacity();
-        if units == 0 || units > capacity {
+        if units == 0 || units > capacity.min(MAX_UNITS) {
             return Err(invalid(format!(
-                "cannot request {units} units of {:?}: must be 1..={capacity}",
-                self.inner.name
+                "cannot request {units} units of {:?}: must be 1..={} (its capacity, and at most \
+                 {MAX_UNITS} at once)",
+                self.inner.name,
+                capacity.min(MAX_UNITS)
             )));
         }
-        let id = PermitId::random();
+        let mut id = PermitId::random();
         let started = Instant::now();
         let options = &self.inner.options;
+        // Each call names the request it is for: `Request { id, ..req }`.
         let mut req = Request {
-            id: id.as_str(),
+            id: "",
             capacity,
             units,
             lease: options.lease,
@@ -576,6 +582,10 @@ impl LeaseSemaphore {
 
         if let Patience::None = patience {
             let sent = clock::now();
+            let req = Request {
+                id: id.as_str(),
+                ..req
+            };
             return match script::lease_acquire(&mut conn, &self.inner.keys, &req).await? {
                 Acquire::Granted { token, slots } => Ok(self.permit(id, token, slots, sent)),
                 Acquire::Busy { in_use, waiters } => Err(Error::NoPermit {
@@ -589,16 +599,16 @@ impl LeaseSemaphore {
         }
 
         req.wait = true;
-        let mailbox = self
-            .inner
-            .redsem
-            .notifier()
-            .await
-            .register(id.as_str())
-            .await;
+        let notifier = self.inner.redsem.notifier().await;
+        let mut mailbox = notifier.register(id.as_str()).await;
         let mut withdraw = Withdraw::new(self.inner.clone(), id.clone());
+        // When the last check-in the server answered was sent.
         let mut sent = clock::now();
-        let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
+        let first = Request {
+            id: id.as_str(),
+            ..req
+        };
+        let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &first).await?;
         loop {
             match reply {
                 Acquire::Granted { token, slots } => {
@@ -623,16 +633,16 @@ impl LeaseSemaphore {
                         () = mailbox.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
-                    if let Some((token, slots)) = mailbox.news().as_deref().and_then(parse_grant) {
-                        // Handed over with the wake-up. Its lease ends where our waiter lease
-                        // did, which the check-in sent at `sent` started: renewed soon.
+                    if let Some(grant) = mailbox.news().as_deref().and_then(Grant::parse) {
+                        // Handed over with the wake-up. The server started the lease `delay`
+                        // after our last check-in, which it received after `sent`.
                         withdraw.disarm();
-                        let valid_until = sent + options.waiter_lease.min(options.lease);
+                        let valid_until = sent + grant.delay + options.lease;
                         return Ok(LeasePermit::start(
                             self.inner.clone(),
                             id,
-                            token,
-                            slots,
+                            grant.token,
+                            grant.slots,
                             valid_until,
                         ));
                     }
@@ -647,11 +657,21 @@ impl LeaseSemaphore {
                     .await?;
                 }
                 Acquire::Gone => {
-                    // Our place was dropped (we did not check in within the waiter lease, or
-                    // the capacity shrank below our request): queue again.
+                    // Our place was dropped (we did not check in within the waiter lease, the
+                    // capacity shrank below our request, or the server lost its state): queue
+                    // again under a new id, so that no message meant for the old place (a
+                    // grant that ran out while we stalled) can be taken for the new one.
                     tracing::warn!(semaphore = %self.inner.name, id = %id, "queued request was dropped; queuing again");
+                    withdraw.disarm();
+                    id = PermitId::random();
+                    mailbox = notifier.register(id.as_str()).await;
+                    withdraw = Withdraw::new(self.inner.clone(), id.clone());
                     sent = clock::now();
-                    reply = script::lease_acquire(&mut conn, &self.inner.keys, &req).await?;
+                    let again = Request {
+                        id: id.as_str(),
+                        ..req
+                    };
+                    reply = script::lease_acquire(&mut conn, &self.inner.keys, &again).await?;
                 }
                 other => {
                     withdraw.disarm();
@@ -679,6 +699,9 @@ impl LeaseSemaphore {
             Acquire::TooBig { capacity } => invalid(format!(
                 "cannot request more units of {name:?} than its capacity {capacity}"
             )),
+            Acquire::TooMany { most } => invalid(format!(
+                "cannot request more than {most} units of {name:?} at once"
+            )),
             other => Error::Protocol {
                 script: "lease_acquire",
                 detail: format!("unexpected reply {other:?}"),
@@ -700,15 +723,55 @@ impl SemInner {
     }
 }
 
-/// The grant in a wake-up message: `token|slot,slot`.
-fn parse_grant(news: &str) -> Option<(u64, Vec<u32>)> {
-    let (token, slots) = news.split_once('|')?;
-    let slots = slots
-        .split(',')
-        .map(str::parse)
-        .collect::<std::result::Result<Vec<u32>, _>>()
-        .ok()?;
-    Some((token.parse().ok()?, slots))
+/// The grant in a wake-up message, after `<id>|`: `token|slot,slot|delay ms` (the delay from
+/// the waiter's last check-in to the grant, both in server time).
+#[derive(Debug, PartialEq, Eq)]
+struct Grant {
+    token: u64,
+    slots: Vec<u32>,
+    delay: Duration,
+}
+
+impl Grant {
+    fn parse(news: &str) -> Option<Grant> {
+        let mut parts = news.split('|');
+        let token = parts.next()?.parse().ok()?;
+        let slots = parts
+            .next()?
+            .split(',')
+            .map(str::parse)
+            .collect::<std::result::Result<Vec<u32>, _>>()
+            .ok()?;
+        let delay = Duration::from_millis(parts.next()?.parse().ok()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Grant {
+            token,
+            slots,
+            delay,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_are_read_from_wake_up_messages() {
+        assert_eq!(
+            Grant::parse("1790000000000001|0,3|12"),
+            Some(Grant {
+                token: 1_790_000_000_000_001,
+                slots: vec![0, 3],
+                delay: Duration::from_millis(12),
+            })
+        );
+        for bad in ["", "5", "5|0", "5|x|1", "5|0|-1", "5|0|1|2", "x|0|1"] {
+            assert_eq!(Grant::parse(bad), None, "{bad:?}");
+        }
+    }
 }
 
 impl Queue for SemInner {

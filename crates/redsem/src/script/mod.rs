@@ -46,6 +46,7 @@ pub(crate) enum Acquire {
     Conflict { current: u32 },
     Label(String),
     TooBig { capacity: u32 },
+    TooMany { most: u32 },
 }
 
 /// What `lease_release` answers.
@@ -256,6 +257,7 @@ fn decode_acquire(script: &'static str, reply: Value) -> Result<Acquire> {
         "CONFLICT" => Acquire::Conflict { current: r.u32()? },
         "LABEL" => Acquire::Label(r.string()?),
         "TOOBIG" => Acquire::TooBig { capacity: r.u32()? },
+        "TOOMANY" => Acquire::TooMany { most: r.u32()? },
         _ => return Err(r.unexpected()),
     })
 }

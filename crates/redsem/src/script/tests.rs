@@ -46,6 +46,21 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
         .expect("lease_acquire")
 }
 
+/// The token and slots of a grant; panics on any other reply.
+#[track_caller]
+fn granted(reply: Acquire) -> (u64, Vec<u32>) {
+    match reply {
+        Acquire::Granted { token, slots } => (token, slots),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Redis time in microseconds, read off the server.
+async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1_000_000 + us
+}
+
 #[tokio::test]
 async fn server_computes_the_same_sha_for_every_script() {
     let server = RedisServer::start();
@@ -85,20 +100,14 @@ async fn server_computes_the_same_sha_for_every_script() {
 async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
-    assert_eq!(
-        acquire(&mut conn, req("a", 2, 1, false)).await,
-        Acquire::Granted {
-            token: 1,
-            slots: vec![0]
-        }
-    );
-    assert_eq!(
-        acquire(&mut conn, req("b", 2, 1, false)).await,
-        Acquire::Granted {
-            token: 2,
-            slots: vec![1]
-        }
-    );
+    let before = server_micros(&mut conn).await;
+    let (a, slots) = granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    assert_eq!(slots, vec![0]);
+    // Tokens are seeded from the server clock in microseconds (exact below 2^53).
+    assert!(a >= before && a < 1 << 53, "{before} {a}");
+    let (b, slots) = granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    assert_eq!(slots, vec![1]);
+    assert!(b > a);
     assert_eq!(
         acquire(&mut conn, req("c", 2, 1, false)).await,
         Acquire::Busy {
@@ -113,13 +122,9 @@ async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
             .expect("release"),
         Release::Released
     );
-    assert_eq!(
-        acquire(&mut conn, req("d", 2, 1, false)).await,
-        Acquire::Granted {
-            token: 3,
-            slots: vec![0]
-        }
-    );
+    let (d, slots) = granted(acquire(&mut conn, req("d", 2, 1, false)).await);
+    assert_eq!(slots, vec![0]);
+    assert!(d > b);
 }
 
 #[tokio::test]
@@ -133,10 +138,7 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
         .await
         .expect("subscribe");
 
-    assert!(matches!(
-        acquire(&mut conn, req("a", 1, 1, true)).await,
-        Acquire::Granted { .. }
-    ));
+    let (a, _) = granted(acquire(&mut conn, req("a", 1, 1, true)).await);
     let Acquire::Queued { position, recheck } = acquire(&mut conn, req("b", 1, 1, true)).await
     else {
         panic!("b should queue");
@@ -155,8 +157,18 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
     let msg = within(LIMIT, "wake-up message", pubsub.on_message().next())
         .await
         .expect("a message");
-    // The grant travels with the wake-up: id, token, slots.
-    assert_eq!(msg.get_payload::<String>().expect("payload"), "b|2|0");
+    // The grant travels with the wake-up: id, token, slots, ms since the last check-in.
+    let payload: String = msg.get_payload().expect("payload");
+    let parts: Vec<&str> = payload.split('|').collect();
+    assert_eq!(
+        (parts.len(), parts[0], parts[2]),
+        (4, "b", "0"),
+        "{payload}"
+    );
+    let token: u64 = parts[1].parse().expect("token");
+    assert!(token > a, "{payload}");
+    let delay: u64 = parts[3].parse().expect("delay");
+    assert!(delay < 10_000, "{payload}");
 
     // A poll (the fallback when the message is lost) finds the same grant.
     let polled = lease_poll(
@@ -171,7 +183,7 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
     assert_eq!(
         polled,
         Acquire::Granted {
-            token: 2,
+            token,
             slots: vec![0]
         }
     );
@@ -225,7 +237,7 @@ async fn refresh_extends_and_fails_for_unknown_or_expired() {
     );
     let score: f64 = conn.zscore(&k.all[0], "a").await.expect("zscore");
     let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
-    assert!(ttl > 60_000, "keys outlive the lease: {ttl}");
+    assert_eq!(ttl, -1, "live state carries no TTL");
     assert!(score > 0.0);
     assert!(
         !lease_refresh(&mut conn, &k, "nope", Duration::from_secs(1))
@@ -257,9 +269,20 @@ async fn release_withdraws_waiters_and_reports_not_held() {
         lease_release(&mut conn, &k, "b").await.expect("release"),
         Release::Dequeued
     );
+    // The same release again (a resend) answers as the first did, for a minute.
     assert_eq!(
         lease_release(&mut conn, &k, "b").await.expect("release"),
+        Release::Dequeued
+    );
+    assert_eq!(
+        lease_release(&mut conn, &k, "nobody")
+            .await
+            .expect("release"),
         Release::NotHeld
+    );
+    assert_eq!(
+        lease_release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
     );
     assert_eq!(
         lease_release(&mut conn, &k, "a").await.expect("release"),
@@ -277,7 +300,7 @@ async fn status_lists_holders_by_token_and_waiters_in_queue_order() {
     let k = keys();
     let mut labelled = req("a", 2, 2, true);
     labelled.label = "host-a";
-    acquire(&mut conn, labelled).await;
+    let (token, _) = granted(acquire(&mut conn, labelled).await);
     acquire(&mut conn, req("w1", 2, 1, true)).await;
     acquire(&mut conn, req("w2", 2, 2, true)).await;
     let status = lease_status(&mut conn, &k).await.expect("status");
@@ -287,7 +310,7 @@ async fn status_lists_holders_by_token_and_waiters_in_queue_order() {
     let h = &status.holders[0];
     assert_eq!(
         (h.id.as_str(), h.label.as_str(), h.token),
-        ("a", "host-a", 1)
+        ("a", "host-a", token)
     );
     assert_eq!(h.slots, vec![0, 1]);
     assert!(h.left_ms > 29_000 && h.left_ms <= 30_000, "{}", h.left_ms);
@@ -327,6 +350,12 @@ async fn set_capacity_grows_admitting_waiters_and_shrinks_without_revoking() {
     );
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.holders.len(), 3, "live permits are kept");
+    let last = status
+        .holders
+        .iter()
+        .map(|h| h.token)
+        .max()
+        .expect("holders");
     assert!(matches!(
         acquire(&mut conn, req("d", 1, 1, false)).await,
         Acquire::Busy { in_use: 3, .. }
@@ -335,13 +364,9 @@ async fn set_capacity_grows_admitting_waiters_and_shrinks_without_revoking() {
     for h in &status.holders {
         lease_release(&mut conn, &k, &h.id).await.expect("release");
     }
-    assert_eq!(
-        acquire(&mut conn, req("e", 1, 1, false)).await,
-        Acquire::Granted {
-            token: 4,
-            slots: vec![0]
-        }
-    );
+    let (e, slots) = granted(acquire(&mut conn, req("e", 1, 1, false)).await);
+    assert_eq!(slots, vec![0]);
+    assert!(e > last);
 }
 
 #[tokio::test]
@@ -396,7 +421,9 @@ async fn every_script_reports_a_foreign_key_and_leaves_it_alone() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
-    for (i, key) in k.all.iter().enumerate() {
+    // (A string at the slot bitmap is taken for the leftover of a lost state: healed, see
+    // below.)
+    for (i, key) in k.all.iter().enumerate().filter(|(i, _)| *i != 3) {
         let _: () = conn.del(&k.all[..]).await.expect("del");
         let _: () = conn.set(key, "foreign").await.expect("set");
         let expect_wrong = |r: Result<()>, script: &str| match r {
@@ -441,30 +468,50 @@ async fn every_script_reports_a_foreign_key_and_leaves_it_alone() {
 }
 
 #[tokio::test]
-async fn idle_keys_expire_but_the_token_counter_does_not() {
+async fn a_slot_bitmap_left_without_its_state_is_healed_not_reported() {
+    // What eviction of the state hash alone leaves behind: the bitmap of a lost state.
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
     acquire(&mut conn, req("a", 1, 1, false)).await;
-    for key in &k.all[..4] {
-        let exists: bool = conn.exists(key).await.expect("exists");
-        if exists {
-            let ttl: i64 = conn.pttl(key).await.expect("pttl");
-            assert!(ttl > 30_000 && ttl <= 30_000 + 3_600_000, "{key}: {ttl}");
-        }
-    }
-    let ttl: i64 = conn.pttl(&k.all[4]).await.expect("pttl");
-    assert_eq!(ttl, -1, "the token counter never expires");
-
-    // Simulate the expiry of everything else: the next grant still gets a larger token.
-    let _: () = conn.del(&k.all[..4]).await.expect("del");
-    assert_eq!(
-        acquire(&mut conn, req("b", 1, 1, false)).await,
-        Acquire::Granted {
-            token: 2,
-            slots: vec![0]
-        }
+    let _: () = conn.del(&k.all[2]).await.expect("del state");
+    let (_, slots) = granted(acquire(&mut conn, req("b", 1, 1, false)).await);
+    assert_eq!(slots, vec![0]);
+    assert!(
+        !lease_refresh(&mut conn, &k, "a", Duration::from_secs(1))
+            .await
+            .expect("refresh"),
+        "the holder of the lost state learns it at its next renewal"
     );
+}
+
+#[tokio::test]
+async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_loss() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let (first, _) = granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    acquire(&mut conn, req("w", 1, 1, true)).await; // a conflict: nothing queued
+    for key in &k.all {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert!(
+            ttl == -1 || ttl == -2,
+            "{key} is live and must not expire: {ttl}"
+        );
+    }
+    lease_release(&mut conn, &k, "a").await.expect("release");
+    // Idle: the state and the tombstone of "a" expire within the hour, the bitmap is gone.
+    for key in [&k.all[0], &k.all[2]] {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
+    }
+    let slots: bool = conn.exists(&k.all[3]).await.expect("exists");
+    assert!(!slots, "no bitmap while nothing is held");
+
+    // Everything lost (expired, evicted, flushed): the next token is still larger.
+    let _: () = conn.del(&k.all[..]).await.expect("del");
+    let (next, _) = granted(acquire(&mut conn, req("b", 1, 1, false)).await);
+    assert!(next > first, "{first} -> {next}");
 }
 
 #[tokio::test]
@@ -477,13 +524,10 @@ async fn scripts_run_on_a_three_master_cluster() {
     for name in ["a", "b", "c", "d", "e", "f"] {
         let k = LeaseKeys::new("t", name);
         let r = req("x", 2, 1, true);
-        let granted = within(LIMIT, "acquire", lease_acquire(&mut conn, &k, &r))
+        let reply = within(LIMIT, "acquire", lease_acquire(&mut conn, &k, &r))
             .await
             .expect("acquire on the cluster");
-        assert!(
-            matches!(granted, Acquire::Granted { token: 1, .. }),
-            "{granted:?}"
-        );
+        let (first, _) = granted(reply);
         let mut r2 = r;
         r2.id = "y";
         lease_acquire(&mut conn, &k, &r2).await.expect("second");
@@ -496,18 +540,18 @@ async fn scripts_run_on_a_three_master_cluster() {
             lease_release(&mut conn, &k, "x").await.expect("release"),
             Release::Released
         );
-        assert!(matches!(
+        let (third, _) = granted(
             lease_poll(
                 &mut conn,
                 &k,
                 "z",
                 Duration::from_secs(5),
-                Duration::from_secs(5)
+                Duration::from_secs(5),
             )
             .await
             .expect("poll"),
-            Acquire::Granted { token: 3, .. }
-        ));
+        );
+        assert!(third > first);
         let status = lease_status(&mut conn, &k).await.expect("status");
         assert_eq!(status.holders.len(), 2);
     }
@@ -519,7 +563,7 @@ async fn a_key_replaced_while_in_use_is_reported_at_first_touch_and_left_alone()
     let mut conn = connect(&server).await;
     let k = keys();
     acquire(&mut conn, req("a", 3, 1, false)).await;
-    for (index, foreign) in [(3, "slots"), (4, "token")] {
+    for (index, foreign) in [(0, "leases"), (3, "slots")] {
         let saved: Vec<u8> = redis::cmd("DUMP")
             .arg(&k.all[index])
             .query_async(&mut conn)
