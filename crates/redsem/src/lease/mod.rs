@@ -633,9 +633,13 @@ impl LeaseSemaphore {
                         () = mailbox.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
-                    if let Some(grant) = mailbox.news().as_deref().and_then(Grant::parse) {
+                    let news = mailbox.news();
+                    if let Some(grant) = news.as_deref().and_then(Grant::parse)
+                        && sent + grant.delay + options.lease > clock::now()
+                    {
                         // Handed over with the wake-up. The server started the lease `delay`
-                        // after our last check-in, which it received after `sent`.
+                        // after our last check-in, which it received after `sent`. (A grant
+                        // whose lease may have run out while we stalled is checked by a poll.)
                         withdraw.disarm();
                         let valid_until = sent + grant.delay + options.lease;
                         return Ok(LeasePermit::start(
