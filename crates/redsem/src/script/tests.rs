@@ -593,3 +593,220 @@ async fn a_key_replaced_while_in_use_is_reported_at_first_touch_and_left_alone()
         assert_eq!((status.in_use, status.holders.len()), (1, 1), "{foreign}");
     }
 }
+
+#[tokio::test]
+async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
+    // Issue 9 #2: one release admitting ~4,000 waiters wrote every field in one HSET, hit
+    // unpack()'s limit after the slot bits and tokens were written, and left `used` at 4,200
+    // with no holder. Now grants are bounded per script and the fields written in slices.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let n: u32 = 4_200;
+    granted(acquire(&mut conn, req("big", n, MAX_UNITS_FOR_TESTS, true)).await);
+    granted(acquire(&mut conn, req("rest", n, n - MAX_UNITS_FOR_TESTS, true)).await);
+    let ids: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    let mut pipe = redis::pipe();
+    for id in &ids {
+        let r = req(id, n, 1, true);
+        pipe.invoke_script(
+            LEASE_ACQUIRE
+                .key(&k.all[..])
+                .arg(r.id)
+                .arg(r.capacity)
+                .arg(r.units)
+                .arg(millis(r.lease))
+                .arg("")
+                .arg("0")
+                .arg("wait")
+                .arg(millis(r.waiter_lease))
+                .arg(CHANNEL),
+        )
+        .ignore();
+    }
+    let () = within(LIMIT, "queue 4,200", pipe.query_async(&mut conn))
+        .await
+        .expect("queue");
+    for holder in ["big", "rest"] {
+        assert_eq!(
+            lease_release(&mut conn, &k, holder).await.expect("release"),
+            Release::Released
+        );
+    }
+    let status = lease_status(&mut conn, &k)
+        .await
+        .expect("status after 4,200 grants");
+    assert_eq!(status.in_use, u64::from(n));
+    assert_eq!(status.holders.len(), n as usize);
+    assert!(status.waiters.is_empty());
+    let mut tokens: Vec<u64> = status.holders.iter().map(|h| h.token).collect();
+    tokens.dedup();
+    assert_eq!(tokens.len(), n as usize, "distinct tokens, in grant order");
+    let mut slots: Vec<u32> = status
+        .holders
+        .iter()
+        .flat_map(|h| h.slots.clone())
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), n as usize, "distinct slots");
+    assert!(matches!(
+        acquire(&mut conn, req("late", n, 1, false)).await,
+        Acquire::Busy { in_use, .. } if in_use == u64::from(n)
+    ));
+}
+
+/// [`crate::MAX_UNITS`], as the scripts' tests use it.
+const MAX_UNITS_FOR_TESTS: u32 = crate::lease::MAX_UNITS;
+
+#[tokio::test]
+async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
+    // Issue 9 #2: an ACL user without channel rights got NOPERM from PUBLISH in the middle of
+    // a release, after the slot bits and the grant were written but before the state was.
+    let server = RedisServer::start();
+    let mut admin = connect(&server).await;
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nochan",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://nochan:pw@127.0.0.1:{}/", server.port());
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = within(LIMIT, "connect", client.get_multiplexed_async_connection())
+        .await
+        .expect("connect as nochan");
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    assert!(matches!(
+        acquire(&mut conn, req("b", 1, 1, true)).await,
+        Acquire::Queued { .. }
+    ));
+    assert_eq!(
+        lease_release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!((status.in_use, status.holders.len()), (1, 1));
+    assert_eq!(status.holders[0].id, "b");
+    // The wake-up was refused; b's poll collects the grant.
+    assert!(matches!(
+        lease_poll(
+            &mut conn,
+            &k,
+            "b",
+            Duration::from_secs(30),
+            Duration::from_secs(30)
+        )
+        .await
+        .expect("poll"),
+        Acquire::Granted { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_resent_acquire_or_release_is_applied_once() {
+    // Issue 9 #3: the cluster client resends a request whose reply was lost.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let mut labelled = req("a", 2, 1, false);
+    labelled.label = "host";
+    let first = granted(acquire(&mut conn, labelled).await);
+    assert_eq!(granted(acquire(&mut conn, labelled).await), first);
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!((status.in_use, status.holders.len()), (1, 1));
+    let label: Option<String> = conn.hget(&k.all[2], "label:host").await.expect("hget");
+    assert_eq!(label.as_deref(), Some("1"), "counted once");
+
+    let queued = acquire(&mut conn, req("b", 2, 2, true)).await;
+    assert!(
+        matches!(queued, Acquire::Queued { position: 0, .. }),
+        "{queued:?}"
+    );
+    assert!(matches!(
+        acquire(&mut conn, req("b", 2, 2, true)).await,
+        Acquire::Queued { position: 0, .. }
+    ));
+    for _ in 0..2 {
+        assert_eq!(
+            lease_release(&mut conn, &k, "a").await.expect("release"),
+            Release::Released
+        );
+    }
+    // b got both units once; a resent acquire of a released id does not grant again.
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!((status.in_use, status.holders.len()), (2, 1));
+    assert_eq!(
+        acquire(&mut conn, req("a", 2, 1, false)).await,
+        Acquire::Gone
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_token_is_reported_and_nothing_is_written() {
+    // Issue 9 #8: a negative token was overwritten (and a unit and a slot stayed taken).
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let () = conn.hset(&k.all[2], "tok", "-5").await.expect("hset");
+    match lease_acquire(&mut conn, &k, &req("b", 2, 1, false)).await {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[2]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let tok: String = conn.hget(&k.all[2], "tok").await.expect("hget");
+    assert_eq!(tok, "-5", "left as it was");
+    let used: String = conn.hget(&k.all[2], "used").await.expect("hget");
+    assert_eq!(used, "1");
+    let bits: u32 = redis::cmd("BITCOUNT")
+        .arg(&k.all[3])
+        .query_async(&mut conn)
+        .await
+        .expect("bitcount");
+    assert_eq!(bits, 1, "no slot taken");
+}
+
+#[tokio::test]
+async fn counters_that_disagree_with_the_records_are_rebuilt() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 3, 1, false)).await);
+    // What a script that failed after writing used to leave: counters nobody holds.
+    let () = conn
+        .hset_multiple(&k.all[2], &[("used", "3"), ("nh", "3")])
+        .await
+        .expect("hset");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!((status.in_use, status.holders.len()), (1, 1), "rebuilt");
+    let (_, slots) = granted(acquire(&mut conn, req("b", 3, 2, false)).await);
+    assert_eq!(slots, vec![1, 2]);
+}
+
+#[tokio::test]
+async fn a_huge_request_is_refused_before_any_work() {
+    // Issue 9 #7: a grant looped once per unit, quadratically: 10^6 units blocked Redis 7.8 s.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert_eq!(
+        acquire(&mut conn, req("a", u32::MAX, 1_000_000, false)).await,
+        Acquire::TooMany {
+            most: MAX_UNITS_FOR_TESTS
+        }
+    );
+    let (_, slots) =
+        granted(acquire(&mut conn, req("b", u32::MAX, MAX_UNITS_FOR_TESTS, false)).await);
+    assert_eq!(slots.len(), MAX_UNITS_FOR_TESTS as usize);
+    let (_, slots) =
+        granted(acquire(&mut conn, req("c", u32::MAX, MAX_UNITS_FOR_TESTS, false)).await);
+    assert_eq!(slots[0], MAX_UNITS_FOR_TESTS);
+    assert_eq!(slots.len(), MAX_UNITS_FOR_TESTS as usize);
+}
