@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::error::{Result, invalid};
+use crate::error::{Error, Result, invalid};
 use crate::keys;
 use crate::lease::{LeaseOptions, LeaseSemaphore};
 use crate::mutex::Mutex;
@@ -32,6 +32,69 @@ pub struct RedsemOptions {
     /// For `rediss://`: trust only the CA certificates in this PEM file instead of the
     /// system's (default none: the system's roots and the webpki roots).
     pub tls_root_cert: Option<std::path::PathBuf>,
+    /// What to do when the server is set up so that redsem's guarantees would not hold
+    /// (default [`ServerChecks::Enforce`]).
+    pub server_checks: ServerChecks,
+}
+
+/// What [`Redsem::connect_with`] and [`Redsem::connect_cluster_with`] do about a server (or
+/// a user) set up so that redsem's guarantees would not hold.
+///
+/// The checks take one pipelined round trip per node (on a cluster, per primary: ACLs and
+/// settings are per node) and write no data:
+///
+/// * **Eviction policy**, read from `INFO memory` (so it works where `CONFIG` is disabled, as on
+///   most managed services). An `allkeys-*` policy lets Redis evict the state of held permits
+///   when memory is full, after which a unit can be granted twice: refused. `noeviction` is the
+///   safest (when memory is full, writes fail with an OOM error, which redsem reports as
+///   [`Error::Redis`](crate::Error::Redis), and nothing is lost); `volatile-*` policies are
+///   accepted, since only idle redsem state carries a TTL. If `INFO` is refused by the ACL the
+///   policy is unknown and a warning is logged.
+/// * **ACL rights**: an `EVALSHA` (after `SCRIPT LOAD`) of a probe script naming a key and a
+///   channel under the prefix, which asks `redis.acl_check_cmd` (Redis 7) whether the user may
+///   run every command redsem's scripts run on redsem's keys, and `PUBLISH`, `SUBSCRIBE`,
+///   `UNSUBSCRIBE` on its channels. A refusal of a key, a channel or a command is reported with
+///   the pattern or command to allow. A user that lacks them would otherwise fail on its first
+///   call, or worse, halfway through a waiter's hand-off.
+///
+/// What a user needs, for the default prefix `redsem` (verified by running every primitive,
+/// waits included, as exactly this user):
+///
+/// ```text
+/// ACL SETUSER app on >password resetkeys ~redsem:* resetchannels &redsem:* -@all +@read +@write +@scripting -@dangerous +publish +subscribe +unsubscribe +ping +info +time
+/// ```
+///
+/// [`RedsemOptions::acl_rules`] gives the part after the password for any prefix. On a
+/// Redis Cluster also allow `+cluster|slots +cluster|nodes` (topology, and the list of
+/// primaries to check). `+info` is optional: without it the eviction policy is not checked.
+/// Key and channel patterns confine `@read`/`@write` to redsem's keys; `-@dangerous` takes
+/// away `FLUSHALL`, `KEYS`, `CONFIG` and the like.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// use redsem::{Redsem, RedsemOptions, ServerChecks};
+/// // A shared cache with `allkeys-lru`: accept the risk, with a warning in the log.
+/// let redsem = Redsem::connect_with(
+///     "redis://cache.internal:6379",
+///     RedsemOptions::default().server_checks(ServerChecks::Warn),
+/// )
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerChecks {
+    /// Refuse to connect with [`Error::Unsuitable`](crate::Error::Unsuitable) (the default).
+    /// What cannot be checked (`INFO` refused) is logged as a warning.
+    #[default]
+    Enforce,
+    /// Check, and log each problem as a `tracing` warning; connect anyway.
+    Warn,
+    /// Do not check (no extra round trip).
+    Off,
 }
 
 impl Default for RedsemOptions {
@@ -41,6 +104,7 @@ impl Default for RedsemOptions {
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
             tls_root_cert: None,
+            server_checks: ServerChecks::Enforce,
         }
     }
 }
@@ -65,6 +129,40 @@ impl RedsemOptions {
     pub fn tls_root_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.tls_root_cert = Some(path.into());
         self
+    }
+
+    /// Set what to do about a server set up so that redsem's guarantees would not hold (see
+    /// [`ServerChecks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redsem::{RedsemOptions, ServerChecks};
+    /// let options = RedsemOptions::default().server_checks(ServerChecks::Warn);
+    /// assert_eq!(options.server_checks, ServerChecks::Warn);
+    /// ```
+    #[must_use]
+    pub fn server_checks(mut self, checks: ServerChecks) -> Self {
+        self.server_checks = checks;
+        self
+    }
+
+    /// The ACL rules a Redis user needs to use redsem with this prefix, to put after
+    /// `ACL SETUSER <user> on ><password>` (see [`ServerChecks`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redsem::RedsemOptions;
+    /// let rules = RedsemOptions::default().prefix("app").acl_rules();
+    /// assert!(rules.starts_with("resetkeys ~app:* resetchannels &app:* -@all"));
+    /// ```
+    pub fn acl_rules(&self) -> String {
+        let prefix = keys::escape_glob(&self.prefix);
+        format!(
+            "resetkeys ~{prefix}:* resetchannels &{prefix}:* -@all +@read +@write +@scripting \
+             -@dangerous +publish +subscribe +unsubscribe +ping +info +time"
+        )
     }
 
     /// Set the per-command response timeout.
@@ -130,6 +228,99 @@ async fn scan(
         }
         cursor = next;
     }
+}
+
+/// Run the server checks on every primary of a cluster, each through its own connection
+/// (one pipelined round trip per node), with a probe key the node serves.
+async fn check_primaries(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    seeds: &[redis::Client],
+    options: &RedsemOptions,
+    wake_channel: &str,
+) -> Result<Vec<crate::conn::Findings>> {
+    let rules = options.acl_rules();
+    let nodes: String = match redis::cmd("CLUSTER").arg("NODES").query_async(conn).await {
+        Ok(nodes) => nodes,
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+            return Ok(vec![crate::conn::Findings {
+                unsuitable: vec![(
+                    "ACL commands".to_owned(),
+                    format!(
+                        "the user may not run CLUSTER NODES, which redsem needs to find the \
+                         primaries; grant +cluster|slots +cluster|nodes {rules}"
+                    ),
+                )],
+                unchecked: Vec::new(),
+            }]);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let Some(seed) = seeds.first() else {
+        return Ok(Vec::new());
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.response_timeout));
+    let mut all = Vec::new();
+    for primary in crate::conn::primaries(&nodes) {
+        let node = format!("{}:{}", primary.host, primary.port);
+        let client = crate::conn::node_client(seed, &primary.host, primary.port)?;
+        let mut node_conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        // A key whose slot this node serves, so that the probe runs here rather than
+        // answering MOVED (ACL rights are checked before the redirection either way).
+        let key = (0..65_536)
+            .map(|n| keys::acl_probe_key(&options.prefix, n))
+            .find(|key| {
+                let slot = crate::conn::slot_of(key);
+                primary
+                    .slots
+                    .iter()
+                    .any(|&(from, to)| (from..=to).contains(&slot))
+            })
+            .unwrap_or_else(|| keys::acl_probe_key(&options.prefix, 0));
+        let probe = crate::conn::Probe {
+            node: &node,
+            prefix: &options.prefix,
+            key: &key,
+            channel: wake_channel,
+            rules: &rules,
+        };
+        all.push(crate::conn::check_node(&mut node_conn, &probe).await?);
+    }
+    Ok(all)
+}
+
+/// Act on what the server checks found, as `checks` says: an error (Enforce) or warnings.
+fn judge(checks: ServerChecks, findings: Vec<crate::conn::Findings>) -> Result<()> {
+    let mut settings: Vec<String> = Vec::new();
+    let mut problems = Vec::new();
+    for found in findings {
+        for what in found.unchecked {
+            tracing::warn!("redsem server check: {what}");
+        }
+        for (setting, problem) in found.unsuitable {
+            if checks == ServerChecks::Enforce {
+                if !settings.contains(&setting) {
+                    settings.push(setting);
+                }
+                problems.push(problem);
+            } else {
+                tracing::warn!(
+                    %setting,
+                    "redsem server check: {problem} (connecting anyway: ServerChecks::Warn)"
+                );
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Unsuitable {
+        setting: settings.join(", "),
+        problem: problems.join("; "),
+    })
 }
 
 /// A handle to one Redis deployment: the entry point of redsem.
@@ -239,22 +430,45 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// As [`Redsem::connect`]; also [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty prefix.
+    /// As [`Redsem::connect`]; also [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// for an empty prefix or one with `{` or `}` (the braces that make a primitive's keys share
+    /// one cluster slot), and [`Error::Unsuitable`](crate::Error::Unsuitable) when the server
+    /// checks (see [`ServerChecks`]) find an `allkeys-*` eviction policy or missing ACL rights.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn connect_with(url: &str, options: RedsemOptions) -> Result<Redsem> {
-        if options.prefix.is_empty() {
-            return Err(invalid("the key prefix must not be empty"));
+        if let Some(why) = keys::prefix_problem(&options.prefix) {
+            return Err(invalid(why));
         }
         let client = open_client(url, &options)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout))
             .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-        Ok(Self::assemble(Conn::Single(conn), vec![client], options))
+        let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let wake_channel = keys::wake_channel(&options.prefix, PermitId::random().as_str());
+        if options.server_checks != ServerChecks::Off {
+            let node = client.get_connection_info().addr().to_string();
+            let key = keys::acl_probe_key(&options.prefix, 0);
+            let rules = options.acl_rules();
+            let probe = crate::conn::Probe {
+                node: &node,
+                prefix: &options.prefix,
+                key: &key,
+                channel: &wake_channel,
+                rules: &rules,
+            };
+            let findings = crate::conn::check_node(&mut conn, &probe).await?;
+            judge(options.server_checks, vec![findings])?;
+        }
+        Ok(Self::assemble(
+            Conn::Single(conn),
+            vec![client],
+            options,
+            wake_channel,
+        ))
     }
 
     /// Connect to a Redis Cluster through any of its nodes (`seeds`), with the default
@@ -279,7 +493,8 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// As [`Redsem::connect`]; TLS root certificates are not supported for clusters yet
+    /// As [`Redsem::connect_with`], with the server checks run on every primary; TLS root
+    /// certificates are not supported for clusters yet
     /// ([`Error::InvalidArgument`](crate::Error::InvalidArgument)).
     ///
     /// # Cancel safety
@@ -311,8 +526,8 @@ impl Redsem {
     ///
     /// Cancel safe.
     pub async fn connect_cluster_with(seeds: &[&str], options: RedsemOptions) -> Result<Redsem> {
-        if options.prefix.is_empty() {
-            return Err(invalid("the key prefix must not be empty"));
+        if let Some(why) = keys::prefix_problem(&options.prefix) {
+            return Err(invalid(why));
         }
         if seeds.is_empty() {
             return Err(invalid("a cluster needs at least one seed node URL"));
@@ -333,17 +548,31 @@ impl Redsem {
         .response_timeout(options.response_timeout)
         .build()
         .map_err(|e| invalid(format!("bad cluster seeds {seeds:?}: {e}")))?;
-        let conn = cluster.get_async_connection().await?;
-        Ok(Self::assemble(Conn::Cluster(conn), clients, options))
+        let mut conn = cluster.get_async_connection().await?;
+        let wake_channel = keys::wake_channel(&options.prefix, PermitId::random().as_str());
+        if options.server_checks != ServerChecks::Off {
+            let findings = check_primaries(&mut conn, &clients, &options, &wake_channel).await?;
+            judge(options.server_checks, findings)?;
+        }
+        Ok(Self::assemble(
+            Conn::Cluster(conn),
+            clients,
+            options,
+            wake_channel,
+        ))
     }
 
-    fn assemble(conn: Conn, pubsub_clients: Vec<redis::Client>, options: RedsemOptions) -> Redsem {
-        let client_id = PermitId::random();
+    fn assemble(
+        conn: Conn,
+        pubsub_clients: Vec<redis::Client>,
+        options: RedsemOptions,
+        wake_channel: String,
+    ) -> Redsem {
         Redsem {
             shared: Arc::new(Shared {
                 conn,
                 pubsub_clients,
-                wake_channel: keys::wake_channel(&options.prefix, client_id.as_str()),
+                wake_channel,
                 prefix: options.prefix,
                 notifier: OnceCell::new(),
                 closed: CancellationToken::new(),
@@ -485,12 +714,8 @@ impl Redsem {
                 let Some(seed) = self.shared.pubsub_clients.first() else {
                     return Ok(Vec::new());
                 };
-                for (host, port) in crate::conn::primaries(&nodes) {
-                    let info = seed
-                        .get_connection_info()
-                        .clone()
-                        .set_addr(redis::ConnectionAddr::Tcp(host, port));
-                    let client = redis::Client::open(info)?;
+                for primary in crate::conn::primaries(&nodes) {
+                    let client = crate::conn::node_client(seed, &primary.host, primary.port)?;
                     let mut node = client.get_multiplexed_async_connection().await?;
                     scan(&mut node, &pattern, &mut found).await?;
                 }

@@ -70,7 +70,7 @@ mod script;
 mod types;
 mod withdraw;
 
-pub use client::{Redsem, RedsemOptions};
+pub use client::{Redsem, RedsemOptions, ServerChecks};
 pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{

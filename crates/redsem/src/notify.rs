@@ -18,7 +18,35 @@ use crate::client::Shared;
 
 /// How long a new waiter waits for the first subscription before relying on its timer alone.
 const FIRST_SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
+/// The first wait before reconnecting the pub/sub connection, and the longest.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How long to wait before the next reconnection: doubling from [`MIN_BACKOFF`] after each
+/// failed attempt up to [`MAX_BACKOFF`], and back to the start once a subscription succeeded,
+/// so that a process that lost its connection many times in its life still comes back fast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff { next: MIN_BACKOFF }
+    }
+
+    /// The wait before the next attempt; the one after it is twice as long (capped).
+    fn failed(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(MAX_BACKOFF);
+        wait
+    }
+
+    /// A (re)subscription succeeded: the next failure waits the shortest time again.
+    fn succeeded(&mut self) {
+        self.next = MIN_BACKOFF;
+    }
+}
 
 #[derive(Default)]
 struct Routes {
@@ -64,6 +92,7 @@ impl Notifier {
             subscribed: subscribed_tx,
             commands: commands_rx,
             closed: shared.closed.clone(),
+            backoff: Backoff::new(),
         };
         tokio::spawn(task.run());
         Notifier {
@@ -206,14 +235,23 @@ struct Task {
     subscribed: watch::Sender<u64>,
     commands: mpsc::UnboundedReceiver<Command>,
     closed: CancellationToken,
+    backoff: Backoff,
 }
 
 impl Task {
     async fn run(mut self) {
-        let mut backoff = Duration::from_millis(20);
         loop {
             match self.session().await {
                 Ok(()) => return,
+                Err(err)
+                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+                {
+                    tracing::error!(error = %err, channel = %self.own_channel,
+                        "redsem pub/sub refused by the ACL: allow +subscribe +unsubscribe and the \
+                         channels under the prefix (&<prefix>:*); waiters fall back to polling");
+                    self.next_client += 1;
+                    self.wake_everyone();
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "redsem pub/sub connection lost; reconnecting");
                     // Try the next node (cluster seeds); a single server is tried again.
@@ -221,11 +259,11 @@ impl Task {
                     self.wake_everyone();
                 }
             }
+            let wait = self.backoff.failed();
             tokio::select! {
                 () = self.closed.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(wait) => {}
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
@@ -246,6 +284,7 @@ impl Task {
         }
         let reconnected = *self.subscribed.borrow() > 0;
         self.subscribed.send_modify(|n| *n += 1);
+        self.backoff.succeeded();
         if reconnected {
             // Messages may have been lost while we were away.
             self.wake_everyone();
@@ -301,6 +340,38 @@ impl Task {
         }
         for (_, notify, _) in routes.channels.values() {
             notify.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let mut backoff = Backoff::new();
+        let waits: Vec<Duration> = (0..10).map(|_| backoff.failed()).collect();
+        assert_eq!(waits[0], MIN_BACKOFF);
+        assert_eq!(waits[1], MIN_BACKOFF * 2);
+        assert_eq!(waits[2], MIN_BACKOFF * 4);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(waits[9], MAX_BACKOFF);
+    }
+
+    #[test]
+    fn the_backoff_starts_over_after_a_subscription() {
+        let mut backoff = Backoff::new();
+        for _ in 0..10 {
+            backoff.failed();
+        }
+        assert_eq!(backoff.failed(), MAX_BACKOFF);
+        backoff.succeeded();
+        assert_eq!(backoff.failed(), MIN_BACKOFF);
+        // Ten lives of one failure each, as with ten dropped connections.
+        for _ in 0..10 {
+            backoff.succeeded();
+            assert_eq!(backoff.failed(), MIN_BACKOFF);
         }
     }
 }

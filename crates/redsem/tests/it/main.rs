@@ -25,3 +25,6 @@ mod lease_faults;
 
 /// Faults of the permit semaphore and the latch: data loss, resent commands, eviction.
 mod counter_faults;
+
+/// Connect-time checks (eviction policy, ACL rights, prefix) and the pub/sub reconnect backoff.
+mod connect_checks;
