@@ -1,1 +1,339 @@
-//! Faults of the lease semaphore, each reproduced on throwaway servers (see `redsem-test`).
+//! Faults of the lease semaphore, each reproduced on throwaway servers (see `redsem-test`):
+//! data loss (restart, flush, failover to a replica that missed writes), a resent request on
+//! a cluster, eviction, a stale wake-up, and requests too large to grant at once.
+
+use std::time::Duration;
+
+use redsem::{Error, LeaseOptions, MAX_UNITS, Redsem, RedsemOptions};
+use redsem_test::{RedisCluster, RedisServer};
+use tokio::time::Instant;
+
+use crate::support::{LIMIT, TestContext, short, until, within};
+
+async fn connect(url: &str) -> Redsem {
+    within(
+        LIMIT,
+        "connect",
+        Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
+    )
+    .await
+    .expect("connect")
+}
+
+/// Retry `try_acquire` while the connection comes back after a restart or failover.
+async fn try_acquire_soon(sem: &redsem::LeaseSemaphore) -> redsem::LeasePermit {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match sem.try_acquire().await {
+            Ok(permit) => return permit,
+            Err(e) if e.is_unavailable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("try_acquire: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn tokens_keep_increasing_across_a_restart_and_a_flush_and_holders_learn_of_the_loss() {
+    // Issue 9 #1: after a restart without persistence the next grant got token 1 again.
+    let mut ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, short(600))
+        .expect("semaphore");
+    let holder = sem.try_acquire().await.expect("first");
+    let before = holder.token();
+
+    ctx.server.restart();
+    // The holder's next renewal finds nothing: it learns within its lease.
+    within(LIMIT, "the holder learns of the loss", holder.lost()).await;
+    let after_restart = try_acquire_soon(&sem).await;
+    assert!(
+        after_restart.token() > before,
+        "{before} -> {}",
+        after_restart.token()
+    );
+
+    let token = after_restart.token();
+    ctx.server.flushall();
+    within(LIMIT, "lost after FLUSHALL", after_restart.lost()).await;
+    let after_flush = try_acquire_soon(&sem).await;
+    assert!(
+        after_flush.token() > token,
+        "{token} -> {}",
+        after_flush.token()
+    );
+    after_flush.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn tokens_keep_increasing_across_a_failover_to_a_replica_that_missed_the_last_grant() {
+    // Issue 9 #1: the old primary and the promoted replica both handed out the same token.
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let old = connect(&primary.url()).await;
+    let two_seconds = LeaseOptions::default().lease(Duration::from_secs(2));
+    let sem = old
+        .lease_semaphore_with("s", 2, two_seconds.clone())
+        .expect("semaphore");
+    let first = sem.try_acquire().await.expect("first");
+    replica.wait_replicated_from(&primary);
+    // The replica stops applying writes: the next grant is acknowledged by the primary only.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(60_000)
+        .arg("WRITE")
+        .query(&mut replica.connection())
+        .expect("CLIENT PAUSE");
+    let missed = sem
+        .try_acquire()
+        .await
+        .expect("second, on the primary only");
+    assert!(missed.token() > first.token());
+    replica.promote();
+    primary.stop();
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut replica.connection())
+        .expect("CLIENT UNPAUSE");
+
+    let new = connect(&replica.url()).await;
+    let sem = new
+        .lease_semaphore_with("s", 2, two_seconds)
+        .expect("semaphore");
+    let status = within(LIMIT, "status", sem.status()).await.expect("status");
+    assert_eq!(
+        status.holders.len(),
+        1,
+        "the promoted replica missed the second grant"
+    );
+    let next = within(LIMIT, "grant on the new primary", sem.try_acquire())
+        .await
+        .expect("a unit is free on the new primary");
+    assert!(
+        next.token() > missed.token(),
+        "a later grant on the promoted replica ({}) must fence out the lost one ({})",
+        next.token(),
+        missed.token()
+    );
+    // The holder the new primary never heard of learns it at its next renewal.
+    within(LIMIT, "the lost holder learns", missed.lost()).await;
+    next.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_resent_acquire_and_release_on_a_cluster_are_applied_once() {
+    // Issue 9 #3: the cluster client resends a request after a dropped connection; the
+    // acquire was applied twice (one unit leaked for good), the release answered NotHeld.
+    let cluster = RedisCluster::start_behind_proxies(3);
+    let urls = cluster.urls();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let redsem = within(
+        LIMIT,
+        "cluster connect",
+        Redsem::connect_cluster_with(&seeds, RedsemOptions::default().prefix("t")),
+    )
+    .await
+    .expect("connect");
+    let sem = redsem.lease_semaphore("resend", 1).expect("semaphore");
+    // Load the scripts on that node first, so the lost reply is the one of the real call.
+    sem.try_acquire()
+        .await
+        .expect("warm")
+        .release()
+        .await
+        .expect("warm release");
+    let proxy = cluster.proxy_for_key("t:{lease:resend}:state");
+
+    proxy.drop_reply_after(b"{lease:resend}");
+    let permit = within(LIMIT, "acquire through a lost reply", sem.try_acquire())
+        .await
+        .expect("granted once");
+    assert_eq!(
+        proxy.triggered(),
+        1,
+        "the reply was lost and the request resent"
+    );
+    let status = sem.status().await.expect("status");
+    assert_eq!((status.in_use, status.holders.len()), (1, 1), "{status:?}");
+
+    proxy.drop_reply_after(b"{lease:resend}");
+    within(LIMIT, "release through a lost reply", permit.release())
+        .await
+        .expect("the resent release answers as the first did");
+    assert_eq!(proxy.triggered(), 2);
+    let again = within(LIMIT, "the unit is free", sem.try_acquire())
+        .await
+        .expect("nothing leaked");
+    again.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn eviction_under_volatile_lru_never_takes_live_state() {
+    // Issue 9 #4: the live keys carried TTLs, so volatile-* eviction dropped them and a second
+    // client got the only unit while the first still held it.
+    let server = RedisServer::start_with_eviction("volatile-lru", "4mb");
+    let a = connect(&server.url()).await;
+    let b = connect(&server.url()).await;
+    let options = LeaseOptions::default().lease(Duration::from_secs(5));
+    let sem_a = a
+        .lease_semaphore_with("s", 1, options.clone())
+        .expect("semaphore");
+    let sem_b = b.lease_semaphore_with("s", 1, options).expect("semaphore");
+    let held = sem_a.try_acquire().await.expect("first");
+    let waiter = tokio::spawn(async move { sem_b.acquire_timeout(LIMIT).await });
+    until("b queued", || async {
+        sem_a.status().await.expect("status").waiters.len() == 1
+    })
+    .await;
+    let before = server.evicted_keys();
+    for _ in 0..5 {
+        server.fill_until_evicting(true);
+    }
+    let evicted = server.evicted_keys() - before;
+    assert!(evicted > 0);
+    let status = sem_a.status().await.expect("status");
+    assert_eq!(
+        (status.in_use, status.holders.len(), status.waiters.len()),
+        (1, 1, 1),
+        "after {evicted} evictions: {status:?}"
+    );
+    assert!(held.is_held());
+    let c = connect(&server.url()).await;
+    let third = c.lease_semaphore("s", 1).expect("semaphore");
+    assert!(
+        third
+            .try_acquire()
+            .await
+            .expect_err("held and awaited")
+            .is_not_acquired()
+    );
+    held.release().await.expect("release");
+    let next = within(LIMIT, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("granted");
+    next.release().await.expect("release");
+}
+
+#[test]
+fn a_stale_wake_up_never_becomes_a_permit() {
+    // Issue 9 #5: a waiter stalled past the lease of the grant it was sent queued again and
+    // then built a permit from the old grant still in its mailbox, while another client held
+    // the only unit.
+    let server = RedisServer::start();
+    let url = server.url();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // The waiter lives on a runtime of its own thread, which the test freezes.
+    let (freeze_tx, freeze_rx) = std::sync::mpsc::channel::<Duration>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (result_tx, result_rx) = std::sync::mpsc::channel();
+    let waiter_url = url.clone();
+    let waiter_thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        go_rx.recv().expect("go");
+        rt.block_on(async move {
+            let redsem = connect(&waiter_url).await;
+            let sem = redsem
+                .lease_semaphore_with("s", 1, short(300))
+                .expect("semaphore");
+            let freezer = tokio::spawn(async move {
+                let pause = tokio::task::spawn_blocking(move || freeze_rx.recv()).await;
+                if let Ok(Ok(pause)) = pause {
+                    // Blocks this runtime's only thread: nothing of the waiter runs.
+                    std::thread::sleep(pause);
+                }
+            });
+            let got = sem.acquire_timeout(LIMIT).await;
+            let held_when_returned = got.as_ref().map(|p| (p.token(), p.is_held()));
+            let _ = result_tx.send(held_when_returned.map_err(|e| e.to_string()));
+            freezer.abort();
+            if let Ok(permit) = got {
+                let _ = permit.release().await;
+            }
+        });
+    });
+
+    main.block_on(async move {
+        let redsem = connect(&url).await;
+        let sem = redsem
+            .lease_semaphore_with("s", 1, short(300))
+            .expect("semaphore");
+        let holder = sem.try_acquire().await.expect("holder");
+        go_tx.send(()).expect("go");
+        until("the waiter queued", || async {
+            sem.status().await.expect("status").waiters.len() == 1
+        })
+        .await;
+        // Freeze the waiter, hand it the unit, and let that grant run out while it sleeps.
+        freeze_tx
+            .send(Duration::from_millis(1_500))
+            .expect("freeze");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        holder.release().await.expect("release");
+        let other = within(LIMIT, "another client takes the unit", async {
+            loop {
+                match sem.try_acquire().await {
+                    Ok(p) => break p,
+                    Err(e) if e.is_not_acquired() => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        })
+        .await;
+        // The waiter wakes up while `other` holds the only unit: it must not return a permit.
+        tokio::time::sleep(Duration::from_millis(1_800)).await;
+        match result_rx.try_recv() {
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+            Ok(Ok((token, held))) => panic!(
+                "the waiter returned token {token} (held: {held}) while {} holds the only unit",
+                other.token()
+            ),
+            Ok(Err(e)) => panic!("the waiter failed: {e}"),
+            Err(e) => panic!("{e:?}"),
+        }
+        let other_token = other.token();
+        other.release().await.expect("release");
+        let got = within(LIMIT, "the waiter's real grant", async {
+            loop {
+                match result_rx.try_recv() {
+                    Ok(r) => break r,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        })
+        .await
+        .expect("granted");
+        assert!(got.1, "a permit is returned held");
+        assert!(got.0 > other_token, "{} after {other_token}", got.0);
+    });
+    waiter_thread.join().expect("waiter thread");
+}
+
+#[tokio::test]
+async fn requests_above_max_units_are_refused_and_max_units_is_granted() {
+    // Issue 9 #7: one legal acquire_many could block the server for seconds.
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore("huge", u32::MAX)
+        .expect("semaphore");
+    match sem.try_acquire_many(1_000_000).await {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("4096"), "{why}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let permit = within(LIMIT, "MAX_UNITS", sem.try_acquire_many(MAX_UNITS))
+        .await
+        .expect("granted");
+    assert_eq!(permit.slots().len(), MAX_UNITS as usize);
+    permit.release().await.expect("release");
+}
