@@ -4,8 +4,9 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::port::CLUSTER_BUS_OFFSET;
 use crate::server::{binary, spawn_failed};
-use crate::{POLL_INTERVAL, RedisServer};
+use crate::{FaultProxy, POLL_INTERVAL, RedisServer};
 
 /// How long the nodes may take to agree that the cluster is up after `cluster create`.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -14,10 +15,15 @@ const CREATE_ATTEMPTS: usize = 3;
 
 /// A Redis Cluster of masters without replicas, each a [`RedisServer`] in cluster mode.
 ///
-/// Dropping it stops every node and removes their directories.
+/// Started with [`start_behind_proxies`](Self::start_behind_proxies), every node is reached
+/// through its own [`FaultProxy`], so a test can cut, delay or lose the replies of one node.
+///
+/// Dropping it stops every node (and proxy) and removes their directories.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Empty, or `proxies[i]` in front of `nodes[i]`.
+    proxies: Vec<FaultProxy>,
 }
 
 impl RedisCluster {
@@ -36,9 +42,50 @@ impl RedisCluster {
         let nodes = (0..masters)
             .map(|_| RedisServer::start_cluster_node())
             .collect();
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            proxies: Vec::new(),
+        };
         cluster.create();
         cluster.wait_ready();
+        cluster
+    }
+
+    /// Like [`start`](Self::start), with a [`FaultProxy`] in front of every node, and every node
+    /// announcing its proxy: `cluster-announce-ip 127.0.0.1`, `cluster-announce-port <proxy
+    /// port>`, `cluster-announce-bus-port <node port + 10000>` (kept across
+    /// [`restart`](RedisServer::restart)).
+    ///
+    /// So `CLUSTER SLOTS`, `CLUSTER SHARDS`, `CLUSTER NODES` and `MOVED` redirections name the
+    /// proxies, and a cluster client seeded with [`urls`](Self::urls) (the proxies' URLs) sends
+    /// every command through them. The cluster bus between the nodes does not go through the
+    /// proxies: a fault injected there is seen by clients only, never by the other nodes.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also if the nodes do not announce their proxies within 20 s.
+    pub fn start_behind_proxies(masters: usize) -> RedisCluster {
+        assert!(
+            masters >= 3,
+            "a Redis Cluster needs at least 3 masters, got {masters}"
+        );
+        let mut nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_cluster_node())
+            .collect();
+        let proxies: Vec<FaultProxy> = nodes
+            .iter()
+            .map(|node| FaultProxy::start(node.port()))
+            .collect();
+        for (node, proxy) in nodes.iter_mut().zip(&proxies) {
+            let bus_port = node.port() + CLUSTER_BUS_OFFSET;
+            node.set_config_persistently("cluster-announce-ip", "127.0.0.1");
+            node.set_config_persistently("cluster-announce-port", &proxy.port().to_string());
+            node.set_config_persistently("cluster-announce-bus-port", &bus_port.to_string());
+        }
+        let cluster = RedisCluster { nodes, proxies };
+        cluster.create();
+        cluster.wait_ready();
+        cluster.wait_announced();
         cluster
     }
 
@@ -52,12 +99,48 @@ impl RedisCluster {
         &mut self.nodes
     }
 
-    /// The URL of every node.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
+    /// The proxies in front of the nodes, `proxies()[i]` in front of `nodes()[i]`; empty unless
+    /// the cluster was started with [`start_behind_proxies`](Self::start_behind_proxies).
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
     }
 
-    /// A cluster client seeded with every node (does not connect yet).
+    /// The URL of every node, in the order of [`nodes`](Self::nodes); for a cluster behind
+    /// proxies, the URL of every proxy instead.
+    pub fn urls(&self) -> Vec<String> {
+        if self.proxies.is_empty() {
+            self.nodes.iter().map(RedisServer::url).collect()
+        } else {
+            self.proxies.iter().map(FaultProxy::url).collect()
+        }
+    }
+
+    /// The node serving the slot of `key` now (asked with `CLUSTER KEYSLOT` and `CLUSTER NODES`
+    /// of the first node that answers).
+    ///
+    /// # Panics
+    ///
+    /// If no node answers, or none serves the slot.
+    pub fn node_for_key(&self, key: &str) -> &RedisServer {
+        &self.nodes[self.owner_of(key)]
+    }
+
+    /// The proxy in front of the node serving the slot of `key` now: arm a fault there to hit the
+    /// commands on `key` (and on every key of its hash tag).
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started with [`start_behind_proxies`](Self::start_behind_proxies),
+    /// or as [`node_for_key`](Self::node_for_key).
+    pub fn proxy_for_key(&self, key: &str) -> &FaultProxy {
+        assert!(
+            !self.proxies.is_empty(),
+            "proxy_for_key needs a cluster started with RedisCluster::start_behind_proxies"
+        );
+        &self.proxies[self.owner_of(key)]
+    }
+
+    /// A cluster client seeded with every node, or every proxy (does not connect yet).
     pub fn client(&self) -> redis::cluster::ClusterClient {
         redis::cluster::ClusterClient::new(self.urls()).expect("the URLs of test nodes are valid")
     }
@@ -133,6 +216,81 @@ impl RedisCluster {
         }
     }
 
+    /// The index in `nodes` of the master serving the slot of `key`.
+    fn owner_of(&self, key: &str) -> usize {
+        let mut errors = Vec::new();
+        for node in &self.nodes {
+            let asked: redis::RedisResult<(u16, String)> = node
+                .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+                .and_then(|slot| {
+                    let nodes: String = node.query(redis::cmd("CLUSTER").arg("NODES"))?;
+                    Ok((slot, nodes))
+                });
+            let (slot, listing) = match asked {
+                Ok(answer) => answer,
+                Err(e) => {
+                    errors.push(format!("node {}: {e}", node.port()));
+                    continue;
+                }
+            };
+            let Some(port) = master_of_slot(&listing, slot) else {
+                self.fail(&format!(
+                    "no master serves slot {slot} of {key:?}; CLUSTER NODES of node {}:\n{listing}",
+                    node.port()
+                ));
+            };
+            let index = self
+                .nodes
+                .iter()
+                .position(|node| node.port() == port)
+                .or_else(|| self.proxies.iter().position(|proxy| proxy.port() == port));
+            return index.unwrap_or_else(|| {
+                self.fail(&format!(
+                    "slot {slot} of {key:?} is served on port {port}, which is neither a node nor \
+                     a proxy of this cluster"
+                ))
+            });
+        }
+        self.fail(&format!(
+            "no node answered CLUSTER KEYSLOT / CLUSTER NODES:\n{}",
+            errors.join("\n")
+        ))
+    }
+
+    /// Poll until every node lists every master at its proxy's port in `CLUSTER NODES`.
+    fn wait_announced(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut wanted: Vec<u16> = self.proxies.iter().map(FaultProxy::port).collect();
+        wanted.sort_unstable();
+        loop {
+            let pending: Vec<String> = self
+                .nodes
+                .iter()
+                .filter_map(|node| {
+                    let listing: String = match node.query(redis::cmd("CLUSTER").arg("NODES")) {
+                        Ok(listing) => listing,
+                        Err(e) => return Some(format!("node {}: {e}", node.port())),
+                    };
+                    let mut ports = master_ports(&listing);
+                    ports.sort_unstable();
+                    (ports != wanted)
+                        .then(|| format!("node {} lists masters at {ports:?}", node.port()))
+                })
+                .collect();
+            if pending.is_empty() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "the nodes did not announce the proxy ports {wanted:?} within \
+                     {READY_TIMEOUT:?}:\n{}",
+                    pending.join("\n")
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
     /// Panic with `message` and the log tail of every node.
     fn fail(&self, message: &str) -> ! {
         let logs: Vec<String> = self
@@ -142,6 +300,57 @@ impl RedisCluster {
             .collect();
         panic!("{message}\n{}", logs.join("\n"))
     }
+}
+
+/// One line of `CLUSTER NODES` of a master: its client port and the slot ranges it serves.
+struct MasterLine {
+    port: u16,
+    ranges: Vec<(u16, u16)>,
+}
+
+/// The masters in a `CLUSTER NODES` listing
+/// (`<id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong> <epoch> <state> <slots>...`).
+fn masters(listing: &str) -> Vec<MasterLine> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|flag| flag == "master") {
+                return None;
+            }
+            let address = fields.get(1)?.split(['@', ',']).next()?;
+            let port = address.rsplit_once(':')?.1.parse().ok()?;
+            // Ranges `a-b` or single slots `a`; `[slot->-id]` entries are migrations: skipped.
+            let ranges = fields
+                .iter()
+                .skip(8)
+                .filter_map(|range| match range.split_once('-') {
+                    Some((first, last)) => Some((first.parse().ok()?, last.parse().ok()?)),
+                    None => range.parse().ok().map(|slot| (slot, slot)),
+                })
+                .collect();
+            Some(MasterLine { port, ranges })
+        })
+        .collect()
+}
+
+/// The client port of every master in a `CLUSTER NODES` listing.
+fn master_ports(listing: &str) -> Vec<u16> {
+    masters(listing).iter().map(|master| master.port).collect()
+}
+
+/// The client port of the master serving `slot` in a `CLUSTER NODES` listing.
+fn master_of_slot(listing: &str, slot: u16) -> Option<u16> {
+    masters(listing)
+        .into_iter()
+        .find(|master| {
+            master
+                .ranges
+                .iter()
+                .any(|&(first, last)| (first..=last).contains(&slot))
+        })
+        .map(|master| master.port)
 }
 
 /// Why `node` is not ready yet, or `None` if its `CLUSTER INFO` has every `wanted` line.
@@ -155,4 +364,26 @@ fn not_ready(node: &RedisServer, wanted: &[String]) -> Option<String> {
         .filter(|line| !info.lines().any(|have| have.trim() == line.as_str()))
         .collect();
     (!missing.is_empty()).then(|| format!("node {}: no {missing:?} in CLUSTER INFO", node.port()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LISTING: &str = "\
+07c3 127.0.0.1:30004@40004,host myself,master - 0 0 1 connected 0-5459 5460 [5461->-e7d1]
+e7d1 127.0.0.1:30005@40005 master - 0 1 2 connected 5461-10922
+292f 127.0.0.1:30006@40006 slave e7d1 0 1 2 connected
+a1b2 127.0.0.1:30007@40007 master,fail - 0 1 3 connected 10923-16383
+";
+
+    #[test]
+    fn cluster_nodes_listings_give_the_master_of_each_slot() {
+        assert_eq!(master_ports(LISTING), [30004, 30005, 30007]);
+        assert_eq!(master_of_slot(LISTING, 0), Some(30004));
+        assert_eq!(master_of_slot(LISTING, 5460), Some(30004));
+        assert_eq!(master_of_slot(LISTING, 5461), Some(30005));
+        assert_eq!(master_of_slot(LISTING, 16383), Some(30007));
+        assert_eq!(master_of_slot("", 1), None);
+    }
 }

@@ -5,6 +5,25 @@
 //! removes the directory. Readiness is detected by polling, never by fixed sleeps, and every
 //! panic message carries the tail of the server log.
 //!
+//! # Fault kit
+//!
+//! * [`FaultProxy`]: a TCP proxy in front of a server that cuts connections
+//!   ([`cut_all`](FaultProxy::cut_all)), loses the reply of a request after running it
+//!   ([`drop_reply_after`](FaultProxy::drop_reply_after)), adds latency
+//!   ([`set_delay`](FaultProxy::set_delay)) or makes the server look unreachable
+//!   ([`set_refusing`](FaultProxy::set_refusing)). Plain std threads: usable from sync tests and
+//!   from any tokio runtime flavour.
+//! * Failover: [`RedisServer::start_replica_of`], [`RedisServer::wait_replicated_from`],
+//!   [`RedisServer::promote`] (whose documentation shows how to make the promoted replica miss
+//!   the last writes), [`RedisServer::flushall`].
+//! * Eviction: [`RedisServer::start_with_eviction`] and [`RedisServer::fill_until_evicting`]
+//!   (with [`RedisServer::evicted_keys`]).
+//! * A cluster reached through proxies: [`RedisCluster::start_behind_proxies`], whose nodes
+//!   announce their proxies' ports, with [`RedisCluster::proxies`],
+//!   [`RedisCluster::proxy_for_key`] and [`RedisCluster::node_for_key`]. redis-rs's cluster
+//!   client resends a request whose reply was lost with its connection, so a script can run twice
+//!   for one call (`tests/cluster_proxies.rs` shows it).
+//!
 //! The binaries come from `$REDSEM_REDIS_SERVER` and `$REDSEM_REDIS_CLI`, or `redis-server`
 //! and `redis-cli` on the `PATH` (`apt-get install -y redis-server` installs both).
 //!

@@ -6,7 +6,7 @@ use std::net::TcpListener;
 const MAX_CLUSTER_PORT: u16 = 55535;
 
 /// Offset of the cluster bus port from the client port.
-const CLUSTER_BUS_OFFSET: u16 = 10000;
+pub(crate) const CLUSTER_BUS_OFFSET: u16 = 10000;
 
 /// A port that is free right now (bind to port 0, read it, release it).
 ///

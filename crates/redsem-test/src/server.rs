@@ -456,6 +456,15 @@ impl RedisServer {
         }
     }
 
+    /// `CONFIG SET name value` now, and `--name value` on every later (re)start.
+    pub(crate) fn set_config_persistently(&mut self, name: &str, value: &str) {
+        let () = self
+            .query(redis::cmd("CONFIG").arg("SET").arg(name).arg(value))
+            .unwrap_or_else(|e| self.fail(&format!("CONFIG SET {name} {value} failed: {e}")));
+        self.extra_args.push(format!("--{name}").into());
+        self.extra_args.push(value.into());
+    }
+
     /// Run `cmd` on a fresh connection with short timeouts.
     pub(crate) fn query<T: redis::FromRedisValue>(
         &self,

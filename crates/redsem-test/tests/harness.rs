@@ -133,7 +133,9 @@ fn debug_command_is_enabled() {
 fn three_master_cluster_serves_every_slot_and_hash_tagged_scripts() {
     let cluster = RedisCluster::start(3);
     assert_eq!(cluster.nodes().len(), 3);
-    assert_eq!(cluster.urls().len(), 3);
+    assert!(cluster.proxies().is_empty());
+    let node_urls: Vec<String> = cluster.nodes().iter().map(RedisServer::url).collect();
+    assert_eq!(cluster.urls(), node_urls);
     for node in cluster.nodes() {
         let info: String = redis::cmd("CLUSTER")
             .arg("INFO")
@@ -151,6 +153,13 @@ fn three_master_cluster_serves_every_slot_and_hash_tagged_scripts() {
         let () = con.set(key, key).expect("SET in the cluster");
         let value: String = con.get(key).expect("GET in the cluster");
         assert_eq!(value, key);
+        // Asked directly, only the owner answers (the others reply MOVED).
+        let direct: String = cluster
+            .node_for_key(key)
+            .connection()
+            .get(key)
+            .expect("GET on node_for_key");
+        assert_eq!(direct, key);
     }
     let both: Vec<String> = redis::cmd("EVAL")
         .arg("redis.call('SET', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[1]); return redis.call('MGET', KEYS[1], KEYS[2])")
