@@ -1,11 +1,12 @@
 -- latch_count_down: take one from the count. At 0 the count key is deleted, the done marker
--- set for DONE_MS, and "opened" published on the latch's channel: every waiter wakes.
+-- set ("1") for DONE_MS, the remembered ids left to expire, and "opened" published on the
+-- latch's channel (last, with pcall): every waiter wakes.
 -- Applied once per request id: a repeated call changes nothing.
 -- KEYS: see latch_prelude.lua
 -- ARGV[1] request id   ARGV[2] the latch's channel
 -- Returns: {"COUNTED", count left}
 --        | {"REPEATED", count left}   (this id was applied already)
---        | {"ABSENT"}                 (no latch counting: never set, opened or deleted)
+--        | {"ABSENT"}                 (no latch counting: never set, opened, deleted or lost)
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local rid, channel = ARGV[1], ARGV[2]
@@ -31,7 +32,8 @@ return run(function()
   if count <= 1 then
     redis.call('DEL', COUNT)
     redis.call('SET', DONE, '1', 'PX', DONE_MS)
-    redis.call('PUBLISH', channel, 'opened')
+    redis.call('PEXPIRE', APPLIED, REMEMBER_MS)
+    redis.pcall('PUBLISH', channel, 'opened')
     return { 'COUNTED', 0 }
   end
   return { 'COUNTED', redis.call('DECR', COUNT) }

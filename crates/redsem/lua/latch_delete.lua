@@ -1,5 +1,6 @@
--- latch_delete: remove the latch (count, done marker, remembered ids). If it was counting,
--- "opened" is published on its channel: its waiters return.
+-- latch_delete: remove the latch (count, remembered ids). If it was counting, the done marker
+-- says "deleted" for DONE_MS, so its waiters return rather than report a lost latch, and
+-- "opened" is published on its channel (last, with pcall); otherwise the done marker goes too.
 -- KEYS: see latch_prelude.lua
 -- ARGV[1] the latch's channel
 -- Returns: {"DELETED", 1 if it was counting else 0} | {"WRONGTYPE", key, actual, expected}
@@ -10,7 +11,8 @@ return run(function()
   call(APPLIED, 'ZCARD', APPLIED)
   redis.call('DEL', COUNT, DONE, APPLIED)
   if count then
-    redis.call('PUBLISH', ARGV[1], 'opened')
+    redis.call('SET', DONE, 'deleted', 'PX', DONE_MS)
+    redis.pcall('PUBLISH', ARGV[1], 'opened')
     return { 'DELETED', 1 }
   end
   return { 'DELETED', 0 }

@@ -1,8 +1,10 @@
 -- latch_state: what the latch is doing.
 -- KEYS: see latch_prelude.lua
 -- ARGV: none
--- Returns: {"COUNTING", count} | {"DONE"} (opened within DONE_MS) | {"NEVER"} (never set,
---          deleted, or opened longer ago) | {"WRONGTYPE", key, actual, expected}
+-- Returns: {"COUNTING", count} | {"DONE"} (opened within DONE_MS)
+--        | {"DELETED"} (deleted while counting, within DONE_MS)
+--        | {"NEVER"} (never set, deleted while not counting, opened or deleted longer ago, or
+--          lost) | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local count = read_count()
   if count then
@@ -10,7 +12,9 @@ return run(function()
   end
   local done = call(DONE, 'GET', DONE)
   call(APPLIED, 'ZCARD', APPLIED)
-  if done then
+  if done == 'deleted' then
+    return { 'DELETED' }
+  elseif done then
     return { 'DONE' }
   end
   return { 'NEVER' }

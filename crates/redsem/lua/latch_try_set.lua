@@ -1,8 +1,9 @@
--- latch_try_set: set the count to COUNT unless the latch exists (counting). An opened latch
--- can be set again; that clears its done marker.
+-- latch_try_set: set the count to COUNT unless the latch exists (counting). An opened or
+-- deleted latch can be set again; that clears its done marker, and its remembered ids stop
+-- expiring (the latch counts again).
 -- Applied once per request id: a repeated call answers "SET" again.
 -- KEYS: see latch_prelude.lua
--- ARGV[1] request id   ARGV[2] count (>= 1)
+-- ARGV[1] request id   ARGV[2] count (1 .. 2^53 - 1)
 -- Returns: {"SET"} | {"EXISTS", count} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local rid = ARGV[1]
@@ -21,6 +22,7 @@ return run(function()
     return { 'SET' }
   end
   redis.call('SET', COUNT, ARGV[2])
+  redis.call('PERSIST', APPLIED)
   if done then
     redis.call('DEL', DONE)
   end

@@ -92,7 +92,11 @@ impl LatchState {
 ///   or was never set; [`state`](Self::state) tells the two apart (an opened latch is
 ///   remembered as [`LatchState::Done`] for [`LATCH_DONE_TTL`]).
 /// * [`count_down`](Self::count_down) is retry-safe: each call carries a request id, is retried
-///   once after a dropped connection, and is applied once.
+///   once after a dropped connection (or resent by the cluster client), and is applied once.
+/// * A waiter is never released by lost state: if the latch it saw counting vanishes (restart
+///   without persistence, `FLUSHALL`, failover), it gets [`Error::StateLost`] (see
+///   [`wait`](Self::wait)). While it counts, none of its keys has a TTL, so `volatile-*`
+///   eviction cannot pick them.
 ///
 /// Cloning is cheap.
 ///
@@ -329,20 +333,31 @@ impl CountDownLatch {
     ///
     /// Cancel safe.
     pub async fn state(&self) -> Result<LatchState> {
-        let inner = &self.inner;
-        let state = script::retry_once("state", || async {
-            script::latch_state(&mut inner.redsem.conn(), &inner.keys).await
-        })
-        .await?;
-        Ok(match state {
+        Ok(match self.raw_state().await? {
             RawLatchState::Counting(n) => LatchState::Counting(n),
             RawLatchState::Done => LatchState::Done,
-            RawLatchState::Never => LatchState::NeverSet,
+            RawLatchState::Deleted | RawLatchState::Never => LatchState::NeverSet,
         })
     }
 
     /// Wait until the latch is not counting: it reached zero, was deleted, or was never set
     /// (check [`state`](Self::state) first where "never set" must not pass).
+    ///
+    /// # Lost state
+    ///
+    /// A waiter that saw the latch counting returns only when it opens (or is
+    /// [deleted](Self::delete)). If the latch's keys vanish instead — a restart without
+    /// persistence, `FLUSHALL`, a failover to a replica that had not received the
+    /// [`try_set_count`](Self::try_set_count), eviction under an `allkeys-*` policy — the
+    /// waiter gets [`Error::StateLost`], never a false opening: nobody could count such a
+    /// latch down any more ([`count_down`](Self::count_down) finds nothing to count). Set it
+    /// again and wait again if that is the right recovery. A failover to a replica that missed
+    /// only some count-downs leaves the latch counting from the replica's count: its waiters
+    /// go on waiting, and the lost count-downs must be repeated (use
+    /// [`wait_timeout`](Self::wait_timeout) where that matters). The same error comes, as a
+    /// false alarm, if the latch opened and its done marker is gone before the waiter
+    /// re-checked: more than [`LATCH_DONE_TTL`] later (a process suspended that long), or
+    /// evicted by a `volatile-*` policy in the milliseconds after the opening.
     ///
     /// # Examples
     ///
@@ -356,8 +371,9 @@ impl CountDownLatch {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a check
-    /// (each check is tried once more after a dropped connection).
+    /// [`Error::StateLost`] when the latch it saw counting vanished without opening (see
+    /// above); [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a
+    /// check (each check is tried once more after a dropped connection).
     ///
     /// # Cancel safety
     ///
@@ -393,8 +409,10 @@ impl CountDownLatch {
         self.wait_until(Instant::now().checked_add(wait)).await
     }
 
-    /// Remove the latch (also its done marker). Returns true if it was counting; its waiters
-    /// then return.
+    /// Remove the latch. Returns true if it was counting; its waiters then return (a marker
+    /// kept for [`LATCH_DONE_TTL`] tells them it was deleted, not lost), and
+    /// [`state`](Self::state) reports [`LatchState::NeverSet`]. Deleting a latch that is not
+    /// counting also removes its done marker.
     ///
     /// # Examples
     ///
@@ -418,13 +436,33 @@ impl CountDownLatch {
         script::latch_delete(&mut inner.redsem.conn(), &inner.keys).await
     }
 
-    async fn counting(&self) -> Result<bool> {
-        Ok(!self.state().await?.is_open())
+    async fn raw_state(&self) -> Result<RawLatchState> {
+        let inner = &self.inner;
+        script::retry_once("state", || async {
+            script::latch_state(&mut inner.redsem.conn(), &inner.keys).await
+        })
+        .await
+    }
+
+    /// Whether a waiter that saw the latch counting goes on waiting (`Ok(true)`), may return
+    /// (`Ok(false)`: it opened or was deleted), or must report the latch lost.
+    async fn still_counting(&self) -> Result<bool> {
+        match self.raw_state().await? {
+            RawLatchState::Counting(_) => Ok(true),
+            RawLatchState::Done | RawLatchState::Deleted => Ok(false),
+            RawLatchState::Never => Err(Error::StateLost {
+                name: self.inner.name.clone(),
+                detail: "the latch was counting and is now neither counting, opened nor \
+                         deleted: its keys vanished (restart without persistence, FLUSHALL, \
+                         failover to a replica that missed them, eviction)"
+                    .into(),
+            }),
+        }
     }
 
     async fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
         let started = Instant::now();
-        if !self.counting().await? {
+        if !matches!(self.raw_state().await?, RawLatchState::Counting(_)) {
             return Ok(());
         }
         let inner = &self.inner;
@@ -438,7 +476,7 @@ impl CountDownLatch {
             // Registered before the check, so a message published in between is kept.
             let mut opened = pin!(listener.notify().notified());
             opened.as_mut().enable();
-            if !self.counting().await? {
+            if !self.still_counting().await? {
                 return Ok(());
             }
             let mut nap = inner.options.recheck;

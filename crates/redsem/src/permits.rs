@@ -428,7 +428,9 @@ impl PermitSemaphore {
     /// left as it is and 0 is returned (unlike Java's `drainPermits`, a negative count is not
     /// reset).
     ///
-    /// Not retried: a repeated drain would take permits released in between.
+    /// Retry-safe: the call carries a request id; after a dropped connection it is repeated
+    /// once with the same id, and the repeat answers the amount the first attempt took
+    /// (permits released in between stay available).
     ///
     /// # Examples
     ///
@@ -449,7 +451,11 @@ impl PermitSemaphore {
     /// If dropped after sending, the permits may or may not have been taken.
     pub async fn drain_permits(&self) -> Result<u64> {
         let inner = &self.inner;
-        script::permit_drain(&mut inner.redsem.conn(), &inner.keys).await
+        let request = PermitId::random();
+        script::retry_once("drain_permits", || async {
+            script::permit_drain(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
+        })
+        .await
     }
 
     /// Remove the semaphore: its count and its queue. Returns true if its count was set.
@@ -506,88 +512,104 @@ impl PermitSemaphore {
             return Ok(());
         }
         let inner = &self.inner;
-        let id = PermitId::random();
         let started = Instant::now();
         let wait = !matches!(patience, Patience::None);
         let waiter_lease = inner.options.waiter_lease;
-        let channel = &inner.redsem.shared.wake_channel;
-        let mut conn = inner.redsem.conn();
-        // Routed before the request is queued, so a grant published right after cannot be missed.
-        let mailbox = if wait {
-            Some(inner.redsem.notifier().await.register(id.as_str()).await)
-        } else {
-            None
-        };
-        let mut withdraw = Withdraw::new(inner.clone(), id.clone());
-        let mut reply = script::permit_acquire(
-            &mut conn,
-            &inner.keys,
-            id.as_str(),
-            permits,
-            wait,
-            waiter_lease,
-            channel,
-        )
-        .await?;
         let mut polled = false;
+        // One request id per place in the queue: a request that lost its place queues again
+        // under a new id, so nothing addressed to the old one (a late wake-up, a late resend)
+        // can act on the new place.
         loop {
-            match reply {
-                PermitAcquire::Granted => {
-                    withdraw.disarm();
-                    return Ok(());
-                }
-                PermitAcquire::Busy { available, waiters } => {
-                    withdraw.disarm();
-                    return Err(Error::NotEnoughPermits {
-                        name: inner.name.clone(),
-                        requested: permits,
-                        available,
-                        waiters,
-                    });
-                }
-                PermitAcquire::Queued { recheck, .. } => {
-                    let Some(mailbox) = &mailbox else {
-                        return Err(protocol("a try request was queued"));
-                    };
-                    let mut nap = recheck;
-                    if let Patience::Until(deadline) = patience {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            withdraw.now().await?;
-                            return Err(Error::Timeout {
-                                name: inner.name.clone(),
-                                waited: now - started,
-                            });
-                        }
-                        nap = nap.min(deadline - now);
-                    }
-                    tokio::select! {
-                        () = mailbox.woken() => {}
-                        () = tokio::time::sleep(nap) => {}
-                    }
-                    reply = script::permit_poll(&mut conn, &inner.keys, id.as_str(), waiter_lease)
-                        .await?;
-                    polled = true;
-                }
-                PermitAcquire::Gone if polled => {
-                    // Our place was dropped (we did not check in within the waiter lease, or
-                    // the semaphore was deleted): queue again.
-                    tracing::warn!(semaphore = %inner.name, id = %id, "queued request was dropped; queuing again");
-                    polled = false;
-                    reply = script::permit_acquire(
+            let id = PermitId::random();
+            let conn = inner.redsem.conn();
+            let request = &id;
+            // Routed before the request is queued, so a grant published right after cannot be
+            // missed.
+            let mailbox = if wait {
+                Some(inner.redsem.notifier().await.register(id.as_str()).await)
+            } else {
+                None
+            };
+            let mut withdraw = Withdraw::new(inner.clone(), id.clone());
+            let mut reply = script::retry_once("acquire", || {
+                let mut conn = conn.clone();
+                async move {
+                    script::permit_acquire(
                         &mut conn,
                         &inner.keys,
-                        id.as_str(),
+                        request.as_str(),
                         permits,
                         wait,
                         waiter_lease,
-                        channel,
+                        &inner.redsem.shared.wake_channel,
                     )
-                    .await?;
+                    .await
                 }
-                PermitAcquire::Gone => {
-                    withdraw.disarm();
-                    return Err(protocol("a new request was refused as withdrawn"));
+            })
+            .await?;
+            loop {
+                match reply {
+                    PermitAcquire::Granted => {
+                        withdraw.disarm();
+                        return Ok(());
+                    }
+                    PermitAcquire::Busy { available, waiters } => {
+                        withdraw.disarm();
+                        return Err(Error::NotEnoughPermits {
+                            name: inner.name.clone(),
+                            requested: permits,
+                            available,
+                            waiters,
+                        });
+                    }
+                    PermitAcquire::Queued { recheck, .. } => {
+                        let Some(mailbox) = &mailbox else {
+                            return Err(protocol("a try request was queued"));
+                        };
+                        let mut nap = recheck;
+                        if let Patience::Until(deadline) = patience {
+                            let now = Instant::now();
+                            if now >= deadline {
+                                withdraw.now().await?;
+                                return Err(Error::Timeout {
+                                    name: inner.name.clone(),
+                                    waited: now - started,
+                                });
+                            }
+                            nap = nap.min(deadline - now);
+                        }
+                        tokio::select! {
+                            () = mailbox.woken() => {}
+                            () = tokio::time::sleep(nap) => {}
+                        }
+                        reply = script::retry_once("acquire", || {
+                            let mut conn = conn.clone();
+                            async move {
+                                script::permit_poll(
+                                    &mut conn,
+                                    &inner.keys,
+                                    request.as_str(),
+                                    waiter_lease,
+                                )
+                                .await
+                            }
+                        })
+                        .await?;
+                        polled = true;
+                    }
+                    PermitAcquire::Gone if polled => {
+                        // Our place was dropped (we did not check in within the waiter lease,
+                        // the semaphore was deleted, or its state was lost): queue again, under
+                        // a new id. The old one is withdrawn in the background, so a late
+                        // resend of its acquire is refused.
+                        tracing::warn!(semaphore = %inner.name, id = %id, "queued request was dropped; queuing again");
+                        polled = false;
+                        break;
+                    }
+                    PermitAcquire::Gone => {
+                        withdraw.disarm();
+                        return Err(protocol("a new request was refused as withdrawn"));
+                    }
                 }
             }
         }

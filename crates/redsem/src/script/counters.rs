@@ -102,7 +102,11 @@ pub(crate) enum CountDown {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RawLatchState {
     Counting(u64),
+    /// Opened (reached zero) within the last hour.
     Done,
+    /// Deleted while counting, within the last hour.
+    Deleted,
+    /// Never set, deleted while not counting, stopped counting over an hour ago, or lost.
     Never,
 }
 
@@ -219,9 +223,17 @@ pub(crate) async fn permit_available(
     })
 }
 
-/// The number of permits taken.
-pub(crate) async fn permit_drain(conn: &mut impl ConnectionLike, keys: &PermitKeys) -> Result<u64> {
-    let reply: Value = PERMIT_DRAIN.key(&keys.all[..]).invoke_async(conn).await?;
+/// The number of permits taken (by this call, or by an earlier call with the same request id).
+pub(crate) async fn permit_drain(
+    conn: &mut impl ConnectionLike,
+    keys: &PermitKeys,
+    request: &str,
+) -> Result<u64> {
+    let reply: Value = PERMIT_DRAIN
+        .key(&keys.all[..])
+        .arg(request)
+        .invoke_async(conn)
+        .await?;
     let mut r = Reply::new("permit_drain", reply)?;
     if r.status != "DRAINED" {
         return Err(r.unexpected());
@@ -285,6 +297,7 @@ pub(crate) async fn latch_state(
     Ok(match status.as_str() {
         "COUNTING" => RawLatchState::Counting(r.uint()?),
         "DONE" => RawLatchState::Done,
+        "DELETED" => RawLatchState::Deleted,
         "NEVER" => RawLatchState::Never,
         _ => return Err(r.unexpected()),
     })
@@ -648,28 +661,49 @@ mod tests {
     async fn drain_takes_what_is_available_and_leaves_a_negative_count_alone() {
         let server = RedisServer::start();
         let mut conn = connect(&server).await;
-        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 0);
+        assert_eq!(
+            permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+            0
+        );
         let exists: bool = conn.exists(&pk().all[0]).await.expect("exists");
         assert!(!exists, "draining a semaphore never set does not set it");
         add(&mut conn, "r1", 5).await;
-        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 5);
+        assert_eq!(
+            permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+            5
+        );
         assert_eq!(available(&mut conn).await, 0);
         add(&mut conn, "r2", -3).await;
-        assert_eq!(permit_drain(&mut conn, &pk()).await.expect("drain"), 0);
+        assert_eq!(
+            permit_drain(&mut conn, &pk(), "d3").await.expect("drain"),
+            0
+        );
         assert_eq!(available(&mut conn).await, -3);
     }
 
     #[tokio::test]
-    async fn bookkeeping_keys_expire_but_the_count_does_not() {
+    async fn bookkeeping_keys_expire_only_while_idle_and_the_count_never() {
         let server = RedisServer::start();
         let mut conn = connect(&server).await;
         let k = pk();
         add(&mut conn, "r1", 1).await;
         acquire(&mut conn, "a", 1, false, LONG).await;
-        acquire(&mut conn, "b", 1, true, LONG).await;
-        for key in &k.all[1..] {
+        // Idle (nobody waits): remembered ids and the ticket counter expire.
+        for key in [&k.all[3], &k.all[5]] {
             let ttl: i64 = conn.pttl(key).await.expect("pttl");
             assert!(ttl > 30_000 && ttl <= 30_000 + 120_000, "{key}: {ttl}");
+        }
+        // Live (someone waits): nothing expires.
+        acquire(&mut conn, "b", 1, true, LONG).await;
+        for key in &k.all {
+            let ttl: i64 = conn.pttl(key).await.expect("pttl");
+            assert_eq!(ttl, -1, "{key} while a waiter lives");
+        }
+        // Idle again.
+        permit_withdraw(&mut conn, &k, "b").await.expect("withdraw");
+        for key in [&k.all[3], &k.all[4], &k.all[5]] {
+            let ttl: i64 = conn.pttl(key).await.expect("pttl");
+            assert!(ttl > 60_000 && ttl <= 60_000 + 120_000, "{key}: {ttl}");
         }
         let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
         assert_eq!(ttl, -1, "the count never expires");
@@ -709,7 +743,7 @@ mod tests {
                     "available",
                     permit_available(&mut conn2, &k).await.map(drop),
                 ),
-                ("drain", permit_drain(&mut conn2, &k).await.map(drop)),
+                ("drain", permit_drain(&mut conn2, &k, "d").await.map(drop)),
                 ("delete", permit_delete(&mut conn2, &k).await.map(drop)),
             ];
             for (script, result) in results {
@@ -861,5 +895,357 @@ mod tests {
             assert_eq!(state, RawLatchState::Done);
             latch_delete(&mut conn, &k).await.expect("delete");
         }
+    }
+
+    // ----- Faults of issue 9: resent calls, failures after a write, eviction, partial loss.
+
+    /// How many waiters one script run grants at most (`MAX_GRANTS` in permit_prelude.lua).
+    const MAX_GRANTS: usize = 100;
+
+    async fn fields(conn: &mut MultiplexedConnection, names: &[&str]) -> Vec<Option<String>> {
+        redis::cmd("HMGET")
+            .arg(&pk().all[3])
+            .arg(names)
+            .query_async(conn)
+            .await
+            .expect("HMGET records")
+    }
+
+    /// The number of `r:<id>` records in state "granted, not collected".
+    async fn uncollected(conn: &mut MultiplexedConnection) -> usize {
+        let values: Vec<String> = conn.hvals(&pk().all[3]).await.expect("HVALS");
+        values.iter().filter(|v| v.starts_with("g|")).count()
+    }
+
+    async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+        conn.pttl(key).await.expect("PTTL")
+    }
+
+    /// `INFO` field `name` of section `section`, as a number.
+    async fn info_number(conn: &mut MultiplexedConnection, section: &str, name: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(conn)
+            .await
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("an INFO field")
+    }
+
+    /// Limit the server's memory to what it uses plus a megabyte, then write filler keys with
+    /// a TTL (candidates for `volatile-*` eviction) until `evictions` keys were evicted.
+    async fn evict_by_filling(conn: &mut MultiplexedConnection, evictions: u64) {
+        let used = info_number(conn, "memory", "used_memory").await;
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(used + 1_000_000)
+            .query_async(conn)
+            .await
+            .expect("CONFIG SET maxmemory");
+        let filler = "x".repeat(1000);
+        within(LIMIT, "filling until keys are evicted", async {
+            let mut n = 0_u64;
+            while info_number(conn, "stats", "evicted_keys").await < evictions {
+                let mut pipe = redis::pipe();
+                for _ in 0..200 {
+                    n += 1;
+                    pipe.cmd("SET")
+                        .arg(format!("filler:{n}"))
+                        .arg(&filler)
+                        .arg("EX")
+                        .arg(3600)
+                        .ignore();
+                }
+                let () = pipe.query_async(conn).await.expect("fillers");
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_drain_repeated_with_the_same_request_id_answers_the_same_and_takes_once() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        add(&mut conn, "r1", 5).await;
+        assert_eq!(
+            permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+            5
+        );
+        // Released by someone else before the resent drain arrives.
+        add(&mut conn, "r2", 2).await;
+        let again = permit_drain(&mut conn, &pk(), "d1").await.expect("resent");
+        let left = available(&mut conn).await;
+        println!("resent drain answered {again}, left {left} of the 2 released after it");
+        assert_eq!((again, left), (5, 2), "the resend takes nothing more");
+        assert_eq!(
+            permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn every_mutating_permit_script_repeated_with_its_id_is_applied_once() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = pk();
+        assert!(permit_try_set(&mut conn, &k, "s", 2).await.expect("set"));
+        assert!(permit_try_set(&mut conn, &k, "s", 2).await.expect("resent"));
+        assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(3));
+        assert_eq!(add(&mut conn, "r", 1).await, Addition::Repeated(3));
+        for _ in 0..2 {
+            assert_eq!(
+                acquire(&mut conn, "t", 3, false, LONG).await,
+                PermitAcquire::Granted
+            );
+        }
+        assert_eq!(available(&mut conn).await, 0);
+        // A resent wait request answers like a poll: one place in the queue.
+        for _ in 0..2 {
+            assert!(matches!(
+                acquire(&mut conn, "w", 2, true, LONG).await,
+                PermitAcquire::Queued { position: 0, .. }
+            ));
+        }
+        let queue: u64 = conn.zcard(&k.all[1]).await.expect("ZCARD");
+        assert_eq!(queue, 1);
+        assert_eq!(
+            fields(&mut conn, &["qlen", "wlen"]).await,
+            [Some("1".into()), Some("1".into())]
+        );
+        assert_eq!(add(&mut conn, "r2", 2).await, Addition::Applied(0));
+        for _ in 0..2 {
+            assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
+        }
+        assert_eq!(available(&mut conn).await, 0);
+        // A withdrawal gives back once.
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "w").await.expect("withdraw"),
+            Withdrawal::Returned(2)
+        );
+        assert_eq!(
+            permit_withdraw(&mut conn, &k, "w").await.expect("resent"),
+            Withdrawal::Unknown
+        );
+        assert_eq!(available(&mut conn).await, 2);
+        assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain"), 2);
+        assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("resent"), 2);
+        assert_eq!(available(&mut conn).await, 0);
+
+        let l = lk();
+        assert!(latch_try_set(&mut conn, &l, "s", 2).await.expect("set"));
+        assert!(latch_try_set(&mut conn, &l, "s", 2).await.expect("resent"));
+        assert_eq!(
+            latch_count_down(&mut conn, &l, "c").await.expect("down"),
+            CountDown::Counted(1)
+        );
+        assert_eq!(
+            latch_count_down(&mut conn, &l, "c").await.expect("resent"),
+            CountDown::Repeated(1)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_release_to_thousands_of_waiters_grants_a_bounded_number_and_the_rest_follow() {
+        const WAITERS: usize = 3000;
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let mut pubsub = subscribe(&server, CHANNEL).await;
+        let ids: Vec<String> = (0..WAITERS).map(|i| format!("w{i:04}")).collect();
+        let queued = futures_util::future::join_all(ids.iter().map(|id| {
+            let mut conn = conn.clone();
+            async move { permit_acquire(&mut conn, &pk(), id, 1, true, LONG, CHANNEL).await }
+        }));
+        for reply in within(LIMIT, "queue the waiters", queued).await {
+            assert!(
+                matches!(reply, Ok(PermitAcquire::Queued { .. })),
+                "{reply:?}"
+            );
+        }
+        assert_eq!(
+            add(&mut conn, "r", WAITERS as i64).await,
+            Addition::Applied((WAITERS - MAX_GRANTS) as i64)
+        );
+        let granted = uncollected(&mut conn).await;
+        println!("waiters granted by one release of {WAITERS}: {granted}");
+        assert_eq!(
+            granted, MAX_GRANTS,
+            "one script run grants a bounded number"
+        );
+        // Those granted are woken, then the next in line, whose own poll admits the next ones.
+        for id in ids.iter().take(MAX_GRANTS + 1) {
+            assert_eq!(&next_message(&mut pubsub).await, id);
+        }
+        for id in &ids {
+            assert_eq!(poll(&mut conn, id).await, PermitAcquire::Granted, "{id}");
+        }
+        assert_eq!(available(&mut conn).await, 0);
+        assert_eq!(
+            fields(&mut conn, &["qlen", "wlen"]).await,
+            [Some("0".into()), Some("0".into())]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_publish_refused_by_acl_leaves_the_state_whole_and_the_call_succeeds() {
+        let server = RedisServer::start();
+        let mut admin = connect(&server).await;
+        let () = redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "nochannels",
+                "on",
+                ">pw",
+                "~*",
+                "+@all",
+                "resetchannels",
+            ])
+            .query_async(&mut admin)
+            .await
+            .expect("ACL SETUSER");
+        let url = format!("redis://nochannels:pw@127.0.0.1:{}/", server.port());
+        let client = redis::Client::open(url).expect("url");
+        let mut conn = within(LIMIT, "connect", client.get_multiplexed_async_connection())
+            .await
+            .expect("connect as the limited user");
+        let k = pk();
+        assert!(matches!(
+            permit_acquire(&mut conn, &k, "w", 1, true, LONG, CHANNEL).await,
+            Ok(PermitAcquire::Queued { .. })
+        ));
+        let added = permit_add(&mut conn, &k, "r", 1).await;
+        println!("release with a refused PUBLISH: {added:?}");
+        assert_eq!(added.expect("the release is applied"), Addition::Applied(0));
+        assert_eq!(
+            permit_poll(&mut conn, &k, "w", LONG).await.expect("poll"),
+            PermitAcquire::Granted,
+            "the waiter collects by polling"
+        );
+        assert_eq!(
+            fields(&mut admin, &["qlen", "wlen"]).await,
+            [Some("0".into()), Some("0".into())]
+        );
+        assert_eq!(available(&mut admin).await, 0);
+
+        let l = lk();
+        assert!(latch_try_set(&mut conn, &l, "s", 1).await.expect("set"));
+        let down = latch_count_down(&mut conn, &l, "c").await;
+        println!("count_down with a refused PUBLISH: {down:?}");
+        assert_eq!(
+            down.expect("the count-down is applied"),
+            CountDown::Counted(0)
+        );
+        assert_eq!(
+            latch_state(&mut admin, &l).await.expect("state"),
+            RawLatchState::Done
+        );
+        assert!(latch_try_set(&mut conn, &l, "s2", 1).await.expect("set"));
+        assert!(latch_delete(&mut conn, &l).await.expect("delete"));
+    }
+
+    #[tokio::test]
+    async fn live_permit_state_carries_no_ttl_and_survives_volatile_lru_eviction() {
+        let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+        let mut conn = connect(&server).await;
+        let k = pk();
+        // A grant not collected yet, and a waiter behind it.
+        acquire(&mut conn, "granted", 1, true, LONG).await;
+        acquire(&mut conn, "queued", 1, true, LONG).await;
+        assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+        let mut ttls = Vec::new();
+        for key in &k.all {
+            ttls.push(pttl(&mut conn, key).await);
+        }
+        println!("PTTL of the permit keys while waiters live: {ttls:?}");
+        // (LRU idle times count in seconds: make ours the idlest.)
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        evict_by_filling(&mut conn, 5000).await;
+        let exists: usize = conn.exists(&k.all[..]).await.expect("EXISTS");
+        println!("permit keys left after 5000 evictions: {exists} of 6");
+        assert_eq!(poll(&mut conn, "granted").await, PermitAcquire::Granted);
+        assert!(matches!(
+            poll(&mut conn, "queued").await,
+            PermitAcquire::Queued { position: 0, .. }
+        ));
+        assert!(ttls.iter().all(|ttl| *ttl == -1), "{ttls:?}");
+
+        // Idle again: the bookkeeping expires (only the count stays).
+        permit_withdraw(&mut conn, &k, "queued")
+            .await
+            .expect("withdraw");
+        for key in &k.all[3..] {
+            let ttl = pttl(&mut conn, key).await;
+            assert!(ttl > 0, "{key}: {ttl}");
+        }
+        assert_eq!(pttl(&mut conn, &k.all[0]).await, -1);
+    }
+
+    #[tokio::test]
+    async fn a_counting_latch_keeps_its_applied_ids_through_volatile_lru_eviction() {
+        let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+        let mut conn = connect(&server).await;
+        let l = lk();
+        assert!(latch_try_set(&mut conn, &l, "s", 3).await.expect("set"));
+        assert_eq!(
+            latch_count_down(&mut conn, &l, "c1").await.expect("down"),
+            CountDown::Counted(2)
+        );
+        let ttl = pttl(&mut conn, &l.all[2]).await;
+        println!("PTTL of a counting latch's applied ids: {ttl}");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        evict_by_filling(&mut conn, 5000).await;
+        let resent = latch_count_down(&mut conn, &l, "c1").await.expect("resent");
+        println!("a count-down resent after the evictions: {resent:?}");
+        assert_eq!(resent, CountDown::Repeated(2));
+        assert_eq!(ttl, -1);
+        // Opened: the ids are idle state and expire.
+        latch_count_down(&mut conn, &l, "c2").await.expect("down");
+        latch_count_down(&mut conn, &l, "c3").await.expect("down");
+        assert!(pttl(&mut conn, &l.all[2]).await > 0);
+    }
+
+    #[tokio::test]
+    async fn lost_bookkeeping_is_rebuilt_and_a_waiter_without_a_place_is_told_gone() {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = pk();
+        acquire(&mut conn, "a", 1, true, LONG).await;
+        // The records vanish (partial loss); the queue and the ticket counter remain.
+        let () = conn.del(&k.all[3]).await.expect("DEL");
+        acquire(&mut conn, "b", 1, true, LONG).await;
+        assert_eq!(
+            acquire(&mut conn, "c", 1, false, LONG).await,
+            PermitAcquire::Busy {
+                available: 0,
+                waiters: 1
+            },
+            "a try request does not overtake the queue"
+        );
+        assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+        assert_eq!(
+            poll(&mut conn, "a").await,
+            PermitAcquire::Gone,
+            "its record is lost"
+        );
+        assert_eq!(
+            poll(&mut conn, "b").await,
+            PermitAcquire::Granted,
+            "served after the ghost"
+        );
+
+        // The queue vanishes under a waiter: told it lost its place, not a malformed reply.
+        acquire(&mut conn, "d", 1, true, LONG).await;
+        let () = conn.del(&k.all[1]).await.expect("DEL");
+        let polled = permit_poll(&mut conn, &k, "d", LONG).await;
+        println!("poll of a waiter whose queue vanished: {polled:?}");
+        assert_eq!(polled.expect("poll"), PermitAcquire::Gone);
+        // The counters agree with the keys (a's waiters entry stays until its lease ends).
+        let waiting: u64 = conn.zcard(&k.all[2]).await.expect("ZCARD");
+        assert_eq!(
+            fields(&mut conn, &["qlen", "wlen"]).await,
+            [Some("0".into()), Some(waiting.to_string())]
+        );
     }
 }
