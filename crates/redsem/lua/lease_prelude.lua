@@ -10,7 +10,8 @@
 --                     seq (ticket counter), tok (last fencing token), idle (ms when the idle
 --                     keys expire; 0 while anyone holds or waits), label:<label> (holders +
 --                     waiters with that label), r:<id> records:
---                       holder    "h|token|units|granted at|lease|slot,slot|label"
+--                       holder    "h|token|units|granted at|lease|slots|label", slots as
+--                                 runs "first-last,slot,..."
 --                       waiter    "w|units|since|lease|waiter lease|len(channel)|channel label"
 --                       tombstone "x|R" released, "x|D" withdrawn
 --   4 slots   STRING  bitmap: bit n set = slot n held; deleted when no unit is held
@@ -219,8 +220,21 @@ local function label_add(label, delta)
   end
 end
 
+-- Ascending slots as runs: {0, 1, 2, 7} -> "0-2,7".
+local function runs(slots)
+  local out, first = {}, 1
+  for i = 1, #slots do
+    if slots[i + 1] ~= slots[i] + 1 then
+      out[#out + 1] = first == i and string.format('%d', slots[i])
+        or string.format('%d-%d', slots[first], slots[i])
+      first = i + 1
+    end
+  end
+  return table.concat(out, ',')
+end
+
 local function holder_record(token, k, at, lease, slots, label)
-  return string.format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, table.concat(slots, ','), label)
+  return string.format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, runs(slots), label)
 end
 
 local function waiter_record(k, since, lease, waiter_lease, channel, label)
@@ -235,13 +249,17 @@ local function parse(raw)
   end
   local kind = string.sub(raw, 1, 1)
   if kind == 'h' then
-    local t, k, a, lease, slots, label = string.match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,]*)|(.*)$')
+    local t, k, a, lease, slots, label = string.match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,%-]*)|(.*)$')
     if not t then
       return nil
     end
     local s = {}
-    for n in string.gmatch(slots, '%d+') do
-      s[#s + 1] = tonumber(n)
+    for run in string.gmatch(slots, '[%d%-]+') do
+      local first, last = string.match(run, '^(%d+)%-(%d+)$')
+      first, last = tonumber(first or run), tonumber(last or run)
+      for n = first or 0, last or -1 do
+        s[#s + 1] = n
+      end
     end
     return { h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = s, l = label }
   elseif kind == 'w' then
@@ -272,17 +290,61 @@ local function next_token()
   return token
 end
 
--- Each unit takes the lowest free slot (with nothing held, slots 0..k-1).
-local function grant(id, k, label, lease, expires)
-  local slots, from = {}, 0
-  for i = 1, k do
-    local s = i - 1
-    if S.used > 0 then
-      s = call(SLOTS, 'BITPOS', SLOTS, 0, from)
-      from = math.floor(s / 8)
+-- Set (bit 1) or clear (bit 0) the n slot bits from `first`: whole bytes with one SETRANGE,
+-- the bits of partial bytes one by one (at most 14 SETBITs).
+local function set_run(first, n, bit)
+  local i, stop = first, first + n
+  while i < stop and i % 8 ~= 0 do
+    call(SLOTS, 'SETBIT', SLOTS, i, bit)
+    i = i + 1
+  end
+  local bytes = math.floor((stop - i) / 8)
+  if bytes > 0 then
+    call(SLOTS, 'SETRANGE', SLOTS, i / 8, string.rep(bit == 1 and '\255' or '\0', bytes))
+    i = i + bytes * 8
+  end
+  while i < stop do
+    call(SLOTS, 'SETBIT', SLOTS, i, bit)
+    i = i + 1
+  end
+end
+
+-- Set or clear the bits of ascending `slots`, run by run.
+local function set_slots(slots, bit)
+  local first = 1
+  for i = 1, #slots do
+    if slots[i + 1] ~= slots[i] + 1 then
+      set_run(slots[first], i - first + 1, bit)
+      first = i + 1
     end
-    call(SLOTS, 'SETBIT', SLOTS, s, 1)
+  end
+end
+
+-- Each unit takes the lowest free slot. Past the end of the bitmap every slot is free, so
+-- the units that land there take one run: a grant costs a few commands per hole it fills,
+-- not per unit.
+local function grant(id, k, label, lease, expires)
+  local slots, from, free_from = {}, 0, 0
+  if S.used > 0 then
+    free_from = call(SLOTS, 'STRLEN', SLOTS) * 8
+  end
+  local i = 1
+  while i <= k do
+    local s = free_from
+    if s > 0 then
+      s = redis.call('BITPOS', SLOTS, 0, from)
+    end
+    if s >= free_from then
+      set_run(s, k - i + 1, 1)
+      for n = 0, k - i do
+        slots[i + n] = s + n
+      end
+      break
+    end
+    redis.call('SETBIT', SLOTS, s, 1)
     slots[i] = s
+    from = math.floor(s / 8)
+    i = i + 1
   end
   S.slots_written = true
   local token = next_token()
@@ -301,9 +363,7 @@ local function bury(id, outcome)
 end
 
 local function drop_holder(id, r)
-  for _, s in ipairs(r.s) do
-    call(SLOTS, 'SETBIT', SLOTS, s, 0)
-  end
+  set_slots(r.s, 0)
   S.slots_written = true
   del('r:' .. id)
   put('used', math.max(S.used - r.k, 0))
@@ -445,9 +505,7 @@ repair = function()
           redis.call('ZADD', LEASES, S.now + r.lease, id)
         end
         queued[id] = nil
-        for _, s in ipairs(r.s) do
-          redis.call('SETBIT', SLOTS, s, 1)
-        end
+        set_slots(r.s, 1)
         used, nh, keep[id] = used + r.k, nh + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
       elseif r and r.x and leases[id] then

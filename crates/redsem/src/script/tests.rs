@@ -810,3 +810,27 @@ async fn a_huge_request_is_refused_before_any_work() {
     assert_eq!(slots[0], MAX_UNITS_FOR_TESTS);
     assert_eq!(slots.len(), MAX_UNITS_FOR_TESTS as usize);
 }
+
+#[tokio::test]
+async fn a_grant_fills_holes_first_then_takes_one_run_and_records_runs() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b", "c"] {
+        granted(acquire(&mut conn, req(id, 20, 3, false)).await);
+    }
+    lease_release(&mut conn, &k, "b").await.expect("release");
+    let (_, slots) = granted(acquire(&mut conn, req("d", 20, 5, false)).await);
+    assert_eq!(slots, vec![3, 4, 5, 9, 10]);
+    let record: String = conn.hget(&k.all[2], "r:d").await.expect("hget");
+    assert!(record.contains("|3-5,9-10|"), "{record}");
+    let bits: u32 = redis::cmd("BITCOUNT")
+        .arg(&k.all[3])
+        .query_async(&mut conn)
+        .await
+        .expect("bitcount");
+    assert_eq!(bits, 11);
+    lease_release(&mut conn, &k, "d").await.expect("release");
+    let (_, slots) = granted(acquire(&mut conn, req("e", 20, 1, false)).await);
+    assert_eq!(slots, vec![3], "the runs of d were cleared");
+}
