@@ -1,11 +1,10 @@
 //! The command `run` starts: spawned with the permit in its environment, bound to this
-//! process's life, signalled, stopped with a grace period, and its exit status as a code.
+//! process's life, signalled, and its exit status as a code.
 
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -17,15 +16,6 @@ use crate::error::{CliError, exit};
 #[derive(Debug)]
 pub(crate) struct Child {
     process: tokio::process::Child,
-}
-
-/// How a command was stopped after its permit was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stopped {
-    /// It exited within the grace period after SIGTERM.
-    Terminated,
-    /// It was still running after the grace period and got SIGKILL.
-    Killed,
 }
 
 impl Child {
@@ -87,15 +77,11 @@ impl Child {
             .map_err(|e| CliError::new(exit::FAILURE, format!("cannot wait for the command: {e}")))
     }
 
-    /// SIGTERM, then SIGKILL if it has not exited within `grace`; returns once it exited.
-    pub(crate) async fn stop(&mut self, grace: Duration) -> Stopped {
-        self.signal(Signal::SIGTERM);
-        if let Ok(Ok(_)) = tokio::time::timeout(grace, self.process.wait()).await {
-            return Stopped::Terminated;
+    /// Wait until the command has exited after SIGKILL (which cannot be ignored).
+    pub(crate) async fn reap(&mut self) {
+        if let Err(err) = self.process.wait().await {
+            tracing::warn!(%err, "could not wait for the killed command");
         }
-        self.signal(Signal::SIGKILL);
-        let _ = self.process.wait().await;
-        Stopped::Killed
     }
 }
 

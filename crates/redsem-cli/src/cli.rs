@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use redsem::{Redsem, RedsemOptions};
+use redsem::{Redsem, RedsemOptions, ServerChecks};
 
 use crate::command::Command;
 use crate::error::{CliError, exit};
@@ -41,8 +41,11 @@ Examples:
 
 Exit codes:
   0 ok · 1 other error (limit conflict, not held, already set, ...) · 2 usage error ·
-  69 Redis unreachable (also: its TLS certificate not trusted) · 75 no permit in time, or a
-  latch still counting at --timeout · 76 lease lost during `run`";
+  69 Redis unreachable (also: its TLS certificate not trusted) · 74 Redis lost the state of
+  the semaphore or latch (restart without persistence, failover, flush, eviction) · 75 no
+  permit in time, or a latch still counting at --timeout · 76 lease lost during `run` ·
+  78 Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL rights on the
+  prefix's keys, channels or commands (see --server-checks)";
 
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
@@ -94,6 +97,18 @@ struct GlobalArgs {
     )]
     prefix: String,
 
+    /// What to do if Redis is set up so that redsem's guarantees would not hold (an allkeys-*
+    /// eviction policy, missing ACL rights): refuse with exit 78, warn and go on, or not check
+    #[arg(
+        long,
+        global = true,
+        value_name = "WHAT",
+        env = "REDSEM_SERVER_CHECKS",
+        default_value = "enforce",
+        hide_env_values = true
+    )]
+    server_checks: ServerChecksArg,
+
     /// Log to stderr: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
@@ -103,12 +118,34 @@ struct GlobalArgs {
     quiet: bool,
 }
 
+/// `--server-checks`: see `redsem::ServerChecks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ServerChecksArg {
+    /// Refuse to work with such a server (exit 78)
+    Enforce,
+    /// Log a warning (shown with -v) and go on
+    Warn,
+    /// Do not check
+    Off,
+}
+
+impl From<ServerChecksArg> for ServerChecks {
+    fn from(arg: ServerChecksArg) -> Self {
+        match arg {
+            ServerChecksArg::Enforce => ServerChecks::Enforce,
+            ServerChecksArg::Warn => ServerChecks::Warn,
+            ServerChecksArg::Off => ServerChecks::Off,
+        }
+    }
+}
+
 /// What every subcommand gets: how to reach Redis, and how to talk to the user.
 #[derive(Debug)]
 pub(crate) struct Context {
     url: String,
     tls_ca: Option<PathBuf>,
     prefix: String,
+    server_checks: ServerChecks,
     quiet: bool,
     /// The client `connect` made, kept so its background clean-up is awaited before exit.
     connected: OnceCell<Redsem>,
@@ -118,7 +155,9 @@ impl Context {
     /// Connect to Redis with the global options.
     pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
         self.check_tls()?;
-        let mut options = RedsemOptions::default().prefix(self.prefix.as_str());
+        let mut options = RedsemOptions::default()
+            .prefix(self.prefix.as_str())
+            .server_checks(self.server_checks);
         if let Some(ca) = &self.tls_ca {
             options = options.tls_root_cert(ca);
         }
@@ -229,6 +268,7 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         url: cli.global.url,
         tls_ca: cli.global.tls_ca,
         prefix: cli.global.prefix,
+        server_checks: cli.global.server_checks.into(),
         quiet: cli.global.quiet,
         connected: OnceCell::new(),
     };

@@ -15,10 +15,16 @@ pub(crate) mod exit {
     pub(crate) const USAGE: u8 = 2;
     /// Redis unreachable (sysexits `EX_UNAVAILABLE`).
     pub(crate) const UNAVAILABLE: u8 = 69;
+    /// Redis lost the state of the primitive (restart without persistence, failover, flush,
+    /// eviction) while the call relied on it (sysexits `EX_IOERR`).
+    pub(crate) const STATE_LOST: u8 = 74;
     /// No permit in time (sysexits `EX_TEMPFAIL`).
     pub(crate) const NOT_ACQUIRED: u8 = 75;
     /// The lease was lost while `run`'s command ran.
     pub(crate) const LEASE_LOST: u8 = 76;
+    /// The Redis server (or user) is set up so that redsem's guarantees would not hold: an
+    /// `allkeys-*` eviction policy, missing ACL rights (sysexits `EX_CONFIG`).
+    pub(crate) const UNSUITABLE: u8 = 78;
     /// `run`'s command was found but could not be started (as `env` and `timeout` do).
     pub(crate) const CANNOT_EXECUTE: u8 = 126;
     /// `run`'s command was not found.
@@ -71,6 +77,10 @@ impl From<Error> for CliError {
     fn from(err: Error) -> Self {
         let code = if err.is_unavailable() {
             exit::UNAVAILABLE
+        } else if matches!(err, Error::Unsuitable { .. }) {
+            exit::UNSUITABLE
+        } else if matches!(err, Error::StateLost { .. }) {
+            exit::STATE_LOST
         } else if err.is_not_acquired() {
             exit::NOT_ACQUIRED
         } else if err.is_invalid_argument() {
@@ -92,6 +102,15 @@ impl From<Error> for CliError {
                 output::duration(*waited)
             ),
             Error::InvalidArgument(what) => what.clone(),
+            Error::Unsuitable { setting, problem } => format!(
+                "Redis is not set up for redsem ({setting}): {problem} (--server-checks warn \
+                 connects anyway, at that risk)"
+            ),
+            Error::StateLost { name, detail } => format!(
+                "Redis lost the state of {name:?} ({detail}): it restarted without \
+                 persistence, failed over to a replica that had not received it, was flushed, \
+                 or evicted it; nothing was granted or opened because of it"
+            ),
             _ => err.to_string(),
         };
         CliError::new(code, message)
@@ -154,5 +173,25 @@ mod tests {
         assert_eq!(timeout.code(), exit::NOT_ACQUIRED);
         let invalid = CliError::from(Error::InvalidArgument("bad".into()));
         assert_eq!(invalid.code(), exit::USAGE);
+        let unsuitable = CliError::from(Error::Unsuitable {
+            setting: "maxmemory-policy".into(),
+            problem: "127.0.0.1:6379 has maxmemory-policy allkeys-lru".into(),
+        });
+        assert_eq!(unsuitable.code(), exit::UNSUITABLE);
+        assert!(
+            unsuitable.to_string().contains("allkeys-lru"),
+            "{unsuitable}"
+        );
+        assert!(
+            unsuitable.to_string().contains("--server-checks warn"),
+            "{unsuitable}"
+        );
+        let lost = CliError::from(Error::StateLost {
+            name: "deploy".into(),
+            detail: "the count is gone".into(),
+        });
+        assert_eq!(lost.code(), exit::STATE_LOST);
+        assert!(lost.to_string().contains("\"deploy\""), "{lost}");
+        assert!(lost.to_string().contains("the count is gone"), "{lost}");
     }
 }

@@ -94,3 +94,43 @@ fn tls_options_that_would_weaken_or_skip_tls_are_usage_errors() {
     let out = finish(bare(&["--url", &tls.tls_url(), "--tls-ca", "", "status"])).expect(2);
     assert!(out.error().contains("must not be empty"), "{out:?}");
 }
+
+#[test]
+fn a_server_that_may_evict_live_state_is_refused_with_exit_78_unless_told_otherwise() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let url = server.url();
+    let out = finish(bare(&["--url", &url, "acquire", "jobs", "--limit", "1"])).expect(78);
+    assert!(out.error().contains("maxmemory-policy"), "{out:?}");
+    assert!(out.error().contains("allkeys-lru"), "{out:?}");
+    assert!(out.error().contains("noeviction"), "{out:?}");
+    assert!(out.error().contains("--server-checks warn"), "{out:?}");
+    finish(bare(&["--url", &url, "--server-checks", "warn", "status"])).success();
+    let mut off = bare(&["--url", &url, "status"]);
+    off.env("REDSEM_SERVER_CHECKS", "off");
+    finish(off).success();
+    let out = finish(bare(&["--url", &url, "--server-checks", "maybe", "status"])).expect(2);
+    assert!(out.error().contains("enforce"), "{out:?}");
+}
+
+#[test]
+fn a_user_without_rights_on_redsems_channels_is_refused_with_exit_78_naming_them() {
+    let server = RedisServer::start_with(&["--user", "app", "on", ">pw", "~*", "+@all"]);
+    let url = format!("redis://app:pw@127.0.0.1:{}", server.port());
+    let out = finish(bare(&["--url", &url, "--prefix", "jobs", "status"])).expect(78);
+    assert!(out.error().contains("&jobs:*"), "{out:?}");
+    assert!(!out.stderr.contains(":pw@"), "{out:?}");
+}
+
+#[test]
+fn a_prefix_with_braces_is_a_usage_error() {
+    let server = RedisServer::start();
+    let out = finish(bare(&[
+        "--url",
+        &server.url(),
+        "--prefix",
+        "app{1}",
+        "status",
+    ]))
+    .expect(2);
+    assert!(out.error().contains("brace"), "{out:?}");
+}

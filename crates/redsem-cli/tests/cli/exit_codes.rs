@@ -75,7 +75,10 @@ fn exit_1_and_not_held_for_a_permit_that_is_gone() {
 
     let released = world.acquire("jobs", 1, &[]);
     world.run(&["release", "jobs", &released]).success();
-    let out = world.run(&["release", "jobs", &released]).expect(1);
+    // A release repeated with the same id is answered like the first (resend-safe), but the
+    // permit is gone: a refresh finds it not held.
+    world.run(&["release", "jobs", &released]).success();
+    let out = world.run(&["refresh", "jobs", &released]).expect(1);
     assert!(out.error().contains("not held"), "{out:?}");
 
     let expired = world.acquire("jobs", 1, &["--lease", "100ms"]);

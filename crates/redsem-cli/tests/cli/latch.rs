@@ -173,3 +173,19 @@ fn a_spinner_shows_the_wait_for_a_latch_or_permits_on_a_terminal() {
         assert!(out.stdout.contains("timed out"), "{args}: {out:?}");
     }
 }
+
+#[test]
+fn await_exits_74_when_redis_loses_the_latch_while_it_waits() {
+    let world = World::new();
+    world.run(&["latch", "ready", "set", "2"]).success();
+    let waiting = world.start(&["latch", "ready", "await", "--timeout", "30s"]);
+    world.wait_for_latch_listeners("ready", 1);
+    let () = redsem::redis::cmd("FLUSHALL")
+        .query(&mut world.server.connection())
+        .expect("FLUSHALL");
+    let out = waiting.wait().expect(74);
+    assert!(
+        out.error().contains("lost the state of \"ready\""),
+        "{out:?}"
+    );
+}

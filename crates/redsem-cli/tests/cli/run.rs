@@ -2,6 +2,7 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use redsem::redis;
 use redsem_test::eventually;
 
 use crate::support::{LIMIT, Running, World, alive, wait_dead};
@@ -209,7 +210,7 @@ fn a_command_running_many_lease_periods_is_never_killed_early() {
 }
 
 #[test]
-fn a_redsem_stopped_longer_than_the_lease_stops_its_command_when_resumed_and_exits_76() {
+fn a_redsem_stopped_longer_than_the_lease_kills_its_command_when_resumed_and_exits_76() {
     let world = World::new();
     let pidfile = world.path("child.pid");
     let running = world.start(&[
@@ -219,8 +220,6 @@ fn a_redsem_stopped_longer_than_the_lease_stops_its_command_when_resumed_and_exi
         "1",
         "--lease",
         "300ms",
-        "--grace",
-        "5s",
         "--",
         "sh",
         "-c",
@@ -242,7 +241,8 @@ fn a_redsem_stopped_longer_than_the_lease_stops_its_command_when_resumed_and_exi
     let stop_took = wait_dead(child, Duration::from_secs(2));
     let out = running.wait().expect(76);
     assert!(out.error().contains("lost the lease"), "{out:?}");
-    assert!(out.error().contains("SIGTERM"), "{out:?}");
+    // The lease may already be someone else's: no grace.
+    assert!(out.error().contains("SIGKILL at once"), "{out:?}");
     println!(
         "SIGSTOP test: the command was terminated {:?} after SIGCONT (redsem stopped {:?}, \
          lease 300ms seen gone on the server {lease_gone:?} after SIGSTOP); \
@@ -265,7 +265,7 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
         "--lease",
         "300ms",
         "--grace",
-        "300ms",
+        "100ms",
         "--",
         "sh",
         "-c",
@@ -278,8 +278,33 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     let child = world.pid_in(&pidfile);
     world.server.stop();
     let out = running.wait().expect(76);
+    assert!(out.error().contains("renewals failed"), "{out:?}");
     assert!(out.error().contains("SIGKILL"), "{out:?}");
+    assert!(out.error().contains("after SIGTERM"), "{out:?}");
     assert!(!alive(child));
+}
+
+#[test]
+fn a_grace_longer_than_a_third_of_the_lease_is_refused_before_anything_runs() {
+    let world = World::new();
+    let marker = world.path("started");
+    let touch = format!("touch {}", marker.display());
+    let out = world
+        .run(&[
+            "run", "jobs", "--limit", "1", "--lease", "3s", "--grace", "1100ms", "--", "sh", "-c",
+            &touch,
+        ])
+        .expect(2);
+    assert!(out.error().contains("--grace 1.1s"), "{out:?}");
+    assert!(out.error().contains("a third of --lease 3.0s"), "{out:?}");
+    assert!(!marker.exists());
+    assert!(world.holders("jobs").is_empty());
+    // Without --grace, a short lease gets a third of it.
+    world
+        .run(&[
+            "run", "jobs", "--limit", "1", "--lease", "300ms", "--", "true",
+        ])
+        .success();
 }
 
 #[test]
@@ -325,4 +350,74 @@ fn a_spinner_shows_the_wait_on_a_terminal_unless_quiet() {
     let quiet = on_terminal("--quiet");
     assert!(!quiet.contains("waiting for"), "{quiet:?}");
     assert!(quiet.contains("granted"), "{quiet:?}");
+}
+
+/// Renewals made impossible (`CLIENT PAUSE WRITE` blocks every script; reads still answer):
+/// a command that ignores SIGTERM is dead by SIGKILL before its lease can have ended on the
+/// server, measured against the lease end Redis itself holds for the permit.
+#[test]
+fn a_command_ignoring_sigterm_is_dead_before_the_lease_can_end_when_renewals_stop() {
+    let world = World::new();
+    let pidfile = world.path("child.pid");
+    let idfile = world.path("child.id");
+    let running = world.start(&[
+        "run",
+        "jobs",
+        "--limit",
+        "1",
+        "--lease",
+        "900ms",
+        "--grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "trap '' TERM; echo $REDSEM_ID > {}; echo $$ > {}; while :; do sleep 0.02; done",
+            idfile.display(),
+            pidfile.display()
+        ),
+    ]);
+    let child = world.pid_in(&pidfile);
+    let id = std::fs::read_to_string(&idfile).expect("the permit id");
+    let mut admin = world.server.connection();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5000)
+        .arg("WRITE")
+        .query(&mut admin)
+        .expect("CLIENT PAUSE");
+    // No script runs from here on, so the lease end Redis holds can no longer move.
+    let asked = Instant::now();
+    let (lease_end_ms, (secs, micros)): (Option<f64>, (u64, u64)) = redis::pipe()
+        .cmd("ZSCORE")
+        .arg("redsem:{lease:jobs}:leases")
+        .arg(id.trim())
+        .cmd("TIME")
+        .query(&mut admin)
+        .expect("ZSCORE, TIME");
+    let lease_end_ms = lease_end_ms.expect("the permit's lease end");
+    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+    // TIME ran after `asked`, so the lease ends no earlier than this local instant.
+    let left = Duration::from_secs_f64(((lease_end_ms - now_ms) / 1000.0).max(0.0));
+    let lease_end = asked + left;
+    wait_dead(child, LIMIT);
+    let died = Instant::now();
+    let out = running.wait();
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut admin)
+        .expect("CLIENT UNPAUSE");
+    let out = out.expect(76);
+    assert!(out.error().contains("SIGKILL"), "{out:?}");
+    assert!(
+        died < lease_end,
+        "the command died {:?} after the lease could have ended on the server \
+         ({left:?} of it were left when renewals stopped)",
+        died - lease_end
+    );
+    println!(
+        "pause test: the command died {:?} before the lease's end on the server",
+        lease_end - died
+    );
 }
