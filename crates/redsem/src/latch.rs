@@ -372,8 +372,10 @@ impl CountDownLatch {
     /// # Errors
     ///
     /// [`Error::StateLost`] when the latch it saw counting vanished without opening (see
-    /// above); [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for a
-    /// check (each check is tried once more after a dropped connection).
+    /// above); [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached for
+    /// the first check. Once it saw the latch counting, a waiter rides out an outage: a check
+    /// that cannot reach Redis is logged and repeated every [`LatchOptions::recheck`] (bound
+    /// the wait with [`wait_timeout`](Self::wait_timeout)).
     ///
     /// # Cancel safety
     ///
@@ -476,8 +478,15 @@ impl CountDownLatch {
             // Registered before the check, so a message published in between is kept.
             let mut opened = pin!(listener.notify().notified());
             opened.as_mut().enable();
-            if !self.still_counting().await? {
-                return Ok(());
+            match self.still_counting().await {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                // Rides out an outage (a restart, a failover): what it saw stays known, so a
+                // latch that comes back empty is reported lost, not passed as open.
+                Err(err) if err.is_unavailable() => {
+                    tracing::warn!(latch = %inner.name, error = %err, "cannot check the latch; re-checking later");
+                }
+                Err(err) => return Err(err),
             }
             let mut nap = inner.options.recheck;
             if let Some(deadline) = deadline {

@@ -582,7 +582,7 @@ impl PermitSemaphore {
                             () = mailbox.woken() => {}
                             () = tokio::time::sleep(nap) => {}
                         }
-                        reply = script::retry_once("acquire", || {
+                        let polling = script::retry_once("acquire", || {
                             let mut conn = conn.clone();
                             async move {
                                 script::permit_poll(
@@ -594,7 +594,16 @@ impl PermitSemaphore {
                                 .await
                             }
                         })
-                        .await?;
+                        .await;
+                        match polling {
+                            Ok(polled_reply) => reply = polled_reply,
+                            // Rides out an outage: checks in again after `recheck` (if its
+                            // waiter lease ran out meanwhile, it is told GONE and queues again).
+                            Err(err) if err.is_unavailable() => {
+                                tracing::warn!(semaphore = %inner.name, error = %err, "cannot check in; retrying");
+                            }
+                            Err(err) => return Err(err),
+                        }
                         polled = true;
                     }
                     PermitAcquire::Gone if polled => {
