@@ -5,9 +5,11 @@
 -- Returns: {"GRANTED"}
 --        | {"QUEUED", position, recheck ms}          (mode "wait" only)
 --        | {"BUSY", available, waiters}              (mode "try": too few, or others wait)
---        | {"GONE"}                                  (the id was withdrawn)
+--        | {"GONE"}                                  (the id was withdrawn, or its place lost)
 --        | {"WRONGTYPE", key, actual, expected}
--- A repeated id answers as a poll would: the same request is never granted twice.
+-- A repeated id (a resend after a lost reply) answers as a poll would: the same request is
+-- never granted or queued twice. A new wait request is never granted past the queue, and
+-- never granted more than the count holds.
 local name = 'r:' .. ARGV[1]
 return run(function()
   local id, k, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]

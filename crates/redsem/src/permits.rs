@@ -82,8 +82,28 @@ impl PermitOptions {
 /// * A release wakes exactly the waiters it satisfies, through the client's one shared pub/sub
 ///   connection; a waiter also re-checks every third of its waiter lease, so a lost message
 ///   costs latency, never liveness.
-/// * Releases and additions are retry-safe: each call carries a request id, is retried once
-///   after a dropped connection, and is applied once.
+/// * Every mutating call is retry-safe: releases, additions, drains, `try_set_permits` and
+///   acquires carry a request id, are retried once after a dropped connection (or resent by
+///   the cluster client), and are applied once; a repeated drain answers what the first took.
+/// * While anyone waits, none of the semaphore's keys has a TTL (no `volatile-*` eviction
+///   policy can pick them); only idle bookkeeping expires. The count never expires.
+///
+/// # Lost state
+///
+/// After a restart without persistence, a `FLUSHALL`, or a failover to a replica that missed
+/// writes, the semaphore is what the server kept:
+///
+/// * **The count**: gone after a restart or flush: [`available_permits`](Self::available_permits)
+///   reports 0, and the semaphore counts as never set ([`try_set_permits`](Self::try_set_permits)
+///   succeeds again). Permits have no owners, so nobody knows how many were out: permits taken
+///   before the loss and released after it are added to the new count (it can exceed what was
+///   first set). After a failover the count is the replica's: acquires and releases it missed
+///   are forgotten (a permit taken on the old primary can be taken again).
+/// * **A waiter** whose place vanished learns it at its next check-in (within a third of its
+///   waiter lease, or at once when the pub/sub connection drops), queues again under a new
+///   request id, and waits for permits to be set, added or released: it is never granted
+///   from nothing. A waiter rides out the outage itself (checks in again after each failed
+///   attempt); bound it with [`acquire_timeout`](Self::acquire_timeout).
 ///
 /// Cloning is cheap.
 ///
@@ -352,7 +372,9 @@ impl PermitSemaphore {
     /// # Errors
     ///
     /// [`Error::WrongType`]; [`Error::Unavailable`] when Redis cannot be reached while queuing
-    /// or checking in.
+    /// (a check-in that cannot reach Redis is repeated after the re-check interval instead).
+    /// If the queue vanishes (restart, flush, failover: see [Lost state](Self#lost-state)),
+    /// the request queues again and goes on waiting; it is never granted from nothing.
     ///
     /// # Cancel safety
     ///
@@ -396,7 +418,9 @@ impl PermitSemaphore {
     }
 
     /// The permits available now: negative after [`add_permits`](Self::add_permits) took more
-    /// than there were, 0 for a semaphore that was never set.
+    /// than there were, 0 for a semaphore that was never set — and for one whose count the
+    /// server lost (restart without persistence, `FLUSHALL`): see
+    /// [Lost state](Self#lost-state).
     ///
     /// # Examples
     ///
@@ -461,7 +485,8 @@ impl PermitSemaphore {
     /// Remove the semaphore: its count and its queue. Returns true if its count was set.
     ///
     /// Afterwards it is as if never set: [`try_set_permits`](Self::try_set_permits) succeeds
-    /// again. Requests waiting on it notice at their next check-in and queue again.
+    /// again. Requests waiting on it notice at their next check-in and queue again (under new
+    /// request ids).
     ///
     /// # Examples
     ///

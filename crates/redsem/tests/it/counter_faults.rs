@@ -507,7 +507,7 @@ fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
                 }
             });
             let got = sem.acquire_timeout(1, LIMIT).await;
-            let _ = result_tx.send(got.as_ref().map(|()| ()).map_err(|e| e.to_string()));
+            let _ = result_tx.send(got.as_ref().map_err(|e| e.to_string()).copied());
             freezer.abort();
             if got.is_ok() {
                 let _ = sem.release(1).await;
