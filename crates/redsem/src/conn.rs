@@ -152,6 +152,7 @@ local probes = {
   {'ZADD', k, '1', 'm'}, {'ZCARD', k}, {'ZRANGE', k, '0', '1'}, {'ZRANGEBYSCORE', k, '0', '1'},
   {'ZRANK', k, 'm'}, {'ZSCORE', k, 'm'}, {'ZREM', k, 'm'}, {'ZREMRANGEBYRANK', k, '0', '1'},
   {'ZREMRANGEBYSCORE', k, '0', '1'}, {'BITPOS', k, '0'}, {'SETBIT', k, '0', '1'},
+  {'BITCOUNT', k}, {'SETRANGE', k, '0', 'x'}, {'STRLEN', k},
   {'PING'}, {'PUBLISH', c, ''}, {'SUBSCRIBE', c}, {'UNSUBSCRIBE', c},
 }
 local refused = {}
@@ -345,6 +346,36 @@ fn eviction_policy(info: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_acl_probe_asks_about_every_command_the_scripts_run() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut missing = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("lua dir") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).expect("read");
+            // Commands appear as the first quoted upper-case word after `call(` / `pcall(`.
+            for (i, _) in text.match_indices("call(") {
+                let rest = &text[i..];
+                let Some(open) = rest.find('\'') else {
+                    continue;
+                };
+                let word: String = rest[open + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase())
+                    .collect();
+                if word.len() > 1
+                    && rest[..open].lines().count() == 1
+                    && !ACL_PROBE_LUA.contains(&format!("{{'{word}'"))
+                {
+                    missing.push(format!("{word} ({})", path.display()));
+                }
+            }
+        }
+        missing.sort();
+        missing.dedup();
+        assert!(missing.is_empty(), "not in ACL_PROBE_LUA: {missing:?}");
+    }
 
     #[test]
     fn primaries_are_read_from_cluster_nodes() {

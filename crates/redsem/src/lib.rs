@@ -74,7 +74,8 @@ pub use client::{Redsem, RedsemOptions, ServerChecks};
 pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{
-    Holder, LeaseOptions, LeasePermit, LeaseSemaphore, MAX_LEASE, MIN_LEASE, Status, Waiter,
+    Holder, LeaseOptions, LeasePermit, LeaseSemaphore, MAX_LEASE, MAX_UNITS, MIN_LEASE, Status,
+    Waiter,
 };
 pub use mutex::{Mutex, MutexGuard};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};

@@ -603,12 +603,16 @@ impl LeaseSemaphore {
         let mut mailbox = notifier.register(id.as_str()).await;
         let mut withdraw = Withdraw::new(self.inner.clone(), id.clone());
         // When the last check-in the server answered was sent.
-        let mut sent = clock::now();
+        let keys = &self.inner.keys;
         let first = Request {
             id: id.as_str(),
             ..req
         };
-        let mut reply = script::lease_acquire(&mut conn, &self.inner.keys, &first).await?;
+        let (mut reply, mut sent) = check_in(clock::now(), options.waiter_lease, || {
+            let mut conn = conn.clone();
+            async move { script::lease_acquire(&mut conn, keys, &first).await }
+        })
+        .await?;
         loop {
             match reply {
                 Acquire::Granted { token, slots } => {
@@ -650,14 +654,20 @@ impl LeaseSemaphore {
                             valid_until,
                         ));
                     }
-                    sent = clock::now();
-                    reply = script::lease_poll(
-                        &mut conn,
-                        &self.inner.keys,
-                        id.as_str(),
-                        options.lease,
-                        options.waiter_lease,
-                    )
+                    let polled = id.as_str();
+                    (reply, sent) = check_in(sent, options.waiter_lease, || {
+                        let mut conn = conn.clone();
+                        async move {
+                            script::lease_poll(
+                                &mut conn,
+                                keys,
+                                polled,
+                                options.lease,
+                                options.waiter_lease,
+                            )
+                            .await
+                        }
+                    })
                     .await?;
                 }
                 Acquire::Gone => {
@@ -670,12 +680,15 @@ impl LeaseSemaphore {
                     id = PermitId::random();
                     mailbox = notifier.register(id.as_str()).await;
                     withdraw = Withdraw::new(self.inner.clone(), id.clone());
-                    sent = clock::now();
                     let again = Request {
                         id: id.as_str(),
                         ..req
                     };
-                    reply = script::lease_acquire(&mut conn, &self.inner.keys, &again).await?;
+                    (reply, sent) = check_in(clock::now(), options.waiter_lease, || {
+                        let mut conn = conn.clone();
+                        async move { script::lease_acquire(&mut conn, keys, &again).await }
+                    })
+                    .await?;
                 }
                 other => {
                     withdraw.disarm();
@@ -727,6 +740,39 @@ impl SemInner {
     }
 }
 
+/// How often a waiter tries again while Redis is unreachable.
+const RETRY_EVERY: Duration = Duration::from_millis(50);
+
+/// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment the
+/// answered attempt was sent. While Redis is unreachable (a dropped connection that the
+/// connection manager is restoring, a failover), try again every [`RETRY_EVERY`] for as long
+/// as the waiter lease started by the last answered check-in (sent at `last`) keeps the place
+/// on the server; after that, fail with [`Error::Unavailable`]. Every check-in is idempotent
+/// per request id, so an attempt that ran but whose answer was lost does no harm.
+async fn check_in<T, F, Fut>(
+    last: Duration,
+    waiter_lease: Duration,
+    mut call: F,
+) -> Result<(T, Duration)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    loop {
+        let sent = clock::now();
+        match call().await {
+            Ok(answer) => return Ok((answer, sent)),
+            Err(err)
+                if err.is_unavailable() && clock::now() + RETRY_EVERY < last + waiter_lease =>
+            {
+                tracing::debug!(error = %err, "check-in failed; trying again within the waiter lease");
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// The grant in a wake-up message, after `<id>|`: `token|slot,slot|delay ms` (the delay from
 /// the waiter's last check-in to the grant, both in server time).
 #[derive(Debug, PartialEq, Eq)]
@@ -758,6 +804,20 @@ impl Grant {
     }
 }
 
+impl Queue for SemInner {
+    fn redsem(&self) -> &Redsem {
+        &self.redsem
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn withdraw(&self, id: &str) -> Result<()> {
+        self.release(id).await.map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -775,19 +835,5 @@ mod tests {
         for bad in ["", "5", "5|0", "5|x|1", "5|0|-1", "5|0|1|2", "x|0|1"] {
             assert_eq!(Grant::parse(bad), None, "{bad:?}");
         }
-    }
-}
-
-impl Queue for SemInner {
-    fn redsem(&self) -> &Redsem {
-        &self.redsem
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn withdraw(&self, id: &str) -> Result<()> {
-        self.release(id).await.map(drop)
     }
 }

@@ -28,3 +28,6 @@ mod counter_faults;
 
 /// Connect-time checks (eviction policy, ACL rights, prefix) and the pub/sub reconnect backoff.
 mod connect_checks;
+
+/// Waiting through faults: a queued grant's lease, dropped connections.
+mod wait_faults;
