@@ -1054,16 +1054,18 @@ mod tests {
         let mut conn = connect(&server).await;
         let mut pubsub = subscribe(&server, CHANNEL).await;
         let ids: Vec<String> = (0..WAITERS).map(|i| format!("w{i:04}")).collect();
-        let queued = futures_util::future::join_all(ids.iter().map(|id| {
-            let mut conn = conn.clone();
-            async move { permit_acquire(&mut conn, &pk(), id, 1, true, LONG, CHANNEL).await }
-        }));
-        for reply in within(LIMIT, "queue the waiters", queued).await {
-            assert!(
-                matches!(reply, Ok(PermitAcquire::Queued { .. })),
-                "{reply:?}"
-            );
-        }
+        // One after the other, so the queue is in the order of `ids` (concurrent calls may
+        // overtake each other, e.g. when a NOSCRIPT reload resends some of them).
+        within(LIMIT, "queue the waiters", async {
+            for id in &ids {
+                let reply = permit_acquire(&mut conn, &pk(), id, 1, true, LONG, CHANNEL).await;
+                assert!(
+                    matches!(reply, Ok(PermitAcquire::Queued { .. })),
+                    "{reply:?}"
+                );
+            }
+        })
+        .await;
         assert_eq!(
             add(&mut conn, "r", WAITERS as i64).await,
             Addition::Applied((WAITERS - MAX_GRANTS) as i64)
