@@ -1202,7 +1202,13 @@ mod tests {
         println!("a count-down resent after the evictions: {resent:?}");
         assert_eq!(resent, CountDown::Repeated(2));
         assert_eq!(ttl, -1);
-        // Opened: the ids are idle state and expire.
+        // Opened: the ids are idle state and expire. (No memory limit any more, or the key
+        // would be evicted the moment it gets its TTL.)
+        let () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory", "0"])
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET");
         latch_count_down(&mut conn, &l, "c2").await.expect("down");
         latch_count_down(&mut conn, &l, "c3").await.expect("down");
         assert!(pttl(&mut conn, &l.all[2]).await > 0);
