@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -447,7 +447,7 @@ impl Redsem {
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout))
             .set_number_of_retries(1);
-        let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let mut conn = crate::conn::Single::new(client.clone(), config).await?;
         let wake_channel = keys::wake_channel(&options.prefix, PermitId::random().as_str());
         if options.server_checks != ServerChecks::Off {
             let node = client.get_connection_info().addr().to_string();

@@ -1,9 +1,9 @@
 //! The command connection: one Redis server or a Redis Cluster. Nothing outside this file
 //! knows which.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex};
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisFuture, Script, ServerErrorKind, Value,
@@ -15,9 +15,101 @@ use crate::error::Result;
 #[derive(Clone)]
 pub(crate) enum Conn {
     /// One server (or a primary behind a proxy), through a reconnecting manager.
-    Single(ConnectionManager),
+    Single(Single),
     /// A cluster: each script goes to the node owning its keys' slot.
     Cluster(ClusterConnection),
+}
+
+/// A [`ConnectionManager`] that is replaced when a reconnection fails for good.
+///
+/// The manager reconnects by itself after I/O errors, but a reconnection refused with an
+/// error of another kind (an `AUTH` refused while a password was being rotated) stays its
+/// answer to every later command. Here such a failure starts a fresh manager (lazily: it
+/// connects on the next command), so the client recovers as soon as the server accepts it
+/// again.
+#[derive(Clone)]
+pub(crate) struct Single {
+    inner: Arc<SingleInner>,
+}
+
+struct SingleInner {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// The manager in use and how many times it was replaced.
+    current: Mutex<(u64, ConnectionManager)>,
+}
+
+impl Single {
+    pub(crate) async fn new(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Result<Single> {
+        let manager = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+        Ok(Single {
+            inner: Arc::new(SingleInner {
+                client,
+                config,
+                current: Mutex::new((0, manager)),
+            }),
+        })
+    }
+
+    fn current(&self) -> (u64, ConnectionManager) {
+        let current = self.inner.current.lock().unwrap_or_else(|p| p.into_inner());
+        (current.0, current.1.clone())
+    }
+
+    /// After `err` from the manager of `generation`: replace it if the error is one the
+    /// manager never recovers from by itself.
+    fn after_error(&self, generation: u64, err: &redis::RedisError) {
+        if err.kind() != ErrorKind::AuthenticationFailed {
+            return;
+        }
+        let Ok(fresh) = ConnectionManager::new_lazy_with_config(
+            self.inner.client.clone(),
+            self.inner.config.clone(),
+        ) else {
+            return;
+        };
+        let mut current = self.inner.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.0 == generation {
+            tracing::warn!(error = %err, "redis refused to authenticate a reconnection; starting over");
+            *current = (generation + 1, fresh);
+        }
+    }
+}
+
+impl ConnectionLike for Single {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let (generation, mut manager) = self.current();
+            let result = manager.req_packed_command(cmd).await;
+            if let Err(err) = &result {
+                self.after_error(generation, err);
+            }
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut manager) = self.current();
+            let result = manager.req_packed_commands(pipeline, offset, count).await;
+            if let Err(err) = &result {
+                self.after_error(generation, err);
+            }
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.current().1.get_db()
+    }
 }
 
 impl ConnectionLike for Conn {

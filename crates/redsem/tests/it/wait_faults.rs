@@ -173,3 +173,78 @@ async fn a_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailable() {
         cut.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_client_whose_reconnection_was_refused_authentication_recovers() {
+    // Before: after one reconnection refused with a wrong password, every later call failed
+    // with AuthenticationFailed, also once the password was back.
+    let server = redsem_test::RedisServer::start();
+    // (Connected before the password is set, this connection stays authenticated.)
+    let mut admin = within(
+        LIMIT,
+        "admin",
+        server.client().get_multiplexed_async_connection(),
+    )
+    .await
+    .expect("admin");
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "old"])
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET requirepass");
+    let url = format!("redis://:old@127.0.0.1:{}/", server.port());
+    let redsem = connect(&url).await;
+    let sem = redsem.lease_semaphore("s", 1).expect("semaphore");
+    sem.try_acquire()
+        .await
+        .expect("works")
+        .release()
+        .await
+        .expect("release");
+    let rotate = admin.clone();
+    let config_set = |password: &'static str| {
+        let mut admin = rotate.clone();
+        async move {
+            let () = redis::cmd("CONFIG")
+                .arg(&["SET", "requirepass", password])
+                .query_async(&mut admin)
+                .await
+                .expect("CONFIG SET requirepass");
+        }
+    };
+    // The password rotates; redsem's connection drops and its reconnection is refused.
+    config_set("new").await;
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"])
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1);
+    let mut refused = 0;
+    for _ in 0..20 {
+        if sem.status().await.is_err() {
+            refused += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused > 0, "the wrong password must be noticed");
+    // The password comes back: the same client recovers.
+    config_set("old").await;
+    let back = Instant::now();
+    within(LIMIT, "recovery", async {
+        while sem.status().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    println!(
+        "recovered {:?} after the password was restored",
+        back.elapsed()
+    );
+    sem.try_acquire()
+        .await
+        .expect("works again")
+        .release()
+        .await
+        .expect("release");
+}
