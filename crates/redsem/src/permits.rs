@@ -572,6 +572,9 @@ impl PermitSemaphore {
                 }
             })
             .await?;
+            // When the last check-in was answered, and whether the last one failed.
+            let mut answered = Instant::now();
+            let mut failed = false;
             loop {
                 match reply {
                     PermitAcquire::Granted => {
@@ -591,7 +594,7 @@ impl PermitSemaphore {
                         let Some(mailbox) = &mailbox else {
                             return Err(protocol("a try request was queued"));
                         };
-                        let mut nap = recheck;
+                        let mut nap = if failed { RETRY_EVERY } else { recheck };
                         if let Patience::Until(deadline) = patience {
                             let now = Instant::now();
                             if now >= deadline {
@@ -621,11 +624,20 @@ impl PermitSemaphore {
                         })
                         .await;
                         match polling {
-                            Ok(polled_reply) => reply = polled_reply,
-                            // Rides out an outage: checks in again after `recheck` (if its
-                            // waiter lease ran out meanwhile, it is told GONE and queues again).
-                            Err(err) if err.is_unavailable() => {
+                            Ok(polled_reply) => {
+                                reply = polled_reply;
+                                answered = Instant::now();
+                                failed = false;
+                            }
+                            // Rides out an outage for as long as the waiter lease of the last
+                            // answered check-in keeps the place, checking in every
+                            // RETRY_EVERY; longer, and the acquire fails.
+                            Err(err)
+                                if err.is_unavailable()
+                                    && answered.elapsed() + RETRY_EVERY < waiter_lease =>
+                            {
                                 tracing::warn!(semaphore = %inner.name, error = %err, "cannot check in; retrying");
+                                failed = true;
                             }
                             Err(err) => return Err(err),
                         }
@@ -649,6 +661,9 @@ impl PermitSemaphore {
         }
     }
 }
+
+/// How often a waiter checks in while Redis is unreachable.
+const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 fn protocol(detail: &str) -> Error {
     Error::Protocol {

@@ -248,3 +248,56 @@ async fn a_client_whose_reconnection_was_refused_authentication_recovers() {
         .await
         .expect("release");
 }
+
+/// A permit semaphore with one permit taken, and a waiter for it connected through `proxy`.
+async fn permit_waiter(
+    ctx: &TestContext,
+    proxy: &FaultProxy,
+    waiter_lease: Duration,
+) -> (
+    redsem::PermitSemaphore,
+    tokio::task::JoinHandle<redsem::Result<()>>,
+) {
+    let options = redsem::PermitOptions::default().waiter_lease(waiter_lease);
+    let pool = ctx
+        .redsem
+        .permit_semaphore_with("p", options.clone())
+        .expect("permits");
+    assert!(pool.try_set_permits(1).await.expect("set"));
+    pool.try_acquire(1).await.expect("take the only permit");
+    let behind = connect(&proxy.url()).await;
+    let waiting = behind.permit_semaphore_with("p", options).expect("permits");
+    let task = tokio::spawn(async move { waiting.acquire(1).await });
+    // (The waiter is queued once it blocks further try_acquires of 0 available.)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    (pool, task)
+}
+
+#[tokio::test]
+async fn a_permit_waiter_rides_out_a_dropped_connection() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let (pool, waiter) = permit_waiter(&ctx, &proxy, Duration::from_secs(3)).await;
+    proxy.set_refusing(true);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.set_refusing(false);
+    assert!(!waiter.is_finished(), "still waiting");
+    pool.release(1).await.expect("release");
+    within(LIMIT, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("granted after the cut");
+}
+
+#[tokio::test]
+async fn a_permit_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailable() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let (_pool, waiter) = permit_waiter(&ctx, &proxy, Duration::from_millis(600)).await;
+    proxy.set_refusing(true);
+    let err = within(LIMIT, "the waiter gives up", waiter)
+        .await
+        .expect("task")
+        .expect_err("unreachable for longer than the waiter lease");
+    assert!(err.is_unavailable(), "{err:?}");
+}
