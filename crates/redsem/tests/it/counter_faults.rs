@@ -118,6 +118,11 @@ fn fail_over_in_place(primary: &RedisServer, replica: &RedisServer, proxy: &Faul
     proxy.set_refusing(true);
     proxy.cut_all();
     replica.promote();
+    // The old primary resyncs from it at once (the default waits 5 s for more replicas).
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "repl-diskless-sync-delay", "0"])
+        .query(&mut replica.connection())
+        .expect("CONFIG SET");
     let () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query(&mut replica.connection())
@@ -284,7 +289,14 @@ async fn a_permit_waiter_whose_place_a_failover_lost_queues_again_and_is_served(
     let replica = RedisServer::start_replica_of(&primary);
     let proxy = FaultProxy::start(primary.port());
     let redsem = connect(&proxy.url()).await;
-    let sem = quick_permits(&redsem, "disk");
+    // A waiter lease longer than the failover takes: the waiter rides it out (a waiter cut
+    // off for longer than its waiter lease fails with Unavailable, see wait_faults).
+    let sem = redsem
+        .permit_semaphore_with(
+            "disk",
+            PermitOptions::default().waiter_lease(Duration::from_secs(5)),
+        )
+        .expect("semaphore");
     assert!(sem.try_set_permits(0).await.expect("set"));
     replica.wait_replicated_from(&primary);
     hold_back_writes(&replica);
