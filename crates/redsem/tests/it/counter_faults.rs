@@ -12,17 +12,9 @@ use redsem::{
 use redsem_test::{FaultProxy, RedisCluster, RedisServer};
 use tokio::task::JoinHandle;
 
-use crate::support::{LIMIT, TestContext, until, within};
+use crate::support::{Frozen, LIMIT, TestContext, until, within};
 
-async fn connect(url: &str) -> Redsem {
-    within(
-        LIMIT,
-        "connect",
-        Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect")
-}
+use crate::support::connect_url as connect;
 
 fn quick_latch(redsem: &Redsem, name: &str) -> CountDownLatch {
     let options = LatchOptions::default().recheck(Duration::from_millis(100));
@@ -486,97 +478,56 @@ async fn volatile_lru_eviction_never_takes_a_live_permit_queue_or_a_counting_lat
     );
 }
 
-#[test]
-fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
     // Issue 9 #5, for the permit semaphore: a waiter stalled past its waiter lease while
     // permits were handed to it (and given back when the lease ran out) queues again; the
     // old wake-up in its mailbox must not make it return while another client holds the only
     // permit. (A permit waiter always collects by a poll, and queues again under a new id.)
     let server = RedisServer::start();
-    let url = server.url();
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (freeze_tx, freeze_rx) = std::sync::mpsc::channel::<Duration>();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let (result_tx, result_rx) = std::sync::mpsc::channel();
-    let waiter_url = url.clone();
-    let waiter_thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        go_rx.recv().expect("go");
-        rt.block_on(async move {
-            let redsem = connect(&waiter_url).await;
-            let sem = quick_permits(&redsem, "one");
-            let freezer = tokio::spawn(async move {
-                let pause = tokio::task::spawn_blocking(move || freeze_rx.recv()).await;
-                if let Ok(Ok(pause)) = pause {
-                    // Blocks this runtime's only thread: nothing of the waiter runs.
-                    std::thread::sleep(pause);
-                }
-            });
-            let got = sem.acquire_timeout(1, LIMIT).await;
-            let _ = result_tx.send(got.as_ref().map_err(|e| e.to_string()).copied());
-            freezer.abort();
-            if got.is_ok() {
-                let _ = sem.release(1).await;
-            }
-        });
-    });
-
-    main.block_on(async move {
-        let redsem = connect(&url).await;
+    let waiter = Frozen::spawn(server.url(), |redsem| async move {
         let sem = quick_permits(&redsem, "one");
-        sem.try_set_permits(1).await.expect("set");
-        sem.try_acquire(1).await.expect("the holder");
-        go_tx.send(()).expect("go");
-        until("the waiter queued", || async {
-            queued(&server, "one").await == 1
-        })
-        .await;
-        // Freeze the waiter, hand it the permit, and let its waiter lease run out meanwhile.
-        freeze_tx
-            .send(Duration::from_millis(1_500))
-            .expect("freeze");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        sem.release(1).await.expect("release to the waiter");
-        within(
-            LIMIT,
-            "another request takes the permit given back",
-            async {
-                loop {
-                    match sem.try_acquire(1).await {
-                        Ok(()) => break,
-                        Err(e) if e.is_not_acquired() => {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        Err(e) => panic!("{e:?}"),
-                    }
-                }
-            },
-        )
-        .await;
-        // The waiter wakes up while the only permit is taken: it must not return.
-        tokio::time::sleep(Duration::from_millis(1_800)).await;
-        match result_rx.try_recv() {
-            Err(std::sync::mpsc::TryRecvError::Empty) => {}
-            other => panic!("the waiter returned while the only permit was taken: {other:?}"),
+        let got = sem.acquire_timeout(1, LIMIT).await;
+        if got.is_ok() {
+            let _ = sem.release(1).await;
         }
-        assert_eq!(sem.available_permits().await.expect("available"), 0);
-        sem.release(1).await.expect("release");
-        let got = within(LIMIT, "the waiter's real grant", async {
+        got.map_err(|e| e.to_string())
+    });
+    let redsem = connect(&server.url()).await;
+    let sem = quick_permits(&redsem, "one");
+    sem.try_set_permits(1).await.expect("set");
+    sem.try_acquire(1).await.expect("the holder");
+    waiter.start();
+    until("the waiter queued", || async {
+        queued(&server, "one").await == 1
+    })
+    .await;
+    // Freeze the waiter, hand it the permit, and let its waiter lease run out meanwhile.
+    waiter.freeze(Duration::from_millis(1_500));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sem.release(1).await.expect("release to the waiter");
+    within(
+        LIMIT,
+        "another request takes the permit given back",
+        async {
             loop {
-                match result_rx.try_recv() {
-                    Ok(r) => break r,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                match sem.try_acquire(1).await {
+                    Ok(()) => break,
+                    Err(e) if e.is_not_acquired() => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("{e:?}"),
                 }
             }
-        })
-        .await;
-        assert_eq!(got, Ok(()));
-    });
-    waiter_thread.join().expect("waiter thread");
+        },
+    )
+    .await;
+    // The waiter wakes up while the only permit is taken: it must not return.
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    if let Some(early) = waiter.returned() {
+        panic!("the waiter returned while the only permit was taken: {early:?}");
+    }
+    assert_eq!(sem.available_permits().await.expect("available"), 0);
+    sem.release(1).await.expect("release");
+    assert_eq!(waiter.finish().await, Ok(()));
 }

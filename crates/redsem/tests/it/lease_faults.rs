@@ -8,17 +8,9 @@ use redsem::{Error, LeaseOptions, MAX_UNITS, Redsem, RedsemOptions};
 use redsem_test::{RedisCluster, RedisServer};
 use tokio::time::Instant;
 
-use crate::support::{LIMIT, TestContext, short, until, within};
+use crate::support::{Frozen, LIMIT, TestContext, short, until, within};
 
-async fn connect(url: &str) -> Redsem {
-    within(
-        LIMIT,
-        "connect",
-        Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect")
-}
+use crate::support::connect_url as connect;
 
 /// Retry `try_acquire` while the connection comes back after a restart or failover.
 async fn try_acquire_soon(sem: &redsem::LeaseSemaphore) -> redsem::LeasePermit {
@@ -221,106 +213,65 @@ async fn eviction_under_volatile_lru_never_takes_live_state() {
     next.release().await.expect("release");
 }
 
-#[test]
-fn a_stale_wake_up_never_becomes_a_permit() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_wake_up_never_becomes_a_permit() {
     // Issue 9 #5: a waiter stalled past the lease of the grant it was sent queued again and
     // then built a permit from the old grant still in its mailbox, while another client held
     // the only unit.
     let server = RedisServer::start();
-    let url = server.url();
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    // The waiter lives on a runtime of its own thread, which the test freezes.
-    let (freeze_tx, freeze_rx) = std::sync::mpsc::channel::<Duration>();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let (result_tx, result_rx) = std::sync::mpsc::channel();
-    let waiter_url = url.clone();
-    let waiter_thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        go_rx.recv().expect("go");
-        rt.block_on(async move {
-            let redsem = connect(&waiter_url).await;
-            let sem = redsem
-                .lease_semaphore_with("s", 1, short(300))
-                .expect("semaphore");
-            let freezer = tokio::spawn(async move {
-                let pause = tokio::task::spawn_blocking(move || freeze_rx.recv()).await;
-                if let Ok(Ok(pause)) = pause {
-                    // Blocks this runtime's only thread: nothing of the waiter runs.
-                    std::thread::sleep(pause);
-                }
-            });
-            let got = sem.acquire_timeout(LIMIT).await;
-            let held_when_returned = got.as_ref().map(|p| (p.token(), p.is_held()));
-            let _ = result_tx.send(held_when_returned.map_err(|e| e.to_string()));
-            freezer.abort();
-            if let Ok(permit) = got {
-                let _ = permit.release().await;
-            }
-        });
-    });
-
-    main.block_on(async move {
-        let redsem = connect(&url).await;
+    let waiter = Frozen::spawn(server.url(), |redsem| async move {
         let sem = redsem
             .lease_semaphore_with("s", 1, short(300))
             .expect("semaphore");
-        let holder = sem.try_acquire().await.expect("holder");
-        go_tx.send(()).expect("go");
-        until("the waiter queued", || async {
-            sem.status().await.expect("status").waiters.len() == 1
-        })
-        .await;
-        // Freeze the waiter, hand it the unit, and let that grant run out while it sleeps.
-        freeze_tx
-            .send(Duration::from_millis(1_500))
-            .expect("freeze");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        holder.release().await.expect("release");
-        let other = within(LIMIT, "another client takes the unit", async {
-            loop {
-                match sem.try_acquire().await {
-                    Ok(p) => break p,
-                    Err(e) if e.is_not_acquired() => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("{e:?}"),
-                }
+        let got = sem.acquire_timeout(LIMIT).await;
+        match got {
+            Ok(permit) => {
+                let seen = (permit.token(), permit.is_held());
+                let _ = permit.release().await;
+                Ok(seen)
             }
-        })
-        .await;
-        // The waiter wakes up while `other` holds the only unit: it must not return a permit.
-        tokio::time::sleep(Duration::from_millis(1_800)).await;
-        match result_rx.try_recv() {
-            Err(std::sync::mpsc::TryRecvError::Empty) => {}
-            Ok(Ok((token, held))) => panic!(
-                "the waiter returned token {token} (held: {held}) while {} holds the only unit",
-                other.token()
-            ),
-            Ok(Err(e)) => panic!("the waiter failed: {e}"),
-            Err(e) => panic!("{e:?}"),
+            Err(e) => Err(e.to_string()),
         }
-        let other_token = other.token();
-        other.release().await.expect("release");
-        let got = within(LIMIT, "the waiter's real grant", async {
-            loop {
-                match result_rx.try_recv() {
-                    Ok(r) => break r,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-        })
-        .await
-        .expect("granted");
-        assert!(got.1, "a permit is returned held");
-        assert!(got.0 > other_token, "{} after {other_token}", got.0);
     });
-    waiter_thread.join().expect("waiter thread");
+    let redsem = connect(&server.url()).await;
+    let sem = redsem
+        .lease_semaphore_with("s", 1, short(300))
+        .expect("semaphore");
+    let holder = sem.try_acquire().await.expect("holder");
+    waiter.start();
+    until("the waiter queued", || async {
+        sem.status().await.expect("status").waiters.len() == 1
+    })
+    .await;
+    // Freeze the waiter, hand it the unit, and let that grant run out while it sleeps.
+    waiter.freeze(Duration::from_millis(1_500));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    holder.release().await.expect("release");
+    let other = within(LIMIT, "another client takes the unit", async {
+        loop {
+            match sem.try_acquire().await {
+                Ok(p) => break p,
+                Err(e) if e.is_not_acquired() => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    })
+    .await;
+    // The waiter wakes up while `other` holds the only unit: it must not return a permit.
+    tokio::time::sleep(Duration::from_millis(1_800)).await;
+    if let Some(early) = waiter.returned() {
+        panic!(
+            "the waiter returned {early:?} (token, held) while {} holds the only unit",
+            other.token()
+        );
+    }
+    let other_token = other.token();
+    other.release().await.expect("release");
+    let (token, held) = waiter.finish().await.expect("granted");
+    assert!(held, "a permit is returned held");
+    assert!(token > other_token, "{token} after {other_token}");
 }
 
 #[tokio::test]

@@ -160,3 +160,93 @@ pub(crate) fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
 }
+
+/// A client with the prefix the tests use, connected to `url` (a server, a proxy).
+pub(crate) async fn connect_url(url: &str) -> redsem::Redsem {
+    within(
+        LIMIT,
+        "connect",
+        redsem::Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
+    )
+    .await
+    .expect("connect")
+}
+
+/// A client living on a runtime of its own thread, which the test can freeze (the thread
+/// blocks: none of the client's tasks run), as a stalled process would be.
+pub(crate) struct Frozen<T> {
+    go: std::sync::mpsc::Sender<()>,
+    freeze: std::sync::mpsc::Sender<Duration>,
+    result: std::sync::mpsc::Receiver<T>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl<T: Send + 'static> Frozen<T> {
+    /// Prepare a client of `url` that runs `body` once [`Frozen::start`] is called.
+    pub(crate) fn spawn<F, Fut>(url: String, body: F) -> Frozen<T>
+    where
+        F: FnOnce(redsem::Redsem) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+    {
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (freeze, freeze_rx) = std::sync::mpsc::channel::<Duration>();
+        let (result_tx, result) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            if go_rx.recv().is_err() {
+                return;
+            }
+            rt.block_on(async move {
+                let redsem = connect_url(&url).await;
+                let freezer = tokio::spawn(async move {
+                    let pause = tokio::task::spawn_blocking(move || freeze_rx.recv()).await;
+                    if let Ok(Ok(pause)) = pause {
+                        // Blocks this runtime's only thread.
+                        std::thread::sleep(pause);
+                    }
+                });
+                let _ = result_tx.send(body(redsem).await);
+                freezer.abort();
+            });
+        });
+        Frozen {
+            go,
+            freeze,
+            result,
+            thread,
+        }
+    }
+
+    /// Connect and run the body.
+    pub(crate) fn start(&self) {
+        self.go.send(()).expect("start the frozen client");
+    }
+
+    /// Block the client's thread for `pause`, from now.
+    pub(crate) fn freeze(&self, pause: Duration) {
+        self.freeze.send(pause).expect("freeze");
+    }
+
+    /// What the body returned, if it has.
+    pub(crate) fn returned(&self) -> Option<T> {
+        self.result.try_recv().ok()
+    }
+
+    /// Wait (bounded) for what the body returns, then for the thread.
+    pub(crate) async fn finish(self) -> T {
+        let got = within(LIMIT, "the frozen client's result", async {
+            loop {
+                match self.result.try_recv() {
+                    Ok(r) => break r,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        })
+        .await;
+        self.thread.join().expect("frozen client thread");
+        got
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redsem::{LeaseOptions, Redsem, RedsemOptions};
+use redsem::LeaseOptions;
 use redsem_test::FaultProxy;
 use tokio::time::Instant;
 
@@ -85,15 +85,7 @@ async fn a_queued_grant_gets_the_lease_it_asked_for_with_a_long_lease() {
     assert!(local + SLACK >= server, "local {local:?} server {server:?}");
 }
 
-async fn connect(url: &str) -> Redsem {
-    within(
-        LIMIT,
-        "connect",
-        Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect")
-}
+use crate::support::connect_url as connect;
 
 #[tokio::test]
 async fn a_waiter_rides_out_a_dropped_connection_and_keeps_its_place() {
