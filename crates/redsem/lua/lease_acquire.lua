@@ -30,7 +30,7 @@ return run(function()
     return { 'GONE' }
   elseif mine then
     -- Resent: answer as the first attempt did, renewing what it got.
-    call(LEASES, 'ZADD', LEASES, S.now + (mine.h and lease or waiter_lease), id)
+    add_lease(id, S.now + (mine.h and lease or waiter_lease))
     if mine.h then
       return { 'GRANTED', mine.t, mine.s }
     end
@@ -67,7 +67,7 @@ return run(function()
 
   local position = S.qlen
   call(QUEUE, 'ZADD', QUEUE, S.seq + 1, id)
-  call(LEASES, 'ZADD', LEASES, S.now + waiter_lease, id)
+  add_lease(id, S.now + waiter_lease)
   put('seq', S.seq + 1)
   put('qlen', position + 1)
   put('r:' .. id, waiter_record(k, S.now, lease, waiter_lease, channel, label))

@@ -27,7 +27,7 @@ return run(function()
       return { 'GONE' }
     end
   end
-  if call(LEASES, 'ZADD', LEASES, S.now + (r.h and lease or waiter_lease), id) == 1 then
+  if add_lease(id, S.now + (r.h and lease or waiter_lease)) == 1 then
     check() -- its lease entry was missing
   end
   if r.h then

@@ -3,12 +3,15 @@
 -- compile time, so every script sees the same KEYS layout and helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
---   1 leases  ZSET    id -> ms of Redis time: the lease end of every holder and waiter, and
---                     the forget-at of every tombstone (a request released or withdrawn)
+--   1 leases  ZSET    id -> ms of Redis time: the lease end of every holder and waiter
+--                     (positive), and minus the forget-at of every tombstone (a request
+--                     released or withdrawn; negative, so tombstones never look due as leases)
 --   2 queue   ZSET    waiter id -> ticket (arrival order)
 --   3 state   HASH    cap, used (units held), nh (holders), qlen (waiters), nt (tombstones),
 --                     seq (ticket counter), tok (last fencing token), idle (ms when the idle
---                     keys expire; 0 while anyone holds or waits), label:<label> (holders +
+--                     keys expire; 0 while they carry no TTL), next (no lease ends before it;
+--                     0 = unknown), tnext (the first tombstone's forget-at; 0 = none),
+--                     label:<label> (holders +
 --                     waiters with that label), r:<id> records:
 --                       holder    "h|token|units|granted at|lease|slots|label", slots as
 --                                 runs "first-last,slot,..."
@@ -19,6 +22,9 @@
 -- Failure rules every script keeps:
 --   * Nothing live carries a TTL: while anyone holds or waits, no key has one, so no
 --     `volatile-*` eviction can pick it. Only an idle semaphore's keys expire (KEEP_IDLE_MS).
+--     A release that leaves the semaphore idle does not set the TTL itself (the next acquire
+--     would remove it again: two commands each way on the hot path); it answers IDLE and the
+--     client sends lease_tidy a moment later, which sets it if the semaphore is still idle.
 --   * Every key is first touched by a read, or by a write that fails before changing it (a
 --     foreign type, a missing ACL right), and the body writes nothing but through call();
 --     run() saves what was settled before such a failure. State fields are written back in
@@ -49,11 +55,17 @@ local WORK_BUDGET = 4096
 local SETTLE_BATCH = 256
 -- Field/value pairs per HSET (unpack() fails near 8000 values).
 local SLICE = 500
+-- Tombstones are dropped in batches, once the first one is this late, at most this many.
+local PRUNE_LAG_MS = 2000
+local PRUNE_BATCH = 4000
+-- "No lease ends before": nothing is known to end (a double, exact).
+local NEVER = 4503599627370496
 
 local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
 
--- Cached state fields, and the ones to write back or delete.
-local S = {}
+-- Cached state fields, and the ones to write back or delete. S.handed: grants made to
+-- waiters on the caller's own channel S.mine, returned instead of published.
+local S = { handed = {} }
 local dirty = {}
 local removed = {}
 -- Wake-ups to publish after everything is saved: channel, message, channel, message, ...
@@ -107,11 +119,12 @@ local function save()
       redis.call('PERSIST', LEASES)
       put('idle', 0)
     elseif not live and S.idle < S.now + KEEP_MARGIN_MS then
-      if S.slots_written then
-        redis.call('DEL', SLOTS) -- no unit held: every bit is clear
+      if S.defer_idle then
+        S.went_idle = true -- the client's lease_tidy sets the TTL
+      else
+        put('idle', S.now + KEEP_IDLE_MS)
+        S.expire = true
       end
-      put('idle', S.now + KEEP_IDLE_MS)
-      S.expire = true
     end
   end
   local args = {}
@@ -171,15 +184,17 @@ local repair
 
 -- Read the state fields (and the record of `id`, if given), and the time.
 local function load(id)
-  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'r:' .. (id or ''))
+  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+    'tnext', 'r:' .. (id or ''))
   clock()
   if r[1] then
     S.cap = count(r[1])
   end
   S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
   S.tok, S.nh, S.nt = count(r[6]), count(r[7]), count(r[8])
+  S.next, S.tnext = count(r[9]), count(r[10])
   if id then
-    S['r:' .. id] = r[9]
+    S['r:' .. id] = r[11]
   end
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
@@ -290,6 +305,15 @@ local function next_token()
   return token
 end
 
+-- Set the lease end of a holder or waiter; `next` keeps the earliest one known.
+local function add_lease(id, ends)
+  local added = call(LEASES, 'ZADD', LEASES, ends, id)
+  if S.next == 0 or ends < S.next then
+    put('next', ends)
+  end
+  return added
+end
+
 -- Set (bit 1) or clear (bit 0) the n slot bits from `first`: whole bytes with one SETRANGE,
 -- the bits of partial bytes one by one (at most 14 SETBITs).
 local function set_run(first, n, bit)
@@ -348,7 +372,7 @@ local function grant(id, k, label, lease, expires)
   end
   S.slots_written = true
   local token = next_token()
-  call(LEASES, 'ZADD', LEASES, expires, id)
+  add_lease(id, expires)
   put('r:' .. id, holder_record(token, k, S.now, lease, slots, label))
   put('used', S.used + k)
   put('nh', S.nh + 1)
@@ -357,13 +381,21 @@ end
 
 -- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn).
 local function bury(id, outcome)
-  call(LEASES, 'ZADD', LEASES, S.now + REMEMBER_MS, id)
+  local forget = S.now + REMEMBER_MS
+  call(LEASES, 'ZADD', LEASES, -forget, id)
   put('r:' .. id, 'x|' .. outcome)
   put('nt', S.nt + 1)
+  if S.tnext == 0 then
+    put('tnext', forget)
+  end
 end
 
 local function drop_holder(id, r)
-  set_slots(r.s, 0)
+  if S.used == r.k then
+    redis.call('DEL', SLOTS) -- the last units: every bit goes
+  else
+    set_slots(r.s, 0)
+  end
   S.slots_written = true
   del('r:' .. id)
   put('used', math.max(S.used - r.k, 0))
@@ -409,17 +441,53 @@ local function promote()
       local token, slots = grant(head, w.k, w.l, w.lease, S.now + w.lease)
       redis.call('ZREM', QUEUE, head)
       put('qlen', math.max(S.qlen - 1, 0))
-      outbox[#outbox + 1] = w.c
-      outbox[#outbox + 1] = string.format('%s|%d|%s|%d', head, token, table.concat(slots, ','),
+      local grant_msg = string.format('%s|%d|%s|%d', head, token, table.concat(slots, ','),
         math.max(S.now - checked_in, 0))
+      if w.c == S.mine then
+        -- A waiter of the caller's own process: handed over with the reply, no PUBLISH.
+        S.handed[#S.handed + 1] = grant_msg
+      else
+        outbox[#outbox + 1] = w.c
+        outbox[#outbox + 1] = grant_msg
+      end
     end
   end
 end
 
--- Drop expired holders, waiters and tombstones (at most SETTLE_BATCH, and holders only while
--- the budget lasts: the rest stay counted until a later script), then promote.
+-- Drop tombstones past their forget-at, in batches once the first is PRUNE_LAG_MS late.
+local function prune()
+  if S.tnext == 0 or S.tnext + PRUNE_LAG_MS > S.now then
+    return
+  end
+  local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, -S.now, '(0', 'LIMIT', 0, PRUNE_BATCH)
+  local names = {}
+  for i, id in ipairs(due) do
+    names[i] = 'r:' .. id
+    S[names[i]] = false
+  end
+  for i = 1, #due, SLICE do
+    redis.call('HDEL', STATE, unpack(names, i, math.min(i + SLICE - 1, #due)))
+    redis.call('ZREM', LEASES, unpack(due, i, math.min(i + SLICE - 1, #due)))
+  end
+  put('nt', math.max(S.nt - #due, 0))
+  local first = #due < PRUNE_BATCH and redis.call('ZREVRANGEBYSCORE', LEASES, '(0', '-inf', 'LIMIT', 0, 1, 'WITHSCORES')[2]
+  if #due == PRUNE_BATCH then
+    put('tnext', S.now - PRUNE_LAG_MS) -- more are due
+  else
+    put('tnext', first and -tonumber(first) or 0)
+  end
+end
+
+-- Drop expired holders and waiters (at most SETTLE_BATCH, and holders only while the budget
+-- lasts: the rest stay counted until a later script), then promote. Skipped while `next`
+-- says no lease can have ended yet.
 local function settle()
-  local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, '-inf', S.now, 'LIMIT', 0, SETTLE_BATCH)
+  prune()
+  if S.next > S.now then
+    promote()
+    return
+  end
+  local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, 0, S.now, 'LIMIT', 0, SETTLE_BATCH)
   if #due > 0 then
     local names = {}
     for i, id in ipairs(due) do
@@ -436,27 +504,23 @@ local function settle()
         end
         budget = budget - r.k
         drop_holder(id, r)
-      elseif r and r.x then
-        del(names[i])
-        put('nt', math.max(S.nt - 1, 0))
-      elseif r then
+      elseif r and not r.x then
         drop_waiter(id, r)
       end
       done[#done + 1] = id
     end
     redis.call('ZREM', LEASES, unpack(done))
   end
+  local first = redis.call('ZRANGEBYSCORE', LEASES, 0, '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2]
+  put('next', first and tonumber(first) or NEVER)
   promote()
 end
 
 -- When to look again without a wake-up: the head waiter also when the first lease ends.
 local function recheck_ms(id, waiter_lease)
   local wait = math.floor(waiter_lease / 3)
-  if redis.call('ZRANK', QUEUE, id) == 0 then
-    local first = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
-    if first[2] then
-      wait = math.min(wait, tonumber(first[2]) - S.now + 1)
-    end
+  if S.next > 0 and redis.call('ZRANK', QUEUE, id) == 0 then
+    wait = math.min(wait, S.next - S.now + 1)
   end
   return math.max(wait, 1)
 end
@@ -503,6 +567,7 @@ repair = function()
       if r and r.h then
         if not leases[id] then
           redis.call('ZADD', LEASES, S.now + r.lease, id)
+          leases[id] = S.now + r.lease
         end
         queued[id] = nil
         set_slots(r.s, 1)
@@ -544,6 +609,8 @@ repair = function()
   end
   del('keep')
   put('idle', 0)
+  put('next', 0) -- unknown: the next settle looks
+  put('tnext', nt > 0 and S.now - PRUNE_LAG_MS or 0)
   S.repaired = true
 end
 

@@ -13,7 +13,7 @@ return run(function()
   if not (r and r.h) then
     return { 'NOTHELD' }
   end
-  if call(LEASES, 'ZADD', LEASES, S.now + lease, id) == 1 then
+  if add_lease(id, S.now + lease) == 1 then
     check() -- its lease entry was missing
   end
   return { 'OK' }

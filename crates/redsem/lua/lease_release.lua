@@ -1,22 +1,25 @@
 -- lease_release: give back a permit, or withdraw a queued request (a cancelled acquire),
 -- and hand the freed units to the head of the queue. The id is remembered for a minute, so
--- the same release resent after a lost reply answers as the first one did.
+-- the same release resent after a lost reply answers as the first one did. Grants made to
+-- waiters on the caller's own channel come back in the reply instead of by PUBLISH; a
+-- release that leaves the semaphore idle leaves its TTL to lease_tidy (see the prelude).
 -- KEYS: see lease_prelude.lua
--- ARGV[1] permit or request id
--- Returns: {"RELEASED"} | {"DEQUEUED"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
+-- ARGV[1] permit or request id   ARGV[2] the caller's wake channel
+-- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), {"id|token|slots|delay", ...}}
+--        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local id = ARGV[1]
+  S.mine, S.defer_idle = ARGV[2], true
   load(id)
   if not S.cap then
-    return { 'NOTHELD' }
+    return { 'NOTHELD', 0, {} }
   end
   settle()
   local r = record(id)
-  if r and r.x then
-    return { r.x == 'D' and 'DEQUEUED' or 'RELEASED' }
-  end
   local outcome = 'NOTHELD'
-  if r and r.h then
+  if r and r.x then
+    outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
+  elseif r and r.h then
     drop_holder(id, r)
     bury(id, 'R')
     outcome = 'RELEASED'
@@ -26,5 +29,6 @@ return run(function()
     outcome = 'DEQUEUED'
   end
   promote()
-  return { outcome }
+  local idle = S.used == 0 and S.qlen == 0 and S.idle < S.now + KEEP_MARGIN_MS
+  return { outcome, idle and 1 or 0, S.handed }
 end)

@@ -19,6 +19,9 @@ use crate::types::PermitId;
 
 pub(crate) use crate::conn::Conn;
 
+/// How long after a release that left a semaphore idle its keys get their TTL.
+const TIDY_AFTER: Duration = Duration::from_secs(1);
+
 /// Options for [`Redsem::connect_with`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -359,6 +362,10 @@ pub(crate) struct Shared {
     pub(crate) closed: CancellationToken,
     /// Releases and withdrawals sent in the background from `Drop`.
     background: TaskTracker,
+    /// Semaphores (their state keys) with a `lease_tidy` pending.
+    tidy: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Bumped by [`Redsem::flush`]: pending tidies run at once.
+    hurry: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for Shared {
@@ -577,6 +584,8 @@ impl Redsem {
                 notifier: OnceCell::new(),
                 closed: CancellationToken::new(),
                 background: TaskTracker::new(),
+                tidy: std::sync::Mutex::default(),
+                hurry: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -751,6 +760,7 @@ impl Redsem {
     ///
     /// Cancel safe: the background work goes on.
     pub async fn flush(&self) {
+        self.shared.hurry.send_modify(|n| *n += 1);
         let tracker = &self.shared.background;
         tracker.close();
         tracker.wait().await;
@@ -763,6 +773,40 @@ impl Redsem {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             self.shared.background.spawn_on(work, &handle);
         }
+    }
+
+    /// Send `lease_tidy` for the semaphore of `keys` in a moment (at once on
+    /// [`Redsem::flush`]), unless one is pending: a release left it idle, and its keys get
+    /// their TTL only if nobody took it again meanwhile (see `lua/lease_tidy.lua`).
+    pub(crate) fn tidy_later(&self, keys: &crate::keys::LeaseKeys) {
+        let key = keys.all[2].clone();
+        let fresh = self
+            .shared
+            .tidy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
+        if !fresh {
+            return;
+        }
+        let redsem = self.clone();
+        let keys = keys.clone();
+        let mut hurry = self.shared.hurry.subscribe();
+        self.spawn_cleanup(async move {
+            tokio::select! {
+                () = tokio::time::sleep(TIDY_AFTER) => {}
+                _ = hurry.changed() => {}
+            }
+            redsem
+                .shared
+                .tidy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            if let Err(err) = crate::script::lease_tidy(&mut redsem.conn(), &keys).await {
+                tracing::debug!(key = %key, error = %err, "could not give an idle semaphore its TTL");
+            }
+        });
     }
 
     pub(crate) fn conn(&self) -> Conn {

@@ -152,6 +152,12 @@ impl Notifier {
         }
     }
 
+    /// Hand a wake-up for one of this client's waiters over as if it had come by pub/sub
+    /// (`<id>|<news>`): a release made by this process that granted it.
+    pub(crate) fn deliver(&self, payload: &str) {
+        route(&lock(&self.routes), payload);
+    }
+
     async fn wait_subscribed(&self) {
         let mut rx = self.subscribed.clone();
         let _ = tokio::time::timeout(FIRST_SUBSCRIBE_WAIT, rx.wait_for(|n| *n > 0)).await;
@@ -315,18 +321,8 @@ impl Task {
     fn dispatch(&self, channel: &str, payload: &[u8]) {
         let routes = lock(&self.routes);
         if channel == self.own_channel {
-            let Ok(payload) = std::str::from_utf8(payload) else {
-                return;
-            };
-            let (id, news) = match payload.split_once('|') {
-                Some((id, news)) => (id, Some(news)),
-                None => (payload, None),
-            };
-            if let Some(mailbox) = routes.waiters.get(id) {
-                if let Some(news) = news {
-                    *mailbox.news.lock().unwrap_or_else(|p| p.into_inner()) = Some(news.to_owned());
-                }
-                mailbox.notify.notify_one();
+            if let Ok(payload) = std::str::from_utf8(payload) {
+                route(&routes, payload);
             }
         } else if let Some((_, notify, _)) = routes.channels.get(channel) {
             notify.notify_waiters();
@@ -341,6 +337,20 @@ impl Task {
         for (_, notify, _) in routes.channels.values() {
             notify.notify_waiters();
         }
+    }
+}
+
+/// Route a wake-up on the client's own channel, `<id>` or `<id>|<news>`, to that waiter.
+fn route(routes: &Routes, payload: &str) {
+    let (id, news) = match payload.split_once('|') {
+        Some((id, news)) => (id, Some(news)),
+        None => (payload, None),
+    };
+    if let Some(mailbox) = routes.waiters.get(id) {
+        if let Some(news) = news {
+            *mailbox.news.lock().unwrap_or_else(|p| p.into_inner()) = Some(news.to_owned());
+        }
+        mailbox.notify.notify_one();
     }
 }
 

@@ -1,5 +1,6 @@
 //! The fair lease semaphore: `LeaseSemaphore` hands out `LeasePermit`s.
 
+pub(crate) mod keepalive;
 mod permit;
 mod status;
 
@@ -729,7 +730,25 @@ impl LeaseSemaphore {
 
 impl SemInner {
     pub(crate) async fn release(&self, id: &str) -> Result<Release> {
-        script::lease_release(&mut self.redsem.conn(), &self.keys, id).await
+        let shared = &self.redsem.shared;
+        let released = script::lease_release(
+            &mut self.redsem.conn(),
+            &self.keys,
+            id,
+            &shared.wake_channel,
+        )
+        .await?;
+        if !released.handed.is_empty() {
+            // Our own waiters: handed over here, no pub/sub hop.
+            let notifier = self.redsem.notifier().await;
+            for grant in &released.handed {
+                notifier.deliver(grant);
+            }
+        }
+        if released.idle {
+            self.redsem.tidy_later(&self.keys);
+        }
+        Ok(released.outcome)
     }
 
     pub(crate) fn not_held(&self, id: &PermitId) -> Error {

@@ -35,6 +35,7 @@ pub(crate) static LEASE_REFRESH: LazyLock<Script> = lease_script!("lease_refresh
 pub(crate) static LEASE_RELEASE: LazyLock<Script> = lease_script!("lease_release.lua");
 pub(crate) static LEASE_STATUS: LazyLock<Script> = lease_script!("lease_status.lua");
 pub(crate) static LEASE_SET_CAPACITY: LazyLock<Script> = lease_script!("lease_set_capacity.lua");
+pub(crate) static LEASE_TIDY: LazyLock<Script> = lease_script!("lease_tidy.lua");
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +56,16 @@ pub(crate) enum Release {
     Released,
     Dequeued,
     NotHeld,
+}
+
+/// What `lease_release` answers in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) outcome: Release,
+    /// The semaphore is idle and its keys carry no TTL yet: send `lease_tidy` soon.
+    pub(crate) idle: bool,
+    /// Grants made to waiters on the caller's channel (wake-up messages, not published).
+    pub(crate) handed: Vec<String>,
 }
 
 /// A holder as `lease_status` lists it.
@@ -159,21 +170,48 @@ pub(crate) async fn lease_refresh(
     }
 }
 
+/// Release (or withdraw) `id`; `channel` is the caller's wake channel, whose grants come back
+/// in the reply.
 pub(crate) async fn lease_release(
     conn: &mut impl ConnectionLike,
     keys: &LeaseKeys,
     id: &str,
-) -> Result<Release> {
+    channel: &str,
+) -> Result<Released> {
     let reply: Value = LEASE_RELEASE
         .key(&keys.all[..])
         .arg(id)
+        .arg(channel)
         .invoke_async(conn)
         .await?;
-    let r = Reply::new("lease_release", reply)?;
+    let mut r = Reply::new("lease_release", reply)?;
+    let outcome = match r.status.as_str() {
+        "RELEASED" => Release::Released,
+        "DEQUEUED" => Release::Dequeued,
+        "NOTHELD" => Release::NotHeld,
+        _ => return Err(r.unexpected()),
+    };
+    let idle = r.int()? == 1;
+    let mut handed = Vec::new();
+    for item in r.array()? {
+        match item {
+            Value::BulkString(bytes) => handed.push(String::from_utf8_lossy(&bytes).into_owned()),
+            other => return Err(r.bad("a grant message", &other)),
+        }
+    }
+    Ok(Released {
+        outcome,
+        idle,
+        handed,
+    })
+}
+
+/// Give an idle semaphore's keys their TTL (nothing if it is live again).
+pub(crate) async fn lease_tidy(conn: &mut impl ConnectionLike, keys: &LeaseKeys) -> Result<()> {
+    let reply: Value = LEASE_TIDY.key(&keys.all[..]).invoke_async(conn).await?;
+    let r = Reply::new("lease_tidy", reply)?;
     match r.status.as_str() {
-        "RELEASED" => Ok(Release::Released),
-        "DEQUEUED" => Ok(Release::Dequeued),
-        "NOTHELD" => Ok(Release::NotHeld),
+        "OK" => Ok(()),
         _ => Err(r.unexpected()),
     }
 }

@@ -46,6 +46,14 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
         .expect("lease_acquire")
 }
 
+/// `lease_release` from a client whose channel is not [`CHANNEL`], so grants to waiters on
+/// it are published.
+async fn release(conn: &mut impl ConnectionLike, keys: &LeaseKeys, id: &str) -> Result<Release> {
+    lease_release(conn, keys, id, "t:wake:another")
+        .await
+        .map(|r| r.outcome)
+}
+
 /// The token and slots of a grant; panics on any other reply.
 #[track_caller]
 fn granted(reply: Acquire) -> (u64, Vec<u32>) {
@@ -117,9 +125,7 @@ async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
     );
     // Releasing slot 0 makes it the next one handed out.
     assert_eq!(
-        lease_release(&mut conn, &keys(), "a")
-            .await
-            .expect("release"),
+        release(&mut conn, &keys(), "a").await.expect("release"),
         Release::Released
     );
     let (d, slots) = granted(acquire(&mut conn, req("d", 2, 1, false)).await);
@@ -151,9 +157,7 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
         Acquire::Busy { waiters: 1, .. }
     ));
 
-    lease_release(&mut conn, &keys(), "a")
-        .await
-        .expect("release");
+    release(&mut conn, &keys(), "a").await.expect("release");
     let msg = within(LIMIT, "wake-up message", pubsub.on_message().next())
         .await
         .expect("a message");
@@ -247,7 +251,7 @@ async fn refresh_extends_and_fails_for_unknown_or_expired() {
 
     let mut short = req("c", 1, 1, false);
     short.lease = Duration::from_millis(30);
-    lease_release(&mut conn, &k, "a").await.expect("release");
+    release(&mut conn, &k, "a").await.expect("release");
     acquire(&mut conn, short).await;
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(
@@ -266,26 +270,24 @@ async fn release_withdraws_waiters_and_reports_not_held() {
     acquire(&mut conn, req("a", 1, 1, true)).await;
     acquire(&mut conn, req("b", 1, 1, true)).await;
     assert_eq!(
-        lease_release(&mut conn, &k, "b").await.expect("release"),
+        release(&mut conn, &k, "b").await.expect("release"),
         Release::Dequeued
     );
     // The same release again (a resend) answers as the first did, for a minute.
     assert_eq!(
-        lease_release(&mut conn, &k, "b").await.expect("release"),
+        release(&mut conn, &k, "b").await.expect("release"),
         Release::Dequeued
     );
     assert_eq!(
-        lease_release(&mut conn, &k, "nobody")
-            .await
-            .expect("release"),
+        release(&mut conn, &k, "nobody").await.expect("release"),
         Release::NotHeld
     );
     assert_eq!(
-        lease_release(&mut conn, &k, "a").await.expect("release"),
+        release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
     assert_eq!(
-        lease_release(&mut conn, &k, "a").await.expect("release"),
+        release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
     let status = lease_status(&mut conn, &k).await.expect("status");
@@ -362,7 +364,7 @@ async fn set_capacity_grows_admitting_waiters_and_shrinks_without_revoking() {
     ));
     // Once everyone has left, the lowest slot is handed out again.
     for h in &status.holders {
-        lease_release(&mut conn, &k, &h.id).await.expect("release");
+        release(&mut conn, &k, &h.id).await.expect("release");
     }
     let (e, slots) = granted(acquire(&mut conn, req("e", 1, 1, false)).await);
     assert_eq!(slots, vec![0]);
@@ -379,7 +381,7 @@ async fn a_different_capacity_conflicts_only_while_in_use() {
         acquire(&mut conn, req("b", 3, 1, false)).await,
         Acquire::Conflict { current: 2 }
     );
-    lease_release(&mut conn, &k, "a").await.expect("release");
+    release(&mut conn, &k, "a").await.expect("release");
     assert!(matches!(
         acquire(&mut conn, req("b", 3, 1, false)).await,
         Acquire::Granted { .. }
@@ -454,7 +456,7 @@ async fn every_script_reports_a_foreign_key_and_leaves_it_alone() {
                 .map(drop),
             "refresh",
         );
-        expect_wrong(lease_release(&mut conn, &k, "a").await.map(drop), "release");
+        expect_wrong(release(&mut conn, &k, "a").await.map(drop), "release");
         expect_wrong(lease_status(&mut conn, &k).await.map(drop), "status");
         expect_wrong(
             lease_set_capacity(&mut conn, &k, 2).await.map(drop),
@@ -499,7 +501,24 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
             "{key} is live and must not expire: {ttl}"
         );
     }
-    lease_release(&mut conn, &k, "a").await.expect("release");
+    let released = lease_release(&mut conn, &k, "a", "t:wake:another")
+        .await
+        .expect("release");
+    assert!(released.idle, "the release left it idle");
+    let ttl: i64 = conn.pttl(&k.all[2]).await.expect("pttl");
+    assert_eq!(ttl, -1, "the release leaves the TTL to lease_tidy");
+    // Taken again before the tidy: the tidy leaves live keys alone.
+    granted(acquire(&mut conn, req("again", 2, 1, false)).await);
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    let ttl: i64 = conn.pttl(&k.all[2]).await.expect("pttl");
+    assert_eq!(ttl, -1, "live again: no TTL");
+    assert!(
+        lease_release(&mut conn, &k, "again", "t:wake:another")
+            .await
+            .expect("release")
+            .idle
+    );
+    lease_tidy(&mut conn, &k).await.expect("tidy");
     // Idle: the state and the tombstone of "a" expire within the hour, the bitmap is gone.
     for key in [&k.all[0], &k.all[2]] {
         let ttl: i64 = conn.pttl(key).await.expect("pttl");
@@ -537,7 +556,7 @@ async fn scripts_run_on_a_three_master_cluster() {
             Acquire::Queued { .. }
         ));
         assert_eq!(
-            lease_release(&mut conn, &k, "x").await.expect("release"),
+            release(&mut conn, &k, "x").await.expect("release"),
             Release::Released
         );
         let (third, _) = granted(
@@ -629,7 +648,7 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
         .expect("queue");
     for holder in ["big", "rest"] {
         assert_eq!(
-            lease_release(&mut conn, &k, holder).await.expect("release"),
+            release(&mut conn, &k, holder).await.expect("release"),
             Release::Released
         );
     }
@@ -690,7 +709,7 @@ async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
         Acquire::Queued { .. }
     ));
     assert_eq!(
-        lease_release(&mut conn, &k, "a").await.expect("release"),
+        release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
     let status = lease_status(&mut conn, &k).await.expect("status");
@@ -737,7 +756,7 @@ async fn a_resent_acquire_or_release_is_applied_once() {
     ));
     for _ in 0..2 {
         assert_eq!(
-            lease_release(&mut conn, &k, "a").await.expect("release"),
+            release(&mut conn, &k, "a").await.expect("release"),
             Release::Released
         );
     }
@@ -819,7 +838,7 @@ async fn a_grant_fills_holes_first_then_takes_one_run_and_records_runs() {
     for id in ["a", "b", "c"] {
         granted(acquire(&mut conn, req(id, 20, 3, false)).await);
     }
-    lease_release(&mut conn, &k, "b").await.expect("release");
+    release(&mut conn, &k, "b").await.expect("release");
     let (_, slots) = granted(acquire(&mut conn, req("d", 20, 5, false)).await);
     assert_eq!(slots, vec![3, 4, 5, 9, 10]);
     let record: String = conn.hget(&k.all[2], "r:d").await.expect("hget");
@@ -830,7 +849,131 @@ async fn a_grant_fills_holes_first_then_takes_one_run_and_records_runs() {
         .await
         .expect("bitcount");
     assert_eq!(bits, 11);
-    lease_release(&mut conn, &k, "d").await.expect("release");
+    release(&mut conn, &k, "d").await.expect("release");
     let (_, slots) = granted(acquire(&mut conn, req("e", 20, 1, false)).await);
     assert_eq!(slots, vec![3], "the runs of d were cleared");
+}
+
+/// Every command the server ran, but EVALSHA and the test's own.
+async fn commands_run(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_"))
+        .filter(|l| !l.starts_with("cmdstat_evalsha:") && !l.starts_with("cmdstat_config"))
+        .filter(|l| !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn an_uncontended_cycle_runs_at_most_ten_commands_inside_the_scripts() {
+    // Issue 10: 18 commands per try_acquire + release before.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    // Warm up: scripts loaded, the state exists.
+    granted(acquire(&mut conn, req("warm", 5, 1, false)).await);
+    release(&mut conn, &k, "warm").await.expect("release");
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("RESETSTAT");
+    let cycles = 20;
+    for i in 0..cycles {
+        let id = format!("c{i}");
+        granted(acquire(&mut conn, req(&id, 5, 1, false)).await);
+        assert_eq!(
+            release(&mut conn, &k, &id).await.expect("release"),
+            Release::Released
+        );
+    }
+    let per_cycle = commands_run(&mut conn).await as f64 / f64::from(cycles);
+    println!("commands inside the scripts per uncontended cycle: {per_cycle}");
+    assert!(per_cycle <= 10.0, "{per_cycle} commands per cycle");
+}
+
+#[tokio::test]
+async fn a_release_hands_grants_for_its_own_waiters_back_instead_of_publishing() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    assert!(matches!(
+        acquire(&mut conn, req("b", 1, 1, true)).await,
+        Acquire::Queued { .. }
+    ));
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("RESETSTAT");
+    // The release comes from b's own client (its channel is CHANNEL).
+    let released = lease_release(&mut conn, &k, "a", CHANNEL)
+        .await
+        .expect("release");
+    assert_eq!(released.outcome, Release::Released);
+    assert!(!released.idle);
+    assert_eq!(released.handed.len(), 1);
+    let parts: Vec<&str> = released.handed[0].split('|').collect();
+    assert_eq!((parts[0], parts[2]), ("b", "0"), "{:?}", released.handed);
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    assert!(!info.contains("cmdstat_publish"), "no PUBLISH: {info}");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.holders[0].id, "b");
+}
+
+#[tokio::test]
+async fn tombstones_are_dropped_in_a_batch_once_their_minute_is_over() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b", "c"] {
+        granted(acquire(&mut conn, req(id, 5, 1, false)).await);
+        release(&mut conn, &k, id).await.expect("release");
+    }
+    let tombstones: Vec<(String, f64)> = conn
+        .zrangebyscore_withscores(&k.all[0], "-inf", "(0")
+        .await
+        .expect("zrange");
+    assert_eq!(
+        tombstones.len(),
+        3,
+        "one per release, negative: {tombstones:?}"
+    );
+    // Age them past their minute (and the batching lag).
+    let old = -((server_micros(&mut conn).await / 1000) as f64) + 10_000.0;
+    for (id, _) in &tombstones {
+        let () = conn.zadd(&k.all[0], id, old).await.expect("zadd");
+    }
+    let () = conn
+        .hset(&k.all[2], "tnext", -old as i64)
+        .await
+        .expect("hset");
+    lease_status(&mut conn, &k)
+        .await
+        .expect("status (any script prunes)");
+    let left: usize = conn.zcard(&k.all[0]).await.expect("zcard");
+    assert_eq!(left, 0);
+    for id in ["a", "b", "c"] {
+        let record: Option<String> = conn.hget(&k.all[2], format!("r:{id}")).await.expect("hget");
+        assert_eq!(record, None, "{id}");
+    }
+    let nt: String = conn.hget(&k.all[2], "nt").await.expect("hget");
+    assert_eq!(nt, "0");
 }
