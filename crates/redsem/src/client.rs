@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, Result, invalid};
 use crate::keys;
+use crate::lease::keepalive::Keepalive;
 use crate::lease::{LeaseOptions, LeaseSemaphore};
 use crate::mutex::Mutex;
 use crate::notify::Notifier;
@@ -362,6 +363,8 @@ pub(crate) struct Shared {
     pub(crate) closed: CancellationToken,
     /// Releases and withdrawals sent in the background from `Drop`.
     background: TaskTracker,
+    /// Renews the lease permits and fires their `lost()`: one driver task for all of them.
+    pub(crate) keepalive: Keepalive,
     /// Semaphores (their state keys) with a `lease_tidy` pending.
     tidy: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Bumped by [`Redsem::flush`]: pending tidies run at once.
@@ -575,6 +578,7 @@ impl Redsem {
         options: RedsemOptions,
         wake_channel: String,
     ) -> Redsem {
+        let closed = CancellationToken::new();
         Redsem {
             shared: Arc::new(Shared {
                 conn,
@@ -582,7 +586,8 @@ impl Redsem {
                 wake_channel,
                 prefix: options.prefix,
                 notifier: OnceCell::new(),
-                closed: CancellationToken::new(),
+                keepalive: Keepalive::new(closed.clone()),
+                closed,
                 background: TaskTracker::new(),
                 tidy: std::sync::Mutex::default(),
                 hurry: tokio::sync::watch::Sender::new(0),

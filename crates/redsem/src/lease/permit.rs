@@ -1,25 +1,22 @@
-//! `LeasePermit`: a held lease, its keepalive and its loss signal.
+//! `LeasePermit`: a held lease and its loss signal. Its renewals and its loss timer are in
+//! the `Redsem`'s keepalive (`super::keepalive`).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
-
-use crate::clock;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use super::SemInner;
+use super::keepalive::Keepalive;
+use crate::clock;
 use crate::error::{Error, Result};
 use crate::script::{self, Release};
 use crate::types::{FencingToken, PermitId};
 
-/// After a failed renewal (Redis unreachable), try again this often, within the lease.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
-
 /// A permit of a [`LeaseSemaphore`](super::LeaseSemaphore): some units of it, held under a
-/// lease that a background task renews every third of the lease.
+/// lease that the `Redsem`'s keepalive renews every third of the lease.
 ///
 /// The permit knows locally when its lease may have ended: it measures the lease from the
 /// moment the last successful grant or renewal was *sent*, so a process that was paused or cut
@@ -42,27 +39,53 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
 #[must_use = "dropping a LeasePermit releases it"]
 pub struct LeasePermit {
     state: Arc<PermitState>,
-    /// Stops the keepalive when the permit goes.
-    _keepalive: DropGuard,
     /// Released or forgotten: nothing left for `Drop` to do.
     settled: bool,
 }
 
-struct PermitState {
+/// What the permit and the keepalive share.
+pub(super) struct PermitState {
     sem: Arc<SemInner>,
     id: PermitId,
     token: FencingToken,
     slots: Vec<u32>,
+    /// The permit's key in the keepalive's schedule.
+    ticket: u64,
     /// The lease can have ended on the server no earlier than this ([`clock`] time).
     valid_until: Mutex<Duration>,
-    /// Wakes the keepalive when a manual refresh moved `valid_until`.
-    moved: Notify,
+    /// Cancelled when the permit is lost, released or dropped (also cancels a renewal in
+    /// flight).
     lost: CancellationToken,
 }
 
 impl PermitState {
-    fn valid_until(&self) -> Duration {
+    pub(super) fn valid_until(&self) -> Duration {
         *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn lease(&self) -> Duration {
+        self.sem.options.lease
+    }
+
+    pub(super) fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    pub(super) fn semaphore(&self) -> &str {
+        &self.sem.name
+    }
+
+    pub(super) fn id(&self) -> &PermitId {
+        &self.id
+    }
+
+    /// Resolves when the permit is lost, released or dropped.
+    pub(super) async fn gone(&self) {
+        self.lost.cancelled().await;
+    }
+
+    fn keepalive(&self) -> &Keepalive {
+        &self.sem.redsem.shared.keepalive
     }
 
     fn renewed(&self, sent: Duration) {
@@ -70,14 +93,15 @@ impl PermitState {
         *until = (*until).max(sent + self.sem.options.lease);
     }
 
-    fn lose(&self, why: &str) {
+    pub(super) fn lose(&self, why: &str) {
         if !self.lost.is_cancelled() {
             tracing::warn!(semaphore = %self.sem.name, id = %self.id, why, "lease lost");
             self.lost.cancel();
         }
     }
 
-    async fn refresh(&self) -> Result<bool> {
+    /// Send one renewal; on success move `valid_until` and return when it was sent.
+    pub(super) async fn refresh(&self) -> Result<Option<Duration>> {
         let sent = clock::now();
         let held = script::lease_refresh(
             &mut self.sem.redsem.conn(),
@@ -89,7 +113,7 @@ impl PermitState {
         if held {
             self.renewed(sent);
         }
-        Ok(held)
+        Ok(held.then_some(sent))
     }
 }
 
@@ -102,20 +126,19 @@ impl LeasePermit {
         valid_until: Duration,
     ) -> LeasePermit {
         let renew = sem.options.keepalive;
+        let ticket = sem.redsem.shared.keepalive.ticket();
         let state = Arc::new(PermitState {
             sem,
             id,
             token: FencingToken(token),
             slots,
+            ticket,
             valid_until: Mutex::new(valid_until),
-            moved: Notify::new(),
             lost: CancellationToken::new(),
         });
-        let stop = CancellationToken::new();
-        tokio::spawn(keepalive(state.clone(), stop.clone(), renew));
+        state.keepalive().schedule(state.clone(), renew);
         LeasePermit {
             state,
-            _keepalive: stop.drop_guard(),
             settled: false,
         }
     }
@@ -215,11 +238,12 @@ impl LeasePermit {
         if self.state.lost.is_cancelled() {
             return Err(self.lost_error());
         }
-        if self.state.refresh().await? {
-            self.state.moved.notify_one();
+        if let Some(sent) = self.state.refresh().await? {
+            self.state.keepalive().refreshed(self.state.ticket, sent);
             Ok(())
         } else {
             self.state.lose("refresh found it not held");
+            self.state.keepalive().unschedule(self.state.ticket);
             Err(self.lost_error())
         }
     }
@@ -246,6 +270,8 @@ impl LeasePermit {
     /// is no longer renewed either way.
     pub async fn release(mut self) -> Result<()> {
         self.settled = true;
+        // No renewal starts after this, so none can answer NOTHELD after the release.
+        self.state.keepalive().unschedule(self.state.ticket);
         self.state.lost.cancel();
         match self.state.sem.release(self.state.id.as_str()).await? {
             Release::Released => Ok(()),
@@ -265,6 +291,7 @@ impl LeasePermit {
     /// ```
     pub fn forget(mut self) {
         self.settled = true;
+        self.state.keepalive().unschedule(self.state.ticket);
     }
 
     fn lost_error(&self) -> Error {
@@ -280,6 +307,7 @@ impl Drop for LeasePermit {
         if self.settled {
             return;
         }
+        self.state.keepalive().unschedule(self.state.ticket);
         self.state.lost.cancel();
         let state = self.state.clone();
         let redsem = state.sem.redsem.clone();
@@ -301,60 +329,5 @@ impl fmt::Debug for LeasePermit {
             .field("slots", &self.state.slots)
             .field("held", &self.is_held())
             .finish()
-    }
-}
-
-/// Renews every third of the lease (if `renew`), and declares the permit lost when Redis says
-/// it is gone or when its lease may have ended without a renewal.
-///
-/// Deadlines are kept on [`clock`] time; tokio's timers stop while the machine is suspended,
-/// so no sleep lasts longer than a quarter of the lease before the clock is read again.
-async fn keepalive(state: Arc<PermitState>, stop: CancellationToken, renew: bool) {
-    let lease = state.sem.options.lease;
-    let period = lease / 3;
-    // First renewal after a third of the lease, or sooner if less than two thirds are
-    // left (a grant handed over with a wake-up runs on the waiter's lease).
-    let now = clock::now();
-    let mut next = now + period.min(state.valid_until().saturating_sub(now) / 2);
-    loop {
-        let now = clock::now();
-        let deadline = state.valid_until();
-        if now >= deadline {
-            state.lose("lease may have ended without a renewal");
-            return;
-        }
-        let renew_in = if renew {
-            next.saturating_sub(now)
-        } else {
-            Duration::MAX
-        };
-        if renew_in.is_zero() {
-            let outcome = tokio::select! {
-                biased;
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(deadline - now) => continue,
-                outcome = state.refresh() => outcome,
-            };
-            match outcome {
-                Ok(true) => next = clock::now().max(next) + period,
-                Ok(false) => {
-                    state.lose("Redis no longer has it");
-                    return;
-                }
-                Err(err) => {
-                    tracing::debug!(semaphore = %state.sem.name, id = %state.id, error = %err, "renewal failed; retrying");
-                    next = clock::now() + RETRY_AFTER_ERROR.min(period);
-                }
-            }
-            continue;
-        }
-        let nap = renew_in.min(deadline - now).min(lease / 4);
-        tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            () = state.lost.cancelled() => return,
-            () = state.moved.notified() => {}
-            () = tokio::time::sleep(nap) => {}
-        }
     }
 }

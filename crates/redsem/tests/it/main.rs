@@ -31,3 +31,7 @@ mod connect_checks;
 
 /// Waiting through faults: a queued grant's lease, dropped connections.
 mod wait_faults;
+
+/// The keepalive: one driver per client renews hundreds of permits, a cut-off client loses its
+/// permits before their server leases end, settling some permits leaves the others renewed.
+mod keepalive;

@@ -1,0 +1,329 @@
+//! The keepalive of a `Redsem`: one driver task renews every permit that asks for it and
+//! declares any permit lost once its lease may have ended unrenewed.
+//!
+//! Each scheduled permit has one timer in an ordered set keyed by the [`clock`] instant of its
+//! next event: its next renewal (every third of the lease; 50 ms after a failed one) or, for a
+//! permit that is not renewed or whose renewal is in flight, the end of its local validity. The
+//! driver sleeps until the first timer, pops every timer that is due, and starts the due
+//! renewals as futures of one `FuturesUnordered`: they go out together on the multiplexed
+//! connection, and a slow or hanging renewal delays no other permit.
+//!
+//! Deadlines are kept on [`clock`] time, which counts time the machine spent suspended;
+//! tokio's timers do not, so the driver never sleeps longer than a quarter of the shortest
+//! scheduled lease before it reads the clock again.
+//!
+//! The driver starts with the first permit and stops when its `Redsem` closes (or when its
+//! runtime goes, after which the next permit starts another). It holds no handle to the
+//! `Redsem`: only the scheduled permits do, and a permit leaves the schedule when it is
+//! released, dropped, forgotten or lost.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::permit::PermitState;
+use crate::clock;
+use crate::error::Result;
+
+/// After a failed renewal (Redis unreachable), try again this often, within the lease.
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
+
+/// The keepalive of one `Redsem` (kept in its `Shared`).
+pub(crate) struct Keepalive {
+    inner: Arc<Inner>,
+    /// Cancelled when the `Redsem` closes: stops the driver.
+    closed: CancellationToken,
+    /// Numbers the permits: their key in the schedule.
+    tickets: AtomicU64,
+}
+
+struct Inner {
+    schedule: Mutex<Schedule>,
+    /// Wakes the driver when a new timer comes before the one it sleeps for.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Schedule {
+    /// (instant of the next event, ticket), first due first.
+    timers: BTreeSet<(Duration, u64)>,
+    permits: HashMap<u64, Entry>,
+    /// The leases of the scheduled permits, with how many have each: the driver re-reads the
+    /// clock at least every quarter of the shortest.
+    leases: BTreeMap<Duration, usize>,
+    /// A driver task is running (or spawned and not yet polled).
+    running: bool,
+}
+
+struct Entry {
+    state: Arc<PermitState>,
+    /// Its key in `timers`.
+    at: Duration,
+    /// When the next renewal is due; `None` if the permit is not renewed.
+    next: Option<Duration>,
+    /// A renewal was sent and has not answered.
+    in_flight: bool,
+}
+
+impl Entry {
+    /// The instant of the entry's next event: the renewal when one is due before the local
+    /// validity ends and none is in flight, else the end of the validity.
+    fn event_at(&self) -> Duration {
+        let valid_until = self.state.valid_until();
+        match self.next {
+            Some(next) if !self.in_flight => next.min(valid_until),
+            _ => valid_until,
+        }
+    }
+
+    fn period(&self) -> Duration {
+        self.state.lease() / 3
+    }
+}
+
+/// What a renewal came back with: `None` if it was cancelled (the permit was lost, released
+/// or dropped).
+type Renewed = (u64, Option<Result<bool>>);
+
+fn lock(schedule: &Mutex<Schedule>) -> MutexGuard<'_, Schedule> {
+    // Every update below leaves the maps consistent at each step that could panic.
+    schedule
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Keepalive {
+    pub(crate) fn new(closed: CancellationToken) -> Keepalive {
+        Keepalive {
+            inner: Arc::new(Inner {
+                schedule: Mutex::new(Schedule::default()),
+                wake: Notify::new(),
+            }),
+            closed,
+            tickets: AtomicU64::new(0),
+        }
+    }
+
+    /// A new permit's key in the schedule.
+    pub(super) fn ticket(&self) -> u64 {
+        self.tickets.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Schedule a new permit: its first renewal (if `renew`) after a third of the lease, or
+    /// sooner if less than two thirds are left (a grant handed over with a wake-up runs on the
+    /// waiter's lease), and its loss when its local validity ends. Starts the driver if none
+    /// runs.
+    pub(super) fn schedule(&self, state: Arc<PermitState>, renew: bool) {
+        let now = clock::now();
+        let period = state.lease() / 3;
+        let next = renew.then(|| now + period.min(state.valid_until().saturating_sub(now) / 2));
+        let ticket = state.ticket();
+        let lease = state.lease();
+        let mut entry = Entry {
+            state,
+            at: Duration::ZERO,
+            next,
+            in_flight: false,
+        };
+        entry.at = entry.event_at();
+        let start = {
+            let mut schedule = lock(&self.inner.schedule);
+            schedule.insert(ticket, entry, lease);
+            let first = schedule.timers.first().is_some_and(|&(_, t)| t == ticket);
+            if schedule.running {
+                if first {
+                    self.inner.wake.notify_one();
+                }
+                false
+            } else {
+                schedule.running = true;
+                true
+            }
+        };
+        if start {
+            self.start_driver();
+        }
+    }
+
+    /// Take a permit out of the schedule (released, dropped, forgotten or lost): no renewal
+    /// of it starts after this returns, and the answer of one in flight is ignored.
+    pub(super) fn unschedule(&self, ticket: u64) {
+        // Dropped outside the lock: the last handle of a permit may go with it.
+        let entry = lock(&self.inner.schedule).remove(ticket);
+        drop(entry);
+    }
+
+    /// A manual refresh sent at `sent` succeeded: the next renewal is due a third of the lease
+    /// after it, and the loss timer follows the moved validity.
+    pub(super) fn refreshed(&self, ticket: u64, sent: Duration) {
+        let mut schedule = lock(&self.inner.schedule);
+        if let Some(entry) = schedule.permits.get_mut(&ticket) {
+            let period = entry.period();
+            entry.next = entry.next.map(|next| next.max(sent + period));
+            // Both instants only moved later: the driver, if it sleeps for the old one, wakes
+            // for nothing once and sleeps again.
+            schedule.reschedule(ticket);
+        }
+    }
+
+    fn start_driver(&self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let running = Running(self.inner.clone());
+                runtime.spawn(drive(running, self.closed.clone()));
+            }
+            Err(_) => {
+                // LeasePermit::start runs inside async code; without a runtime nothing can be
+                // renewed, and the lease ends by itself.
+                lock(&self.inner.schedule).running = false;
+                tracing::warn!("no tokio runtime: permits are not renewed");
+            }
+        }
+    }
+}
+
+impl Schedule {
+    fn insert(&mut self, ticket: u64, entry: Entry, lease: Duration) {
+        self.timers.insert((entry.at, ticket));
+        self.permits.insert(ticket, entry);
+        *self.leases.entry(lease).or_default() += 1;
+    }
+
+    fn remove(&mut self, ticket: u64) -> Option<Entry> {
+        let entry = self.permits.remove(&ticket)?;
+        self.timers.remove(&(entry.at, ticket));
+        let lease = entry.state.lease();
+        if let Some(count) = self.leases.get_mut(&lease) {
+            *count -= 1;
+            if *count == 0 {
+                self.leases.remove(&lease);
+            }
+        }
+        Some(entry)
+    }
+
+    /// Move the timer of `ticket` to its entry's next event.
+    fn reschedule(&mut self, ticket: u64) {
+        if let Some(entry) = self.permits.get_mut(&ticket) {
+            self.timers.remove(&(entry.at, ticket));
+            entry.at = entry.event_at();
+            self.timers.insert((entry.at, ticket));
+        }
+    }
+
+    /// Handle every timer due at `now`: the permits whose validity has ended are taken out
+    /// (returned in `lost`), the ones due for renewal are marked in flight (returned in
+    /// `renew`). Returns how long the driver may sleep before the next event (`None`: nothing
+    /// is scheduled).
+    fn fire(
+        &mut self,
+        now: Duration,
+        renew: &mut Vec<(u64, Arc<PermitState>)>,
+        lost: &mut Vec<Arc<PermitState>>,
+    ) -> Option<Duration> {
+        while let Some(&(at, ticket)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            let Some(entry) = self.permits.get_mut(&ticket) else {
+                self.timers.pop_first();
+                continue;
+            };
+            if now >= entry.state.valid_until() {
+                if let Some(entry) = self.remove(ticket) {
+                    lost.push(entry.state);
+                }
+                continue;
+            }
+            if let Some(next) = entry.next
+                && next <= now
+                && !entry.in_flight
+            {
+                entry.in_flight = true;
+                renew.push((ticket, entry.state.clone()));
+            }
+            // Now later than `now`: a renewal in the future, or the validity.
+            self.reschedule(ticket);
+        }
+        let first = self.timers.first()?.0;
+        let shortest = self.leases.first_key_value().map_or(first, |(l, _)| *l);
+        Some(first.saturating_sub(now).min(shortest / 4))
+    }
+
+    /// A renewal of `ticket` answered (at `now`). Returns the permit if Redis said it is no
+    /// longer held (it is taken out of the schedule).
+    fn completed(&mut self, (ticket, outcome): Renewed, now: Duration) -> Option<Arc<PermitState>> {
+        let entry = self.permits.get_mut(&ticket)?;
+        entry.in_flight = false;
+        let period = entry.period();
+        match outcome {
+            Some(Ok(true)) => entry.next = entry.next.map(|next| next.max(now) + period),
+            Some(Ok(false)) => return self.remove(ticket).map(|entry| entry.state),
+            Some(Err(err)) => {
+                tracing::debug!(semaphore = %entry.state.semaphore(), id = %entry.state.id(),
+                    error = %err, "renewal failed; retrying");
+                entry.next = Some(now + RETRY_AFTER_ERROR.min(period));
+            }
+            // Cancelled: the permit left the schedule, so it is not found above.
+            None => {}
+        }
+        self.reschedule(ticket);
+        None
+    }
+}
+
+/// Marks the driver gone when its future is dropped (returned, or its runtime shut down), so
+/// that the next permit starts another.
+struct Running(Arc<Inner>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        lock(&self.0.schedule).running = false;
+    }
+}
+
+/// The driver: fires due timers, keeps the renewals in flight, and sleeps until the next
+/// event, a new earlier timer, or the `Redsem` closing.
+async fn drive(running: Running, closed: CancellationToken) {
+    let inner = &running.0;
+    let mut renewals = FuturesUnordered::new();
+    let mut renew = Vec::new();
+    let mut lost = Vec::new();
+    loop {
+        let nap = lock(&inner.schedule).fire(clock::now(), &mut renew, &mut lost);
+        for state in lost.drain(..) {
+            state.lose("lease may have ended without a renewal");
+        }
+        for (ticket, state) in renew.drain(..) {
+            renewals.push(renewal(ticket, state));
+        }
+        tokio::select! {
+            biased;
+            () = closed.cancelled() => return,
+            Some(renewed) = renewals.next(), if !renewals.is_empty() => {
+                let gone = lock(&inner.schedule).completed(renewed, clock::now());
+                if let Some(state) = gone {
+                    state.lose("Redis no longer has it");
+                }
+            }
+            () = inner.wake.notified() => {}
+            () = tokio::time::sleep(nap.unwrap_or_default()), if nap.is_some() => {}
+        }
+    }
+}
+
+/// One renewal, cancelled if the permit is lost, released or dropped meanwhile (a forgotten
+/// permit's renewal runs to its end, and its answer is ignored).
+async fn renewal(ticket: u64, state: Arc<PermitState>) -> Renewed {
+    tokio::select! {
+        biased;
+        () = state.gone() => (ticket, None),
+        outcome = state.refresh() => (ticket, Some(outcome.map(|sent| sent.is_some()))),
+    }
+}
