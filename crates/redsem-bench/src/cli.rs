@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// Benchmark redsem against the seeds' classic fair semaphore and the raw EVALSHA limit,
-/// side by side on one Redis. Prints a table; `--out` writes every figure as JSON.
+/// Benchmark redsem against the seeds' classic fair semaphore, the polling semaphore of npm
+/// `redis-semaphore` and the raw EVALSHA limit, side by side on one Redis. Prints a table; `--out` writes every figure as JSON.
 ///
 /// Exit status: 0 when every invariant held, 1 when one was violated or a scenario failed,
 /// 2 for a usage or set-up error.
@@ -25,7 +25,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) smoke: bool,
 
-    /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4).
+    /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4,
+    /// S9 = the polling baseline through S1–S4).
     #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
     pub(crate) only: Option<BTreeSet<u8>>,
 }
@@ -43,8 +44,8 @@ fn parse_scenarios(s: &str) -> Result<BTreeSet<u8>, String> {
         .map(|p| {
             p.strip_prefix(['S', 's'])
                 .and_then(|n| n.parse::<u8>().ok())
-                .filter(|n| (1..=8).contains(n))
-                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S8"))
+                .filter(|n| (1..=9).contains(n))
+                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S9"))
         })
         .collect::<Result<BTreeSet<u8>, String>>()
         .and_then(|set| {
@@ -63,10 +64,11 @@ mod tests {
     #[test]
     fn scenario_lists_accept_either_case_and_reject_unknown_ones() {
         assert_eq!(
-            parse_scenarios("S1, s3,S7").unwrap(),
-            BTreeSet::from([1, 3, 7])
+            parse_scenarios("S1, s3,S7,S9").unwrap(),
+            BTreeSet::from([1, 3, 7, 9])
         );
-        assert!(parse_scenarios("S9").is_err());
+        assert!(parse_scenarios("S10").is_err());
+        assert!(parse_scenarios("S0").is_err());
         assert!(parse_scenarios("x").is_err());
         assert!(parse_scenarios("").is_err());
     }

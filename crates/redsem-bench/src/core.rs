@@ -1,5 +1,5 @@
-//! S1–S4 written once over [`BenchSem`], so redsem and the seeds' algorithm (S7) run the
-//! very same measuring code.
+//! S1–S4 written once over [`BenchSem`], so redsem, the seeds' algorithm (S7) and the polling
+//! baseline (S9) run the very same measuring code.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -34,6 +34,41 @@ pub(crate) struct ServerLoad {
     pub(crate) redis_cpu_us_per_cycle: f64,
     /// Server CPU over wall time: 1.0 = one core fully busy (Redis runs commands on one).
     pub(crate) redis_cpu_share: f64,
+    /// Every command Redis ran, per cycle: the sum of `commandstats_per_cycle` (calls inside
+    /// scripts and transactions included, `MULTI` and `EXEC` included).
+    pub(crate) commands_per_cycle: f64,
+    /// `INFO commandstats` `usec` deltas per cycle, by command. A script's or an `EXEC`'s
+    /// `usec` includes the calls it makes, which are also counted under their own names.
+    pub(crate) commandstats_usec_per_cycle: BTreeMap<String, f64>,
+    /// Server time of the commands the clients sent, per cycle (`usec` of the script and
+    /// transaction calls, and of the algorithm's direct commands; the calls made inside are
+    /// not added again), µs.
+    pub(crate) command_usec_per_cycle: f64,
+}
+
+/// Commands that run others inside them, always sent by a client. Their `usec` includes
+/// the calls they make.
+const ENTRY_COMMANDS: &[&str] = &[
+    "eval",
+    "evalsha",
+    "eval_ro",
+    "evalsha_ro",
+    "fcall",
+    "fcall_ro",
+    "multi",
+    "exec",
+];
+
+impl ServerLoad {
+    /// Add the server time of `direct` (commands the algorithm sends outside scripts and
+    /// transactions) to `command_usec_per_cycle`.
+    pub(crate) fn count_direct(&mut self, direct: &[&str]) {
+        self.command_usec_per_cycle += direct
+            .iter()
+            .filter(|name| !ENTRY_COMMANDS.contains(name))
+            .filter_map(|name| self.commandstats_usec_per_cycle.get(*name))
+            .sum::<f64>();
+    }
 }
 
 /// A snapshot of the server counters.
@@ -89,14 +124,26 @@ impl Meter {
         let d = &self.stats;
         let n = cycles.max(1) as f64;
         let evalsha = d.calls("evalsha");
+        let usec: BTreeMap<String, f64> =
+            d.0.iter()
+                .map(|(k, v)| (k.clone(), v.usec as f64 / n))
+                .collect();
+        let command_usec_per_cycle = ENTRY_COMMANDS
+            .iter()
+            .filter_map(|name| usec.get(*name))
+            .sum();
+        let commands = d.per(cycles);
         ServerLoad {
+            commands_per_cycle: commands.values().sum(),
+            commandstats_usec_per_cycle: usec,
+            command_usec_per_cycle,
             evalsha_per_cycle: evalsha as f64 / n,
             evalsha_usec_per_call: if evalsha > 0 {
                 d.usec("evalsha") as f64 / evalsha as f64
             } else {
                 0.0
             },
-            commandstats_per_cycle: d.per(cycles),
+            commandstats_per_cycle: commands,
             redis_cpu_us_per_cycle: self.cpu * 1e6 / n,
             redis_cpu_share: if self.wall > 0.0 {
                 self.cpu / self.wall
@@ -158,14 +205,16 @@ pub(crate) async fn cycles<S: BenchSem>(
     time: Duration,
     yardstick: Option<&mut RawPair>,
 ) -> BenchResult<CycleRun> {
-    timed_cycles(admin, time, yardstick, || async {
+    let mut run = timed_cycles(admin, time, yardstick, || async {
         let p = sem
             .try_acquire()
             .await?
             .ok_or("an uncontended try_acquire found no free unit")?;
         sem.release(p).await
     })
-    .await
+    .await?;
+    run.server.count_direct(S::DIRECT_COMMANDS);
+    Ok(run)
 }
 
 /// Run `cycle` back to back for `time` (after 20 warm-up cycles), in slices that alternate
@@ -224,6 +273,8 @@ pub(crate) struct ContendedRun {
     pub(crate) tasks: usize,
     pub(crate) clients: usize,
     pub(crate) capacity: usize,
+    /// How long each holder held, ms; 0 = across one `yield_now` only.
+    pub(crate) hold_ms: f64,
     pub(crate) cycles: u64,
     pub(crate) elapsed_s: f64,
     pub(crate) cycles_per_s: f64,
@@ -241,6 +292,7 @@ pub(crate) async fn contended<S: BenchSem>(
     sems: &[S],
     tasks: usize,
     capacity: usize,
+    hold: Option<Duration>,
     time: Duration,
 ) -> BenchResult<ContendedRun> {
     let holders = Arc::new(AtomicUsize::new(0));
@@ -261,7 +313,10 @@ pub(crate) async fn contended<S: BenchSem>(
                 let now_holding = holders.fetch_add(1, Ordering::SeqCst) + 1;
                 max_holders.fetch_max(now_holding, Ordering::SeqCst);
                 // Let other holders of this process overlap with this one.
-                tokio::task::yield_now().await;
+                match hold {
+                    Some(hold) => tokio::time::sleep(hold).await,
+                    None => tokio::task::yield_now().await,
+                }
                 holders.fetch_sub(1, Ordering::SeqCst);
                 sem.release(p).await?;
                 if Instant::now() <= deadline {
@@ -283,17 +338,20 @@ pub(crate) async fn contended<S: BenchSem>(
     .unwrap_or(Ok(false))?;
     set.abort_all();
     let n = waits.len() as u64;
+    let mut server = snap.load(admin, n).await?;
+    server.count_direct(S::DIRECT_COMMANDS);
     Ok(ContendedRun {
         tasks,
         clients: sems.len(),
         capacity,
+        hold_ms: hold.map_or(0.0, |h| h.as_secs_f64() * 1e3),
         cycles: n,
         elapsed_s: time.as_secs_f64(),
         cycles_per_s: rate(n, time),
         wait: Latency::of(&waits),
         max_holders: max_holders.load(Ordering::SeqCst),
         all_finished,
-        server: snap.load(admin, n).await?,
+        server,
     })
 }
 
@@ -391,4 +449,40 @@ pub(crate) async fn fairness<S: BenchSem>(
         inversions: inversions(&order),
         grant_order: order,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::parse_commandstats;
+
+    #[test]
+    fn server_time_per_cycle_counts_a_scripts_calls_once() {
+        // Two cycles of the polling baseline: 2 EVALSHA (each running ZREMRANGEBYSCORE, ZCARD,
+        // ZADD, PEXPIRE) and 2 ZREM sent by the client.
+        let stats = parse_commandstats(
+            "cmdstat_evalsha:calls=2,usec=30\r\n\
+             cmdstat_zremrangebyscore:calls=2,usec=4\r\n\
+             cmdstat_zcard:calls=2,usec=2\r\n\
+             cmdstat_zadd:calls=2,usec=4\r\n\
+             cmdstat_pexpire:calls=2,usec=2\r\n\
+             cmdstat_zrem:calls=2,usec=6\r\n",
+        );
+        let meter = Meter {
+            stats,
+            cpu: 100e-6,
+            wall: 1.0,
+        };
+        let mut load = meter.load(2);
+        assert_eq!(load.commands_per_cycle, 6.0);
+        assert_eq!(load.evalsha_per_cycle, 1.0);
+        assert_eq!(load.redis_cpu_us_per_cycle, 50.0);
+        // Only the scripts so far: 30 µs over 2 cycles.
+        assert_eq!(load.command_usec_per_cycle, 15.0);
+        load.count_direct(&["zrem"]);
+        assert_eq!(load.command_usec_per_cycle, 18.0);
+        // An entry command listed as direct is not counted twice.
+        load.count_direct(&["evalsha"]);
+        assert_eq!(load.command_usec_per_cycle, 18.0);
+    }
 }

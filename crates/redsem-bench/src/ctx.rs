@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::BenchResult;
 use crate::admin::Admin;
-use crate::sem::{self, Seeds};
+use crate::sem::{self, Polling, Seeds};
 
 /// How big each scenario is.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +21,10 @@ pub(crate) struct Sizes {
     pub(crate) s2_tasks: Vec<usize>,
     pub(crate) s2_clients: Vec<usize>,
     pub(crate) s2_time: Duration,
+    /// S2 with a hold: (tasks, clients) points, each holder sleeping `s2_hold` before it
+    /// releases (issue 10's "64 tasks, capacity 8, hold 1 ms").
+    pub(crate) s2_hold_points: Vec<(usize, usize)>,
+    pub(crate) s2_hold: Duration,
     /// S3: hand-off trials.
     pub(crate) s3_trials: usize,
     /// S4: waiters.
@@ -45,6 +49,8 @@ impl Sizes {
             s2_tasks: vec![16, 64, 256],
             s2_clients: vec![1, 4],
             s2_time: Duration::from_secs(2),
+            s2_hold_points: vec![(64, 1)],
+            s2_hold: Duration::from_millis(1),
             s3_trials: 500,
             s4_waiters: 50,
             s5_levels: vec![10, 1_000, 100_000],
@@ -64,6 +70,8 @@ impl Sizes {
             s2_tasks: vec![16, 64],
             s2_clients: vec![1, 4],
             s2_time: Duration::from_millis(200),
+            s2_hold_points: vec![(64, 1)],
+            s2_hold: Duration::from_millis(1),
             s3_trials: 30,
             s4_waiters: 10,
             s5_levels: vec![10, 100, 1_000],
@@ -144,6 +152,28 @@ impl Ctx {
             out.push(Seeds::new(
                 conn,
                 &format!("{prefix}:seeds:{name}"),
+                limit,
+                round_trips.clone(),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// `clients` connections, each with a handle on the polling semaphore `name`.
+    pub(crate) async fn polling_sems(
+        &self,
+        prefix: &str,
+        name: &str,
+        limit: u64,
+        clients: usize,
+        round_trips: &Arc<AtomicU64>,
+    ) -> BenchResult<Vec<Polling>> {
+        let mut out = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let conn = self.admin.client.get_multiplexed_async_connection().await?;
+            out.push(Polling::new(
+                conn,
+                &format!("{prefix}:polling:{name}"),
                 limit,
                 round_trips.clone(),
             ));

@@ -1,5 +1,6 @@
-//! `redsem-bench`: measures redsem against the seeds' classic fair semaphore and the raw
-//! EVALSHA limit, side by side in one run on one Redis. See `docs/BENCHMARKS.md`.
+//! `redsem-bench`: measures redsem against the seeds' classic fair semaphore, the polling
+//! semaphore of npm `redis-semaphore` and the raw EVALSHA limit, side by side in one run on
+//! one Redis. See `docs/BENCHMARKS.md`.
 
 mod admin;
 mod cli;

@@ -3,8 +3,8 @@
 use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redsem::LeaseOptions;
 use serde::Serialize;
@@ -14,7 +14,7 @@ use crate::admin::Admin;
 use crate::cli::Args;
 use crate::core;
 use crate::ctx::{Ctx, Sizes};
-use crate::report::{Figures, Invariant, SeedsRun, Target};
+use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::BenchSem;
 use crate::{cost, counters, raw, scale};
 
@@ -122,8 +122,11 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if args.runs(1) {
         figures.s1 = step("S1 uncontended", e, s1(&ctx)).await;
     }
-    if args.runs(2) {
-        figures.s2 = step("S2 contended", e, s2(&ctx)).await.unwrap_or_default();
+    if args.runs(2)
+        && let Some((s2, s2_hold)) = step("S2 contended", e, s2(&ctx)).await
+    {
+        figures.s2 = s2;
+        figures.s2_hold = s2_hold;
     }
     if args.runs(3) {
         figures.s3 = step("S3 hand-off", e, s3(&ctx)).await;
@@ -147,6 +150,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     }
     if args.runs(7) {
         figures.s7 = step("S7 the seeds' algorithm", e, s7(&ctx)).await;
+    }
+    if args.runs(9) {
+        figures.s9 = step("S9 the polling baseline", e, s9(&ctx)).await;
     }
     if args.runs(8) {
         let mut points = vec![(1, 1)];
@@ -214,34 +220,61 @@ async fn s1(ctx: &Ctx) -> BenchResult<core::CycleRun> {
     Ok(run)
 }
 
-/// Run every S2 point on the semaphores `make(clients, name)` gives.
-async fn s2_points<S: BenchSem, F, Fut>(ctx: &Ctx, make: F) -> BenchResult<Vec<core::ContendedRun>>
+/// The S2 points (tasks, clients) of this run without a hold.
+fn s2_plain(ctx: &Ctx) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for &clients in &ctx.sizes.s2_clients {
+        for &tasks in &ctx.sizes.s2_tasks {
+            out.push((tasks, clients));
+        }
+    }
+    out
+}
+
+/// Run the S2 `points` (tasks, clients), capacity 8, each holder holding for `hold`, on the
+/// semaphores `make(clients, name)` gives.
+async fn s2_points<S: BenchSem, F, Fut>(
+    ctx: &Ctx,
+    points: &[(usize, usize)],
+    hold: Option<Duration>,
+    make: F,
+) -> BenchResult<Vec<core::ContendedRun>>
 where
     F: Fn(usize, String) -> Fut,
     Fut: Future<Output = BenchResult<Vec<S>>>,
 {
     let mut out = Vec::new();
-    for &clients in &ctx.sizes.s2_clients {
-        for &tasks in &ctx.sizes.s2_tasks {
-            let sems = make(clients, format!("s2-{tasks}-{clients}")).await?;
-            out.push(core::contended(&ctx.admin, &sems, tasks, 8, ctx.sizes.s2_time).await?);
-        }
+    for &(tasks, clients) in points {
+        let name = match hold {
+            None => format!("s2-{tasks}-{clients}"),
+            Some(_) => format!("s2h-{tasks}-{clients}"),
+        };
+        let sems = make(clients, name).await?;
+        out.push(core::contended(&ctx.admin, &sems, tasks, 8, hold, ctx.sizes.s2_time).await?);
     }
     Ok(out)
 }
 
-async fn s2(ctx: &Ctx) -> BenchResult<Vec<core::ContendedRun>> {
+/// S2 without a hold, then the hold points.
+async fn s2(ctx: &Ctx) -> BenchResult<(Vec<core::ContendedRun>, Vec<core::ContendedRun>)> {
     let prefix = ctx.prefix("s2");
-    let out = s2_points(ctx, |clients, name| {
+    let make = |clients, name: String| {
         let prefix = prefix.clone();
         async move {
             ctx.redsem_sems(&prefix, &name, 8, LeaseOptions::default(), clients)
                 .await
         }
-    })
+    };
+    let plain = s2_points(ctx, &s2_plain(ctx), None, make).await?;
+    let held = s2_points(
+        ctx,
+        &ctx.sizes.s2_hold_points,
+        Some(ctx.sizes.s2_hold),
+        make,
+    )
     .await?;
     ctx.clean(&prefix).await?;
-    Ok(out)
+    Ok((plain, held))
 }
 
 async fn s3(ctx: &Ctx) -> BenchResult<core::HandoffRun> {
@@ -264,13 +297,20 @@ async fn s4(ctx: &Ctx) -> BenchResult<core::FairnessRun> {
     Ok(run)
 }
 
-async fn s7(ctx: &Ctx) -> BenchResult<SeedsRun> {
-    let prefix = ctx.prefix("s7");
-    let trips = Arc::new(AtomicU64::new(0));
-    let mut out = SeedsRun::default();
-
-    let sems = ctx.seeds_sems(&prefix, "s1", 5, 1, &trips).await?;
-    let before = trips.load(std::sync::atomic::Ordering::Relaxed);
+/// S1–S4 and the S2 hold points on a baseline algorithm: `make(name, capacity, clients)`
+/// gives one handle per client; `trips` counts the round trips they send.
+async fn baseline<S: BenchSem, F, Fut>(
+    ctx: &Ctx,
+    trips: &AtomicU64,
+    make: F,
+) -> BenchResult<BaselineRun>
+where
+    F: Fn(String, u64, usize) -> Fut,
+    Fut: Future<Output = BenchResult<Vec<S>>>,
+{
+    let mut out = BaselineRun::default();
+    let sems = make("s1".to_owned(), 5, 1).await?;
+    let before = trips.load(Ordering::Relaxed);
     let mut yardstick = core::RawPair::new(&ctx.admin).await?;
     let run = core::cycles(
         &ctx.admin,
@@ -279,22 +319,52 @@ async fn s7(ctx: &Ctx) -> BenchResult<SeedsRun> {
         Some(&mut yardstick),
     )
     .await?;
-    let after = trips.load(std::sync::atomic::Ordering::Relaxed);
+    let after = trips.load(Ordering::Relaxed);
     // 20 warm-up cycles ran before the measured ones.
     out.s1_round_trips_per_cycle = (after - before) as f64 / (run.cycles + 20).max(1) as f64;
     out.s1 = Some(run);
 
-    out.s2 = s2_points(ctx, |clients, name| {
-        let (prefix, trips) = (prefix.clone(), trips.clone());
-        async move { ctx.seeds_sems(&prefix, &name, 8, clients, &trips).await }
-    })
+    let contended = |clients, name| make(name, 8, clients);
+    out.s2 = s2_points(ctx, &s2_plain(ctx), None, &contended).await?;
+    out.s2_hold = s2_points(
+        ctx,
+        &ctx.sizes.s2_hold_points,
+        Some(ctx.sizes.s2_hold),
+        &contended,
+    )
     .await?;
 
-    let sems = ctx.seeds_sems(&prefix, "s3", 1, 2, &trips).await?;
+    let sems = make("s3".to_owned(), 1, 2).await?;
     out.s3 = Some(core::handoff(&sems[0], &sems[1], ctx.sizes.s3_trials).await?);
 
-    let sems = ctx.seeds_sems(&prefix, "s4", 1, 5, &trips).await?;
+    let sems = make("s4".to_owned(), 1, 5).await?;
     out.s4 = Some(core::fairness(&sems[0], &sems[1..], ctx.sizes.s4_waiters).await?);
+    Ok(out)
+}
+
+async fn s7(ctx: &Ctx) -> BenchResult<BaselineRun> {
+    let prefix = ctx.prefix("s7");
+    let trips = Arc::new(AtomicU64::new(0));
+    let out = baseline(ctx, &trips, |name, limit, clients| {
+        let (prefix, trips) = (prefix.clone(), trips.clone());
+        async move { ctx.seeds_sems(&prefix, &name, limit, clients, &trips).await }
+    })
+    .await?;
+    ctx.clean(&prefix).await?;
+    Ok(out)
+}
+
+async fn s9(ctx: &Ctx) -> BenchResult<BaselineRun> {
+    let prefix = ctx.prefix("s9");
+    let trips = Arc::new(AtomicU64::new(0));
+    let out = baseline(ctx, &trips, |name, limit, clients| {
+        let (prefix, trips) = (prefix.clone(), trips.clone());
+        async move {
+            ctx.polling_sems(&prefix, &name, limit, clients, &trips)
+                .await
+        }
+    })
+    .await?;
     ctx.clean(&prefix).await?;
     Ok(out)
 }
