@@ -1,9 +1,12 @@
 //! The command `run` starts: spawned with the permit in its environment, bound to this
 //! process's life, signalled, and its exit status as a code.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 
 use nix::sys::signal::{Signal, kill};
@@ -19,19 +22,27 @@ pub(crate) struct Child {
 }
 
 impl Child {
-    /// Start `command` with `REDSEM_ID`, `REDSEM_TOKEN` and `REDSEM_SLOT` of `permit` in its
-    /// environment and this process's stdin, stdout and stderr. It gets SIGKILL if this
+    /// Start `command` with `REDSEM_NAME`, `REDSEM_ID`, `REDSEM_TOKEN` and `REDSEM_SLOT` of
+    /// `permit` in its environment and this process's stdin, stdout and stderr. It gets SIGKILL if this
     /// process dies, so it never runs without someone watching its permit.
+    ///
+    /// `program` is what [`resolve`] found for `argv[0]`; the command sees `argv[0]` as its name.
     ///
     /// # Errors
     ///
     /// Exit 127 if the program is not found, 126 if it cannot be started.
-    pub(crate) fn spawn(command: &[OsString], permit: &LeasePermit) -> Result<Self, CliError> {
-        let (program, args) = command
+    pub(crate) fn spawn(
+        program: &Path,
+        argv: &[OsString],
+        permit: &LeasePermit,
+    ) -> Result<Self, CliError> {
+        let (name, args) = argv
             .split_first()
             .ok_or_else(|| CliError::new(exit::USAGE, "no command to run"))?;
         let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
+        cmd.arg0(name)
+            .args(args)
+            .env("REDSEM_NAME", permit.semaphore())
             .env("REDSEM_ID", permit.id().as_str())
             .env("REDSEM_TOKEN", permit.token().to_string())
             .env("REDSEM_SLOT", permit.slot().to_string())
@@ -45,10 +56,7 @@ impl Child {
                 io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
             };
-            CliError::new(
-                code,
-                format!("cannot run {}: {e}", program.to_string_lossy()),
-            )
+            CliError::new(code, format!("cannot run {}: {e}", name.to_string_lossy()))
         })?;
         tracing::info!(pid = process.id(), "command started");
         Ok(Child { process })
@@ -83,6 +91,91 @@ impl Child {
             tracing::warn!(%err, "could not wait for the killed command");
         }
     }
+}
+
+/// Find `program` as `execvp` will, before any wait: a path (with a `/`) as it is, a bare name
+/// in the directories of `PATH`. Checked up front so that a typo fails at once rather than
+/// after queueing for a permit, possibly for hours.
+///
+/// # Errors
+///
+/// Exit 127 if there is no such file, 126 if it is not an executable file.
+pub(crate) fn resolve(program: &OsStr) -> Result<PathBuf, CliError> {
+    let shown = program.to_string_lossy();
+    if program.is_empty() {
+        return Err(CliError::new(
+            exit::NOT_FOUND,
+            "cannot run an empty command name",
+        ));
+    }
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        return match executable(&path) {
+            Ok(()) => Ok(path),
+            Err(why) => Err(why.error(&shown)),
+        };
+    }
+    // execvp's search path when PATH is unset (glibc and musl).
+    let dirs = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    let mut refused = None;
+    for dir in std::env::split_paths(&dirs) {
+        // An empty entry is the current directory.
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let path = dir.join(program);
+        match executable(&path) {
+            Ok(()) => return Ok(path),
+            Err(NotRunnable::Missing) => {}
+            Err(why) => refused = refused.or(Some((why, path))),
+        }
+    }
+    Err(match refused {
+        Some((why, path)) => why.error(&path.to_string_lossy()),
+        None => CliError::new(
+            exit::NOT_FOUND,
+            format!("cannot run {shown}: not found in PATH"),
+        ),
+    })
+}
+
+/// Why a path cannot be executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotRunnable {
+    Missing,
+    Directory,
+    NotExecutable,
+}
+
+impl NotRunnable {
+    fn error(self, shown: &str) -> CliError {
+        let (code, why) = match self {
+            NotRunnable::Missing => (exit::NOT_FOUND, "no such file"),
+            NotRunnable::Directory => (exit::CANNOT_EXECUTE, "it is a directory"),
+            NotRunnable::NotExecutable => {
+                (exit::CANNOT_EXECUTE, "permission denied (not executable)")
+            }
+        };
+        CliError::new(code, format!("cannot run {shown}: {why}"))
+    }
+}
+
+/// Whether `path` is a file with an execute bit.
+fn executable(path: &Path) -> Result<(), NotRunnable> {
+    let meta = std::fs::metadata(path).map_err(|_| NotRunnable::Missing)?;
+    if meta.is_dir() {
+        return Err(NotRunnable::Directory);
+    }
+    // No execute bit at all: `exec` would refuse whoever runs it. Whose bit it is (owner,
+    // group, other) is left to `exec`, which fails with 126 as well.
+    let mode = meta.permissions().mode();
+    let bits = 0o111;
+    if mode & bits == 0 {
+        return Err(NotRunnable::NotExecutable);
+    }
+    Ok(())
 }
 
 /// The exit code that reports `status`: its code, or 128 + the signal that ended it.
@@ -122,6 +215,27 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commands_are_looked_up_like_execvp() {
+        assert!(resolve(OsStr::new("sh")).is_ok());
+        assert_eq!(
+            resolve(OsStr::new("no-such-command-here"))
+                .map_err(|e| e.code())
+                .err(),
+            Some(exit::NOT_FOUND)
+        );
+        assert_eq!(
+            resolve(OsStr::new("./no-such-command"))
+                .map_err(|e| e.code())
+                .err(),
+            Some(exit::NOT_FOUND)
+        );
+        assert_eq!(
+            resolve(OsStr::new("/")).map_err(|e| e.code()).err(),
+            Some(exit::CANNOT_EXECUTE)
+        );
+    }
 
     #[test]
     fn exit_codes_pass_through_and_signals_add_128() {

@@ -8,17 +8,22 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
 use clap::{ArgAction, Parser};
 use redsem::{Redsem, RedsemOptions, ServerChecks};
 
 use crate::command::Command;
 use crate::error::{CliError, exit};
+use crate::spinner::Progress;
 use crate::{logging, values};
 
 const EXAMPLES: &str = "\
 Examples:
   # Run the nightly export on at most 2 machines at once; wait for a turn:
   redsem run nightly-export --limit 2 -- ./export.sh --full
+
+  # One deploy at a time; skip it if one is running (flock's spellings work):
+  redsem lock deploy --nonblock -- ./deploy.sh
 
   # Hold a permit across shell commands, then give it back:
   id=$(redsem acquire deploy --limit 1 --lease 5m)
@@ -31,26 +36,40 @@ Examples:
 
   # Counted permits without owners or leases, and a countdown latch:
   redsem permits gpu try-set 4
-  redsem permits gpu acquire 2 --wait 1m && ./train && redsem permits gpu release 2
+  redsem permits gpu acquire 2 -w 1m &&
+    { ./train; redsem permits gpu release 2; }
   redsem latch workers-ready set 3
-  redsem latch workers-ready count-down          # in each of the 3 workers, when ready
-  redsem latch workers-ready await --timeout 5m  # returns when all 3 have counted down
+  redsem latch workers-ready count-down   # in each of the 3 workers, when ready
+  redsem latch workers-ready await -w 5m  # returns when all 3 have counted down
 
   # TLS with a private CA:
   redsem --url rediss://cache.internal:6380 --tls-ca /etc/redis/ca.pem status
 
-Exit codes:
-  0 ok · 1 other error (limit conflict, not held, already set, ...) · 2 usage error ·
-  69 Redis unreachable (also: its TLS certificate not trusted) · 74 Redis lost the state of
-  the semaphore or latch (restart without persistence, failover, flush, eviction) · 75 no
-  permit in time, or a latch still counting at --timeout · 76 lease lost during `run` ·
-  78 Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL rights on the
-  prefix's keys, channels or commands (see --server-checks)";
+Durations: 500ms, 2s, 1m 30s, or a number of seconds (30). -w/--wait is also spelled
+--timeout, -n/--no-wait also --nonblock.
+
+Exit codes (of `run` and `lock`: see `redsem run --help`):
+  0   ok
+  1   other error (limit conflict, not held, already set, ...)
+  2   usage error
+  69  Redis unreachable (also: its TLS certificate not trusted), or not Redis
+  74  Redis lost the state of the semaphore or latch (restart without
+      persistence, failover, flush, eviction)
+  75  no permit in time, or a latch still counting at --wait
+  76  lease lost during `run`
+  78  Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL
+      rights on the prefix's keys, channels or commands (see --server-checks)";
 
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
 #[derive(Debug, Parser)]
-#[command(name = "redsem", version, after_help = EXAMPLES, max_term_width = 100)]
+#[command(
+    name = "redsem",
+    version,
+    after_help = EXAMPLES,
+    max_term_width = 100,
+    arg_required_else_help = true
+)]
 pub(crate) struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -113,7 +132,7 @@ struct GlobalArgs {
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
 
-    /// No spinner while waiting
+    /// Say nothing while waiting: no spinner, no "waiting for" line
     #[arg(short, long, global = true)]
     quiet: bool,
 }
@@ -161,20 +180,54 @@ impl Context {
         if let Some(ca) = &self.tls_ca {
             options = options.tls_root_cert(ca);
         }
-        let redsem = Redsem::connect_with(&self.url, options)
-            .await
-            .map_err(|err| match std::error::Error::source(&err) {
-                Some(cause) if err.is_unavailable() => CliError::new(
-                    exit::UNAVAILABLE,
-                    format!(
-                        "cannot reach Redis at {}: {cause}{}",
-                        redacted(&self.url),
-                        self.unreachable_hint(&err)
-                    ),
-                ),
-                _ => CliError::from(err),
-            })?;
+        let redsem = match Redsem::connect_with(&self.url, options).await {
+            Ok(redsem) => redsem,
+            Err(err) => return Err(self.connect_error(err).await),
+        };
         Ok(self.connected.get_or_init(|| redsem).clone())
+    }
+
+    /// What went wrong connecting, in one line that says what to do.
+    async fn connect_error(&self, err: redsem::Error) -> CliError {
+        let url = redacted(&self.url);
+        if let redsem::Error::Redis(cause) = &err
+            && cause.kind() == redsem::redis::ErrorKind::Parse
+        {
+            return CliError::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "{url} is not a Redis server: its answer is not the Redis protocol; check \
+                     the host and port of --url / REDIS_URL"
+                ),
+            );
+        }
+        let Some(cause) = std::error::Error::source(&err).filter(|_| err.is_unavailable()) else {
+            return CliError::from(err);
+        };
+        let refused = matches!(&err, redsem::Error::Unavailable(c) if c.is_connection_refusal());
+        if self.url.starts_with("rediss://")
+            && !refused
+            && !tls_refused(&err)
+            && let Some((host, port)) = host_and_port(&self.url)
+            && speaks_plain_redis(&host, port).await
+        {
+            let plain = url.replacen("rediss://", "redis://", 1);
+            return CliError::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "cannot reach Redis at {url}: {host}:{port} speaks plain Redis, not TLS; \
+                     use {plain}, or the server's TLS port"
+                ),
+            );
+        }
+        CliError::new(
+            exit::UNAVAILABLE,
+            format!(
+                "cannot reach Redis at {url}: {}{}",
+                crate::error::chain(cause),
+                self.unreachable_hint(&err)
+            ),
+        )
     }
 
     /// Refuse what would not be the TLS the user asked for: `#insecure` (no certificate
@@ -238,9 +291,16 @@ impl Context {
         }
     }
 
-    /// Whether to draw progress on stderr: it is a terminal and `--quiet` was not given.
-    pub(crate) fn show_progress(&self) -> bool {
-        !self.quiet && std::io::stderr().is_terminal()
+    /// How to show a wait on stderr (if `waits`): a spinner on a terminal, one line off it,
+    /// nothing with `--quiet`.
+    pub(crate) fn progress(&self, waits: bool) -> Progress {
+        if self.quiet || !waits {
+            Progress::Off
+        } else if std::io::stderr().is_terminal() {
+            Progress::Spinner
+        } else {
+            Progress::Line
+        }
     }
 }
 
@@ -250,12 +310,21 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(1);
 
 /// Parse `args`, then execute the subcommand; the `Err` is printed by `main`.
 pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, CliError> {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
             // --help and --version: clap prints them as they are, on stdout.
             let _ = err.print();
             return Ok(ExitCode::SUCCESS);
+        }
+        Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `redsem` alone: the help, on stderr as it is no answer, and a usage error.
+            let _ = err.print();
+            return Ok(ExitCode::from(exit::USAGE));
+        }
+        Err(err) if runs_a_command(&args) => {
+            return Err(crate::command::own_failure(usage_error(&err)));
         }
         Err(err) => return Err(usage_error(&err)),
     };
@@ -277,6 +346,21 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         ctx.settle().await;
         outcome
     })
+}
+
+/// Whether the subcommand in `args` is `run` or `lock`, whose own failures exit 125: the first
+/// word that is neither an option nor the value of a global option.
+fn runs_a_command(args: &[OsString]) -> bool {
+    const TAKE_VALUES: [&str; 4] = ["--url", "--tls-ca", "--prefix", "--server-checks"];
+    let mut words = args.iter().skip(1).map(|a| a.to_string_lossy());
+    while let Some(word) = words.next() {
+        if TAKE_VALUES.contains(&word.as_ref()) {
+            words.next();
+        } else if !word.starts_with('-') {
+            return word == "run" || word == "lock";
+        }
+    }
+    false
 }
 
 /// The clap error on one line: its first paragraph, without the `error:` tag.
@@ -302,6 +386,41 @@ fn tls_refused(err: &redsem::Error) -> bool {
         cause = err.source();
     }
     false
+}
+
+/// The host and port of a `redis://` or `rediss://` URL (default port 6379).
+fn host_and_port(url: &str) -> Option<(String, u16)> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    if let Some(bracketed) = host_port.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']')?;
+        let port = after.strip_prefix(':').map_or(Ok(6379), str::parse).ok()?;
+        return Some((host.to_owned(), port));
+    }
+    match host_port.rsplit_once(':') {
+        Some((host, port)) => Some((host.to_owned(), port.parse().ok()?)),
+        None => Some((host_port.to_owned(), 6379)),
+    }
+}
+
+/// Whether `host:port` answers a plain-text `PING` as Redis does (`+PONG`, or `-NOAUTH` when
+/// it wants a password), within a second: told a TLS handshake, such a server says nothing.
+async fn speaks_plain_redis(host: &str, port: u16) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        stream.write_all(b"PING\r\n").await.ok()?;
+        let mut reply = [0u8; 16];
+        let n = stream.read(&mut reply).await.ok()?;
+        let reply = reply.get(..n)?;
+        Some(reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH"))
+    };
+    tokio::time::timeout(Duration::from_secs(1), probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// `url` without its password, for messages.
@@ -336,6 +455,64 @@ mod tests {
             "redis://app:***@db:6379/0"
         );
         assert_eq!(redacted("redis://db:6379"), "redis://db:6379");
+    }
+
+    #[test]
+    fn host_and_port_are_read_from_urls() {
+        let hp = |url| host_and_port(url);
+        assert_eq!(hp("rediss://db:6380"), Some(("db".into(), 6380)));
+        assert_eq!(hp("rediss://u:p@db:6380/0"), Some(("db".into(), 6380)));
+        assert_eq!(hp("rediss://db"), Some(("db".into(), 6379)));
+        assert_eq!(hp("rediss://[::1]:7000"), Some(("::1".into(), 7000)));
+        assert_eq!(hp("rediss://db:port"), None);
+    }
+
+    /// Every indented line of every help's examples and notes (commands, tables) fits 80
+    /// columns, so that no terminal wraps a command in the middle and copy-paste takes it
+    /// whole; prose fits the 100 columns help is wrapped at.
+    #[test]
+    fn help_texts_fit_80_columns() {
+        fn check(command: &clap::Command, path: &str, long: &mut Vec<String>) {
+            for text in [command.get_after_help(), command.get_after_long_help()]
+                .into_iter()
+                .flatten()
+            {
+                for line in text.to_string().lines() {
+                    let width = if line.starts_with(' ') { 80 } else { 100 };
+                    if line.chars().count() > width {
+                        long.push(format!("{path}: {line}"));
+                    }
+                }
+            }
+            for sub in command.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), long);
+            }
+        }
+        let mut long = Vec::new();
+        check(&Cli::command(), "redsem", &mut long);
+        assert!(long.is_empty(), "too wide:\n{}", long.join("\n"));
+    }
+
+    #[test]
+    fn the_subcommand_is_found_past_global_options() {
+        let args = |words: &[&str]| -> Vec<OsString> {
+            std::iter::once("redsem")
+                .chain(words.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        assert!(runs_a_command(&args(&["run", "x"])));
+        assert!(runs_a_command(&args(&[
+            "--url",
+            "redis://h",
+            "-v",
+            "lock",
+            "x"
+        ])));
+        assert!(runs_a_command(&args(&["--prefix", "run", "run"])));
+        assert!(!runs_a_command(&args(&["--prefix", "run", "status"])));
+        assert!(!runs_a_command(&args(&["status", "run"])));
+        assert!(!runs_a_command(&args(&["--url=redis://h", "acquire"])));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `CliError`: what went wrong, in one line, and the exit code it ends the process with.
 
 use std::fmt;
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use redsem::Error;
@@ -25,6 +26,9 @@ pub(crate) mod exit {
     /// The Redis server (or user) is set up so that redsem's guarantees would not hold: an
     /// `allkeys-*` eviction policy, missing ACL rights (sysexits `EX_CONFIG`).
     pub(crate) const UNSUITABLE: u8 = 78;
+    /// `run` and `lock` failed by themselves (a usage error, a limit conflict, ...), kept apart
+    /// from the command's own codes as `env` and `timeout` do.
+    pub(crate) const RUN_FAILED: u8 = 125;
     /// `run`'s command was found but could not be started (as `env` and `timeout` do).
     pub(crate) const CANNOT_EXECUTE: u8 = 126;
     /// `run`'s command was not found.
@@ -48,13 +52,26 @@ impl CliError {
         }
     }
 
+    /// An end with `code` and nothing to say (stdout closed by its reader).
+    pub(crate) fn quiet(code: u8) -> Self {
+        CliError::new(code, "")
+    }
+
     pub(crate) fn code(&self) -> u8 {
         self.code
     }
 
-    /// Print the one line on stderr and give the exit code.
+    /// The same error, exiting with `code` instead.
+    pub(crate) fn with_code(self, code: u8) -> Self {
+        CliError { code, ..self }
+    }
+
+    /// Print the one line on stderr (unless there is nothing to say) and give the exit code.
     pub(crate) fn report(&self) -> ExitCode {
-        eprintln!("redsem: {self}");
+        if !self.message.trim().is_empty() {
+            // Nowhere left to report a closed stderr to.
+            let _ = writeln!(std::io::stderr(), "redsem: {self}");
+        }
         ExitCode::from(self.code())
     }
 }
@@ -111,10 +128,26 @@ impl From<Error> for CliError {
                  persistence, failed over to a replica that had not received it, was flushed, \
                  or evicted it; nothing was granted or opened because of it"
             ),
-            _ => err.to_string(),
+            _ => chain(&err),
         };
         CliError::new(code, message)
     }
+}
+
+/// `err` and its causes, `outer: inner: innermost`, each said once: a cause whose message an
+/// outer one already contains is skipped.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(err) = cause {
+        let said = err.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = err.source();
+    }
+    text
 }
 
 /// Print one line and exit 1 on a panic (a bug): never a backtrace. The child of `run` dies
@@ -135,7 +168,7 @@ pub(crate) fn install_panic_hook() {
             exit::FAILURE,
             format!("internal error{place}: {what} (a bug; please report it)"),
         );
-        eprintln!("redsem: {err}");
+        let _ = writeln!(std::io::stderr(), "redsem: {err}");
         std::process::exit(exit::FAILURE.into());
     }));
 }
@@ -148,6 +181,15 @@ mod tests {
     fn messages_print_on_one_line() {
         let err = CliError::new(exit::FAILURE, "first\n\n  second\tthird ");
         assert_eq!(err.to_string(), "first second third");
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::from(redsem::redis::RedisError::from(io));
+        let text = CliError::from(err).to_string();
+        assert!(text.starts_with("redis unavailable: "), "{text}");
+        assert_eq!(text.matches("refused").count(), 1, "{text}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! What `redsem` prints for people: short durations and aligned tables.
+//! What `redsem` prints: short durations and aligned tables for people, and [`print`], the one
+//! way anything reaches stdout.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::Duration;
 
 use crate::error::{CliError, exit};
@@ -20,6 +22,25 @@ pub(crate) fn duration(d: Duration) -> String {
 /// Whole milliseconds, for JSON.
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Write `text` and a newline to stdout. A reader that went away (`redsem status | head -1`)
+/// ends the process quietly with exit 0, as it does for `rg` and `cargo`.
+pub(crate) fn print(text: &str) -> Result<(), CliError> {
+    write(format!("{text}\n").as_bytes())
+}
+
+/// Write `bytes` to stdout as they are; see [`print`].
+pub(crate) fn write(bytes: &[u8]) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::quiet(0)),
+        Err(e) => Err(CliError::new(
+            exit::FAILURE,
+            format!("cannot write to stdout: {e}"),
+        )),
+    }
 }
 
 /// `value` as compact JSON on one line.

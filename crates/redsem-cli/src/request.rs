@@ -1,17 +1,20 @@
-//! The options of a permit request, shared by `run` and `acquire`, and the acquire itself:
-//! one attempt (`--no-wait`), a bounded wait (`--wait`) or an unbounded one, with a spinner.
+//! The options of a permit request, shared by `run`, `lock` and `acquire`, and the acquire
+//! itself: one attempt (`--no-wait`), a bounded wait (`--wait`) or an unbounded one, shown by
+//! a [`Spinner`].
 
 use std::time::Duration;
 
 use redsem::{LeaseOptions, LeasePermit, Redsem};
+use tokio::time::Instant;
 
 use crate::cli::Context;
 use crate::error::CliError;
+use crate::output;
 use crate::signals::{self, Signals};
 use crate::spinner::Spinner;
 use crate::values;
 
-/// NAME, `--limit`, `--lease`, `--wait`/`--no-wait` and `--holder`.
+/// NAME, `--limit` and the [`RequestOptions`]: a request for a permit of a lease semaphore.
 #[derive(Debug, clap::Args)]
 pub(crate) struct PermitRequest {
     /// The semaphore's name
@@ -19,28 +22,55 @@ pub(crate) struct PermitRequest {
     pub(crate) name: String,
 
     /// How many permits of NAME may be held at once (its capacity)
-    #[arg(long, value_name = "N", value_parser = values::limit, allow_hyphen_values = true)]
+    #[arg(
+        short,
+        long,
+        value_name = "N",
+        value_parser = values::limit,
+        allow_hyphen_values = true
+    )]
     pub(crate) limit: u32,
 
+    #[command(flatten)]
+    pub(crate) options: RequestOptions,
+}
+
+/// `--lease`, `--wait`/`--no-wait`, `--holder` and `--one-per-holder`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RequestOptions {
     /// How long the permit lives without renewal (renewed every third of it)
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = values::lease)]
     pub(crate) lease: Duration,
 
-    /// Wait at most DUR for a permit [default: as long as it takes]
-    #[arg(long, value_name = "DUR", value_parser = values::duration)]
-    pub(crate) wait: Option<Duration>,
-
-    /// Make one attempt and never queue
-    #[arg(long, conflicts_with = "wait")]
-    pub(crate) no_wait: bool,
+    #[command(flatten)]
+    pub(crate) patience: Patience,
 
     /// A label kept with the permit and shown by `status` (a host name, a job id)
     #[arg(long, value_name = "LABEL", value_parser = values::label)]
     pub(crate) holder: Option<String>,
 
-    /// At most one permit per --holder: fail (exit 1) if LABEL already holds or awaits one
+    /// At most one permit per --holder: fail if LABEL already holds or awaits one
     #[arg(long, requires = "holder")]
     pub(crate) one_per_holder: bool,
+}
+
+/// `-w/--wait DUR` (also spelled `--timeout`) and `-n/--no-wait` (also `--nonblock`): how
+/// long to wait, as `flock(1)` spells it.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct Patience {
+    /// Wait at most DUR (500ms, 2m, or seconds: 30) [default: as long as it takes]
+    #[arg(
+        short,
+        long,
+        visible_alias = "timeout",
+        value_name = "DUR",
+        value_parser = values::duration
+    )]
+    pub(crate) wait: Option<Duration>,
+
+    /// Make one attempt and never queue
+    #[arg(short, long, visible_alias = "nonblock", conflicts_with = "wait")]
+    pub(crate) no_wait: bool,
 }
 
 impl PermitRequest {
@@ -55,30 +85,43 @@ impl PermitRequest {
         ctx: &Context,
         signals: &mut Signals,
     ) -> Result<LeasePermit, CliError> {
+        let request = &self.options;
         let mut options = LeaseOptions::default()
-            .lease(self.lease)
+            .lease(request.lease)
             .keepalive(keepalive)
-            .one_per_label(self.one_per_holder);
-        if let Some(label) = &self.holder {
+            .one_per_label(request.one_per_holder);
+        if let Some(label) = &request.holder {
             options = options.label(label.as_str());
         }
         let sem = redsem.lease_semaphore_with(&self.name, self.limit, options)?;
-        let mut spinner = Spinner::new(&self.name, !self.no_wait && ctx.show_progress());
+        let no_wait = request.patience.no_wait;
+        let mut spinner = Spinner::new(&self.name, ctx.progress(!no_wait));
         let reporter = spinner.reporter();
+        let started = Instant::now();
         let granted = async {
-            if self.no_wait {
+            if no_wait {
                 sem.try_acquire().await
             } else {
-                sem.acquire_with_progress(1, self.wait, reporter).await
+                sem.acquire_with_progress(1, request.patience.wait, reporter)
+                    .await
             }
         };
-        tokio::select! {
-            granted = granted => Ok(granted?),
-            signal = signals.recv() => Err(signals::interrupted(
+        let permit = tokio::select! {
+            granted = granted => granted?,
+            signal = signals.recv() => return Err(signals::interrupted(
                 signal,
                 &format!("waiting for {:?}", self.name),
             )),
             never = spinner.spin() => match never {},
-        }
+        };
+        tracing::info!(
+            name = %self.name,
+            waited = %output::duration(started.elapsed()),
+            id = %permit.id(),
+            token = %permit.token(),
+            slot = permit.slot(),
+            "permit acquired"
+        );
+        Ok(permit)
     }
 }

@@ -101,10 +101,18 @@ pub(crate) fn lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
-/// Any duration with a unit: `500ms`, `2s`, `1m 30s`.
+/// A duration: with a unit (`500ms`, `2s`, `1m 30s`) or a bare number of seconds (`5`,
+/// `0.5`), as `timeout(1)` and `flock -w` take it.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{e} (write a duration with a unit: 500ms, 2s, 1m)"))
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>()
+        && text.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+    {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{text} seconds is not a duration redsem can wait"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write a duration: 500ms, 2s, 1m, or a number of seconds)"))
 }
 
 /// Any whole number, with its sign; a fraction or a word is an error.
@@ -183,8 +191,22 @@ mod tests {
         assert_eq!(lease("1m"), Ok(Duration::from_secs(60)));
         assert!(lease("0s").is_err());
         assert!(lease("10ms").is_err());
-        assert!(lease("5").is_err());
+        assert!(lease("0").is_err());
         assert!(lease("").is_err());
+    }
+
+    #[test]
+    fn bare_numbers_are_seconds() {
+        assert_eq!(duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration(" 2 "), Ok(Duration::from_secs(2)));
+        assert_eq!(duration("0"), Ok(Duration::ZERO));
+        assert_eq!(lease("5"), Ok(Duration::from_secs(5)));
+        assert!(duration("-1").is_err());
+        assert!(duration("inf").is_err());
+        assert!(duration("NaN").is_err());
+        assert!(duration("1e400").is_err());
+        assert!(duration("soon").is_err());
     }
 
     #[test]

@@ -61,13 +61,14 @@ impl Args {
                 id: permit.id().as_str(),
                 token: permit.token().get(),
                 slot: permit.slot(),
-                lease_ms: output::millis(self.request.lease),
+                lease_ms: output::millis(self.request.options.lease),
             })?
         } else {
             permit.id().to_string()
         };
-        println!("{line}");
+        // Printed after the permit is forgotten: a reader gone by now does not take it back.
         permit.forget();
+        output::print(&line)?;
         Ok(ExitCode::SUCCESS)
     }
 }

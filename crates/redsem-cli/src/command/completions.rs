@@ -7,6 +7,7 @@ use clap_complete::Shell;
 
 use crate::cli::Cli;
 use crate::error::CliError;
+use crate::output;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -26,7 +27,11 @@ pub(crate) struct Args {
 impl Args {
     pub(crate) fn execute(self) -> Result<ExitCode, CliError> {
         let mut command = Cli::command();
-        clap_complete::generate(self.shell, &mut command, "redsem", &mut std::io::stdout());
+        // Into memory first: clap_complete panics on a write error, and a closed pipe
+        // (`redsem completions zsh | head -1`) is not one to report.
+        let mut script = Vec::new();
+        clap_complete::generate(self.shell, &mut command, "redsem", &mut script);
+        output::write(&script)?;
         Ok(ExitCode::SUCCESS)
     }
 }

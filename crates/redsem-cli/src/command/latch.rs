@@ -3,20 +3,22 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redsem::{CountDownLatch, Error};
+use redsem::{CountDownLatch, Error, LatchState};
+use tokio::time::Instant;
 
 use crate::cli::Context;
 use crate::error::{CliError, exit};
 use crate::output;
+use crate::request::Patience;
 use crate::signals::{self, Signals};
 use crate::spinner::Spinner;
 use crate::values;
 
 const EXAMPLES: &str = "\
 Examples:
-  # A deploy waits until 3 workers have warmed their caches (at most 10 minutes):
+  # A deploy waits until 3 workers have warmed their caches (at most 10 min):
   redsem latch caches-warm set 3
-  redsem latch caches-warm await --timeout 10m && ./switch-traffic
+  redsem latch caches-warm await --wait 10m && ./switch-traffic
   # ... and each worker, when done:
   redsem latch caches-warm count-down
 
@@ -26,7 +28,7 @@ At 0 the latch opens: every `await`, on every machine, returns, and the latch is
 it can be set again. `await` on a latch that was never set returns at once.
 
 Exit codes: 0 ok · 1 `set` found it already counting · 2 usage error ·
-69 Redis unreachable · 75 `await --timeout` ran out";
+69 Redis unreachable · 74 Redis lost the latch while awaited · 75 `await --wait` ran out";
 
 const SET_EXAMPLES: &str = "\
 Examples:
@@ -49,12 +51,14 @@ Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 const AWAIT_EXAMPLES: &str = "\
 Examples:
   redsem latch workers-ready await
-  redsem latch workers-ready await --timeout 30s || echo \"still $(redsem latch workers-ready count) to go\"
+  redsem latch workers-ready await -w 30s || redsem latch workers-ready count
+  redsem latch workers-ready await --no-wait && echo open
 
 Returns when the count reaches 0, or at once if the latch is not counting (open, or never set:
-set it before anyone awaits it). Leaves the latch as it is.
+set it before anyone awaits it). Leaves the latch as it is. --wait is also spelled --timeout.
 
-Exit codes: 0 open · 2 usage error · 69 Redis unreachable · 75 still counting at --timeout";
+Exit codes: 0 open · 2 usage error · 69 Redis unreachable · 74 Redis lost the latch while it
+was awaited · 75 still counting at --wait (with --no-wait: counting now)";
 
 const COUNT_EXAMPLES: &str = "\
 Examples:
@@ -92,9 +96,8 @@ enum Action {
     /// Wait until the count reaches 0
     #[command(after_help = AWAIT_EXAMPLES)]
     Await {
-        /// Wait at most DUR [default: as long as it takes]
-        #[arg(long, value_name = "DUR", value_parser = values::duration)]
-        timeout: Option<Duration>,
+        #[command(flatten)]
+        patience: Patience,
     },
     /// Print the count-downs to go (0 when not counting)
     #[command(after_help = COUNT_EXAMPLES)]
@@ -109,14 +112,18 @@ impl Args {
                 open(ctx, &self.name).await?.count_down().await?;
                 Ok(ExitCode::SUCCESS)
             }
-            Action::Await { timeout } => {
+            Action::Await { patience } => {
                 // Before connecting, so a signal during the connect ends the wait too.
                 let mut signals = Signals::install()?;
                 let latch = open(ctx, &self.name).await?;
-                wait(&latch, timeout, ctx, &mut signals).await
+                if patience.no_wait {
+                    return check(&latch).await;
+                }
+                wait(&latch, patience.wait, ctx, &mut signals).await
             }
             Action::Count => {
-                println!("{}", open(ctx, &self.name).await?.count().await?);
+                let count = open(ctx, &self.name).await?.count().await?;
+                output::print(&count.to_string())?;
                 Ok(ExitCode::SUCCESS)
             }
         }
@@ -145,6 +152,17 @@ async fn set(latch: &CountDownLatch, count: u64) -> Result<ExitCode, CliError> {
     ))
 }
 
+/// `await --no-wait`: 0 if the latch is open now, 75 if it is counting.
+async fn check(latch: &CountDownLatch) -> Result<ExitCode, CliError> {
+    match latch.state().await? {
+        LatchState::Counting(n) => Err(CliError::new(
+            exit::NOT_ACQUIRED,
+            format!("latch {:?} is still counting at {n}", latch.name()),
+        )),
+        LatchState::NeverSet | LatchState::Done => Ok(ExitCode::SUCCESS),
+    }
+}
+
 async fn wait(
     latch: &CountDownLatch,
     timeout: Option<Duration>,
@@ -152,7 +170,8 @@ async fn wait(
     signals: &mut Signals,
 ) -> Result<ExitCode, CliError> {
     let what = format!("latch {:?}", latch.name());
-    let mut spinner = Spinner::plain(what.clone(), ctx.show_progress());
+    let mut spinner = Spinner::plain(what.clone(), ctx.progress(true));
+    let started = Instant::now();
     let opened = async {
         match timeout {
             Some(timeout) => latch.wait_timeout(timeout).await,
@@ -168,7 +187,10 @@ async fn wait(
     };
     drop(spinner);
     match opened {
-        Ok(()) => Ok(ExitCode::SUCCESS),
+        Ok(()) => {
+            tracing::info!(waited = %output::duration(started.elapsed()), "{what} open");
+            Ok(ExitCode::SUCCESS)
+        }
         Err(Error::Timeout { waited, .. }) => {
             let to_go = match latch.count().await {
                 Ok(n) if n > 0 => format!(" at {n}"),

@@ -14,12 +14,15 @@ mod status;
 
 use std::process::ExitCode;
 
+pub(crate) use run::own_failure;
+
 use crate::cli::Context;
 use crate::error::CliError;
 
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum Command {
     Run(run::Args),
+    Lock(run::LockArgs),
     Acquire(acquire::Args),
     Refresh(refresh::Args),
     Release(release::Args),
@@ -33,6 +36,7 @@ impl Command {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         match self {
             Command::Run(args) => args.execute(ctx).await,
+            Command::Lock(args) => args.execute(ctx).await,
             Command::Acquire(args) => args.execute(ctx).await,
             Command::Refresh(args) => args.execute(ctx).await,
             Command::Release(args) => args.execute(ctx).await,

@@ -5,10 +5,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use redsem::{Error, PermitSemaphore};
+use tokio::time::Instant;
 
 use crate::cli::Context;
 use crate::error::{CliError, exit};
 use crate::output;
+use crate::request::Patience;
 use crate::signals::{self, Signals};
 use crate::spinner::Spinner;
 use crate::values;
@@ -17,9 +19,10 @@ const EXAMPLES: &str = "\
 Examples:
   # 4 GPUs shared by every job; a job takes 2 while it trains:
   redsem permits gpu try-set 4
-  redsem permits gpu acquire 2 --wait 10m && { ./train; redsem permits gpu release 2; }
+  redsem permits gpu acquire 2 -w 10m &&
+    { ./train; redsem permits gpu release 2; }
 
-  redsem permits gpu available         # free now (negative after taking more than there were)
+  redsem permits gpu available         # free now (may be negative)
   redsem permits gpu add -1            # one GPU out for repair
   redsem permits gpu add 1             # ... and back
 
@@ -122,13 +125,8 @@ enum Action {
         #[arg(value_name = "N", default_value = "1", value_parser = values::permits)]
         permits: u32,
 
-        /// Wait at most DUR [default: as long as it takes]
-        #[arg(long, value_name = "DUR", value_parser = values::duration)]
-        wait: Option<Duration>,
-
-        /// Take them only if they are free now; never queue
-        #[arg(long, conflicts_with = "wait")]
-        no_wait: bool,
+        #[command(flatten)]
+        patience: Patience,
     },
     /// Give back N permits
     #[command(after_help = RELEASE_EXAMPLES, allow_negative_numbers = true)]
@@ -149,18 +147,14 @@ impl Args {
                 open(ctx, &self.name).await?.add_permits(permits).await?;
             }
             Action::TrySet { permits } => try_set(&open(ctx, &self.name).await?, permits).await?,
-            Action::Acquire {
-                permits,
-                wait,
-                no_wait,
-            } => {
+            Action::Acquire { permits, patience } => {
                 // Before connecting, so a signal during the connect ends the wait too.
                 let mut signals = Signals::install()?;
                 let sem = open(ctx, &self.name).await?;
-                let patience = match (no_wait, wait) {
-                    (true, _) => Patience::None,
-                    (false, Some(wait)) => Patience::Until(wait),
-                    (false, None) => Patience::Forever,
+                let patience = match (patience.no_wait, patience.wait) {
+                    (true, _) => Wait::None,
+                    (false, Some(wait)) => Wait::Until(wait),
+                    (false, None) => Wait::Forever,
                 };
                 acquire(&sem, permits, patience, ctx, &mut signals).await?;
             }
@@ -168,10 +162,8 @@ impl Args {
                 open(ctx, &self.name).await?.release(permits).await?;
             }
             Action::Available => {
-                println!(
-                    "{}",
-                    open(ctx, &self.name).await?.available_permits().await?
-                );
+                let available = open(ctx, &self.name).await?.available_permits().await?;
+                output::print(&available.to_string())?;
             }
         }
         Ok(ExitCode::SUCCESS)
@@ -180,7 +172,7 @@ impl Args {
 
 /// How long `acquire` waits.
 #[derive(Debug, Clone, Copy)]
-enum Patience {
+enum Wait {
     /// `--no-wait`: one attempt.
     None,
     /// `--wait DUR`.
@@ -216,18 +208,19 @@ async fn try_set(sem: &PermitSemaphore, permits: u32) -> Result<(), CliError> {
 async fn acquire(
     sem: &PermitSemaphore,
     permits: u32,
-    patience: Patience,
+    patience: Wait,
     ctx: &Context,
     signals: &mut Signals,
 ) -> Result<(), CliError> {
     let what = permits_of(permits, sem.name());
-    let waits = !matches!(patience, Patience::None);
-    let mut spinner = Spinner::plain(what.clone(), waits && ctx.show_progress());
+    let waits = !matches!(patience, Wait::None);
+    let mut spinner = Spinner::plain(what.clone(), ctx.progress(waits));
+    let started = Instant::now();
     let taken = async {
         match patience {
-            Patience::None => sem.try_acquire(permits).await,
-            Patience::Until(wait) => sem.acquire_timeout(permits, wait).await,
-            Patience::Forever => sem.acquire(permits).await,
+            Wait::None => sem.try_acquire(permits).await,
+            Wait::Until(wait) => sem.acquire_timeout(permits, wait).await,
+            Wait::Forever => sem.acquire(permits).await,
         }
     };
     let taken = tokio::select! {
@@ -238,7 +231,10 @@ async fn acquire(
         never = spinner.spin() => match never {},
     };
     match taken {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            tracing::info!(waited = %output::duration(started.elapsed()), "took {what}");
+            Ok(())
+        }
         Err(Error::Timeout { waited, .. }) => Err(CliError::new(
             exit::NOT_ACQUIRED,
             format!(

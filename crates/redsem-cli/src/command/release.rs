@@ -15,7 +15,8 @@ Examples:
   redsem release deploy \"$id\"
 
   # Release whatever the holder labelled ci-42 holds:
-  redsem status deploy --json | jq -r '.holders[] | select(.holder == \"ci-42\") | .id' |
+  redsem status deploy --json |
+    jq -r '.holders[] | select(.holder == \"ci-42\") | .id' |
     xargs -n1 redsem release deploy
 
 Exit codes: 0 released · 1 not held (already released, or its lease ended) · 2 usage error ·

@@ -1,4 +1,5 @@
-//! `redsem run NAME --limit N [...] -- CMD [ARG...]`: run a command while holding a permit.
+//! `redsem run NAME --limit N [...] -- CMD [ARG...]`: run a command while holding a permit;
+//! `redsem lock NAME [...] -- CMD [ARG...]`, the same with `--limit 1`.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -12,24 +13,17 @@ use crate::child::{self, Child};
 use crate::cli::Context;
 use crate::error::{CliError, exit};
 use crate::output;
-use crate::request::PermitRequest;
+use crate::request::{PermitRequest, RequestOptions};
 use crate::signals::Signals;
 use crate::values;
 
-const EXAMPLES: &str = "\
-Examples:
-  # At most 2 exports at once, across all machines; wait for a turn:
-  redsem run nightly-export --limit 2 -- ./export.sh --full
-
-  # Skip this run if another machine is already at it:
-  redsem run db-migrate --limit 1 --no-wait --holder \"$(hostname)\" -- ./migrate
-
-  # Give up after 5 minutes; the command sees its permit in its environment:
-  redsem run reports --limit 3 --wait 5m -- sh -c 'echo slot $REDSEM_SLOT token $REDSEM_TOKEN'
-
-The command gets REDSEM_ID (the permit id), REDSEM_TOKEN (the fencing token: pass it to the
-resource you protect) and REDSEM_SLOT (0..N-1, distinct among current holders). redsem renews
-the lease while the command runs and releases the permit when it exits, then exits with the
+/// What `run --help` and `lock --help` say after their examples: the environment, the
+/// lease, signals, and every exit code.
+const HOW_IT_RUNS: &str = "\
+The command gets REDSEM_NAME (NAME), REDSEM_ID (the permit id), REDSEM_TOKEN (the fencing
+token: pass it to the resource you protect) and REDSEM_SLOT (0..N-1, distinct among current
+holders). It is looked up (PATH) before the wait, so a typo fails at once. redsem renews the
+lease while the command runs and releases the permit when it exits, then exits with the
 command's code (128 + signal if a signal ended it).
 
 If renewals stop succeeding (Redis unreachable or paused, the permit gone), the command is
@@ -46,33 +40,130 @@ SIGINT, SIGTERM and SIGHUP sent to redsem are forwarded to the command (from a t
 Ctrl-C reaches both, so the command may see SIGINT twice). If redsem is killed, the command is
 killed too.
 
-Exit codes: the command's own · 2 usage error (also: --grace longer than a third of --lease)
-· 69 Redis unreachable · 74 Redis lost the semaphore's state · 75 no permit in time (the
-command never started) · 76 lease lost, or renewals failed and the command was stopped ·
-78 Redis not suitable (eviction policy, ACL; see --server-checks) · 126/127 the command cannot
-be run / not found";
+Off a terminal, a wait is announced by one line on stderr (\"redsem: waiting for NAME: 3
+ahead\"; --quiet: none); -v logs how long it took.
+
+Exit codes:
+  the command's own, once it ran (128 + N if signal N ended it)
+  69     Redis unreachable, or not a Redis server; the command never started
+  74     Redis lost the semaphore's state; the command never started
+  75     no permit in time (--wait ran out, or --no-wait found none); the
+         command never started
+  76     lease lost, or renewals failed: the command was stopped before the
+         lease could end
+  78     Redis not suitable: eviction policy or ACL (see --server-checks); never
+         started
+  125    redsem failed by itself: a usage error (also --grace longer than a
+         third of --lease), a --limit conflict, --one-per-holder refused, any
+         other error
+  126    the command was found but cannot be run (not executable, a directory)
+  127    the command was not found
+  128+N  redsem got signal N while waiting; the command never started
+A command that exits 69, 75, ... itself passes that code on.";
+
+const EXAMPLES: &str = "\
+Examples:
+  # At most 2 exports at once, across all machines; wait for a turn:
+  redsem run nightly-export --limit 2 -- ./export.sh --full
+
+  # Skip this run if another machine is already at it:
+  redsem run db-migrate -l 1 --no-wait --holder \"$(hostname)\" -- ./migrate
+
+  # Give up after 5 minutes; a shell command line with -c:
+  redsem run reports -l 3 -w 5m -c 'echo \"slot $REDSEM_SLOT, $REDSEM_TOKEN\"'
+";
+
+const LOCK_EXAMPLES: &str = "\
+Examples:
+  # One deploy at a time, across all machines:
+  redsem lock deploy -- ./deploy.sh production
+
+  # Skip if another machine holds it; give up after 30 seconds otherwise:
+  redsem lock cron-cleanup --nonblock -- ./cleanup
+  redsem lock cron-cleanup -w 30 -c 'make clean && make'
+
+`redsem lock NAME` is `redsem run NAME --limit 1`: the same lock as the library's
+`Redsem::mutex(NAME)`.
+";
 
 /// Run a command while holding a permit of NAME; release it when the command exits
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES)]
+#[command(after_help = format!("{EXAMPLES}\n{HOW_IT_RUNS}"))]
 pub(crate) struct Args {
     #[command(flatten)]
     request: PermitRequest,
 
+    #[command(flatten)]
+    launch: Launch,
+}
+
+/// Run a command while holding the lock NAME (run with --limit 1)
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{LOCK_EXAMPLES}\n{HOW_IT_RUNS}"))]
+pub(crate) struct LockArgs {
+    /// The lock's name
+    #[arg(value_name = "NAME", value_parser = values::name)]
+    name: String,
+
+    #[command(flatten)]
+    options: RequestOptions,
+
+    #[command(flatten)]
+    launch: Launch,
+}
+
+/// The command and how it is stopped.
+#[derive(Debug, clap::Args)]
+struct Launch {
     /// When renewals fail, how long the command has between SIGTERM and SIGKILL, both sent
     /// before the lease can end; at most a third of --lease [default: 10s, or a third of
     /// --lease if shorter]
     #[arg(long, value_name = "DUR", value_parser = values::duration)]
     grace: Option<Duration>,
 
-    /// The command to run and its arguments (after `--` if they start with a dash)
+    /// Run STRING with `sh -c` instead of CMD
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "STRING",
+        conflicts_with = "argv"
+    )]
+    shell_command: Option<OsString>,
+
+    /// The command to run and its arguments (after `--` if an option of redsem's could be
+    /// taken for one of them)
     #[arg(
         value_name = "CMD",
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true
+        required_unless_present = "shell_command",
+        trailing_var_arg = true
     )]
-    command: Vec<OsString>,
+    argv: Vec<OsString>,
+}
+
+impl Launch {
+    /// The command line to start: CMD ARG..., or `sh -c STRING`.
+    fn argv(&self) -> Vec<OsString> {
+        match &self.shell_command {
+            Some(line) => vec!["sh".into(), "-c".into(), line.clone()],
+            None => self.argv.clone(),
+        }
+    }
+}
+
+impl LockArgs {
+    pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        let request = PermitRequest {
+            name: self.name,
+            limit: 1,
+            options: self.options,
+        };
+        Args {
+            request,
+            launch: self.launch,
+        }
+        .execute(ctx)
+        .await
+    }
 }
 
 /// How long before the lease may end SIGKILL is sent, so that the command is dead by then: a
@@ -87,8 +178,19 @@ fn default_grace(lease: Duration) -> Duration {
 }
 
 impl Args {
+    /// Everything that can fail before the command starts fails with [`exit::RUN_FAILED`] in
+    /// place of 1 and 2, so that those stay the command's own.
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        self.run(ctx).await.map_err(own_failure)
+    }
+
+    async fn run(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let grace = self.grace()?;
+        let argv = self.launch.argv();
+        let program = argv
+            .first()
+            .ok_or_else(|| CliError::new(exit::USAGE, "no command to run"))?;
+        let resolved = child::resolve(program)?;
         let mut signals = Signals::install()?;
         let redsem = ctx.connect().await?;
         let permit = self
@@ -98,13 +200,13 @@ impl Args {
         tracing::info!(id = %permit.id(), token = %permit.token(), slot = permit.slot(), "permit acquired");
         // A grant handed over to a waiter runs on its waiter lease, which may have less left
         // than the grace: renew it before the command starts rather than stop it at once.
-        if permit.time_left() <= grace + kill_margin(self.request.lease)
+        if permit.time_left() <= grace + kill_margin(self.request.options.lease)
             && let Err(err) = permit.refresh().await
         {
             release(permit).await;
             return Err(err.into());
         }
-        let child = match Child::spawn(&self.command, &permit) {
+        let child = match Child::spawn(&resolved, &argv, &permit) {
             Ok(child) => child,
             Err(err) => {
                 release(permit).await;
@@ -116,8 +218,8 @@ impl Args {
 
     /// `--grace`, or its default; refused if it does not fit in the lease.
     fn grace(&self) -> Result<Duration, CliError> {
-        let lease = self.request.lease;
-        let Some(grace) = self.grace else {
+        let lease = self.request.options.lease;
+        let Some(grace) = self.launch.grace else {
             return Ok(default_grace(lease));
         };
         if grace > lease / 3 {
@@ -146,7 +248,7 @@ impl Args {
         mut signals: Signals,
         grace: Duration,
     ) -> Result<ExitCode, CliError> {
-        let lease = self.request.lease;
+        let lease = self.request.options.lease;
         let margin = kill_margin(lease);
         // When SIGTERM was sent.
         let mut terminated: Option<Instant> = None;
@@ -228,12 +330,22 @@ impl Args {
     }
 }
 
+/// `err` with the code `run` gives redsem's own failures: 125 for 1 (any other error) and 2
+/// (usage), which a command may well exit with itself.
+pub(crate) fn own_failure(err: CliError) -> CliError {
+    match err.code() {
+        exit::FAILURE | exit::USAGE => err.with_code(exit::RUN_FAILED),
+        _ => err,
+    }
+}
+
 /// Release `permit`; a failure is logged only, since the lease ends by itself.
 async fn release(permit: LeasePermit) {
     let id = permit.id().clone();
     match permit.release().await {
         Ok(()) => tracing::info!(%id, "permit released"),
         Err(err) => {
+            let err = crate::error::chain(&err);
             tracing::warn!(%id, %err, "could not release the permit; its lease will end by itself")
         }
     }

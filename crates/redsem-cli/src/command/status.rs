@@ -1,8 +1,9 @@
-//! `redsem status [NAME] [--json]`: who holds and who waits; without NAME, every semaphore.
+//! `redsem status [NAME] [--json]`: who holds and who waits, the permits free and the latch's
+//! count under NAME; without NAME, every lease semaphore.
 
 use std::process::ExitCode;
 
-use redsem::{Redsem, Status};
+use redsem::{LatchState, Redsem, Status};
 use serde::Serialize;
 
 use crate::cli::Context;
@@ -12,19 +13,27 @@ use crate::values;
 
 const EXAMPLES: &str = "\
 Examples:
-  redsem status                      # every semaphore under the prefix, with its usage
-  redsem status nightly-export       # its holders and its queue
+  redsem status                    # every lease semaphore under the prefix
+  redsem status nightly-export     # its holders and its queue
+  redsem status gpu                # permits: how many are free
+  redsem status workers-ready      # latch: how many count-downs to go
   redsem status nightly-export --json
-  {\"name\":\"nightly-export\",\"limit\":2,\"holders\":[{\"id\":\"9f2c...\",\"holder\":\"web-1\",
-   \"token\":17,\"slot\":0,\"expires_in_ms\":24100}],\"waiters\":1,\"queue\":[{\"id\":\"51ab...\",
-   \"holder\":null,\"units\":1,\"waiting_ms\":2300}]}
+  {\"name\":\"nightly-export\",\"limit\":2,\"holders\":[{\"id\":\"9f2c...\",
+   \"holder\":\"web-1\",\"token\":17,\"slot\":0,\"expires_in_ms\":24100,
+   \"held_for_ms\":5900}],\"waiters\":1,\"queue\":[{\"id\":\"51ab...\",
+   \"holder\":null,\"units\":1,\"waiting_ms\":2300}],
+   \"permits\":{\"available\":0},\"latch\":{\"state\":\"never-set\",\"count\":0}}
 
-\"limit\" is the capacity in force (null when none is stored: never used, or idle a long
-time); expired holders are not listed; \"waiters\" counts the queue, \"queue\" lists it in order.
+A NAME can be a lease semaphore (run, lock, acquire), counted permits (permits) and a latch
+(latch) at once: status shows each that has state. \"limit\" is the lease semaphore's
+capacity in force (null when none is stored: never used, or idle a long time); expired
+holders are not listed; \"waiters\" counts the queue, \"queue\" lists it in order.
+\"permits\".\"available\" may be negative, and is 0 both when never set and when all are
+taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
 
 Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
-/// Show the holders and the queue of NAME, or every semaphore under the prefix
+/// Show the holders and queue, permits and latch of NAME, or every semaphore under the prefix
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
 pub(crate) struct Args {
@@ -45,6 +54,19 @@ struct Report<'a> {
     holders: Vec<HolderReport<'a>>,
     waiters: usize,
     queue: Vec<WaiterReport<'a>>,
+    permits: PermitsReport,
+    latch: LatchReport,
+}
+
+#[derive(Debug, Serialize)]
+struct PermitsReport {
+    available: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct LatchReport {
+    state: &'static str,
+    count: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -54,6 +76,7 @@ struct HolderReport<'a> {
     token: u64,
     slot: u32,
     expires_in_ms: i64,
+    held_for_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -78,11 +101,11 @@ impl Args {
         let redsem = ctx.connect().await?;
         let text = match &self.name {
             Some(name) => {
-                let status = status_of(&redsem, name).await?;
+                let all = everything(&redsem, name).await?;
                 if self.json {
-                    output::json(&report(name, &status))?
+                    output::json(&report(name, &all))?
                 } else {
-                    describe(name, &status)
+                    describe(name, &all)
                 }
             }
             None => {
@@ -103,7 +126,7 @@ impl Args {
                 }
             }
         };
-        println!("{}", text.trim_end());
+        output::print(text.trim_end())?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -113,7 +136,37 @@ async fn status_of(redsem: &Redsem, name: &str) -> Result<Status, CliError> {
     Ok(redsem.lease_semaphore(name, 1)?.status().await?)
 }
 
-fn report<'a>(name: &'a str, status: &'a Status) -> Report<'a> {
+/// What is stored under one name: the lease semaphore, the permits and the latch.
+#[derive(Debug)]
+struct Everything {
+    lease: Status,
+    available: i64,
+    latch: LatchState,
+}
+
+async fn everything(redsem: &Redsem, name: &str) -> Result<Everything, CliError> {
+    let lease = status_of(redsem, name).await?;
+    let available = redsem.permit_semaphore(name)?.available_permits().await?;
+    let latch = redsem.count_down_latch(name)?.state().await?;
+    Ok(Everything {
+        lease,
+        available,
+        latch,
+    })
+}
+
+/// Whether the lease semaphore has anything to show.
+fn in_use(status: &Status) -> bool {
+    status.capacity.is_some() || !status.holders.is_empty() || !status.waiters.is_empty()
+}
+
+fn report<'a>(name: &'a str, all: &'a Everything) -> Report<'a> {
+    let status = &all.lease;
+    let (state, count) = match all.latch {
+        LatchState::NeverSet => ("never-set", 0),
+        LatchState::Counting(n) => ("counting", n),
+        LatchState::Done => ("open", 0),
+    };
     Report {
         name,
         limit: status.capacity,
@@ -126,6 +179,7 @@ fn report<'a>(name: &'a str, status: &'a Status) -> Report<'a> {
                 token: h.token.get(),
                 slot: h.slots.first().copied().unwrap_or_default(),
                 expires_in_ms: i64::try_from(h.expires_in.as_millis()).unwrap_or(i64::MAX),
+                held_for_ms: millis(h.held_for),
             })
             .collect(),
         waiters: status.waiters.len(),
@@ -139,16 +193,44 @@ fn report<'a>(name: &'a str, status: &'a Status) -> Report<'a> {
                 waiting_ms: millis(w.waiting_for),
             })
             .collect(),
+        permits: PermitsReport {
+            available: all.available,
+        },
+        latch: LatchReport { state, count },
     }
 }
 
-/// The table a person reads at a glance.
-fn describe(name: &str, status: &Status) -> String {
+/// What a person reads at a glance: a line for each kind of state NAME has, and the tables of
+/// the lease semaphore's holders and queue.
+fn describe(name: &str, all: &Everything) -> String {
+    let mut out = String::new();
+    let latch = match all.latch {
+        LatchState::NeverSet => None,
+        LatchState::Counting(n) => Some(format!("{name}: latch counting, {n} to go\n")),
+        LatchState::Done => Some(format!("{name}: latch open (reached 0 within the hour)\n")),
+    };
+    if all.available != 0 {
+        out += &format!("{name}: {} permits available\n", all.available);
+    }
+    out += latch.as_deref().unwrap_or_default();
+    if in_use(&all.lease) || out.is_empty() {
+        out.insert_str(0, &lease_table(name, &all.lease, all.available));
+    }
+    out
+}
+
+/// The lease semaphore's line, holders and queue.
+fn lease_table(name: &str, status: &Status, available: i64) -> String {
     let mut out = match status.capacity {
         Some(limit) => format!(
             "{name}: {} of {limit} in use, {} waiting\n",
             status.in_use,
             status.waiters.len()
+        ),
+        // Counted permits cannot tell "never set" from "all taken": both read 0.
+        None if available == 0 => format!(
+            "{name}: not in use (no lease semaphore or latch; permits: 0 available, never set \
+             or all taken)\n"
         ),
         None => format!("{name}: not in use (no limit stored)\n"),
     };
@@ -191,6 +273,9 @@ fn describe(name: &str, status: &Status) -> String {
             .collect();
         out.push('\n');
         out += &table(&["QUEUE", "HOLDER", "UNITS", "WAITING FOR", "ID"], &rows);
+    }
+    if !status.holders.is_empty() || !status.waiters.is_empty() {
+        out.push('\n');
     }
     out
 }

@@ -19,12 +19,15 @@ fn exit_0_when_a_permit_is_acquired_refreshed_and_released() {
 fn exit_1_naming_both_limits_when_the_limit_differs_from_the_one_in_force() {
     let world = World::new();
     world.acquire("jobs", 2, &[]);
-    for args in [
-        &["acquire", "jobs", "--limit", "3"][..],
-        &["run", "jobs", "--limit", "3", "--", "true"][..],
+    // `run` and `lock` exit 125 instead of 1, which is the command's to use.
+    for (args, code) in [
+        (&["acquire", "jobs", "--limit", "3"][..], 1),
+        (&["run", "jobs", "--limit", "3", "--", "true"][..], 125),
+        (&["lock", "jobs", "--", "true"][..], 125),
     ] {
-        let out = world.run(args).expect(1);
-        assert!(out.error().contains("--limit 3"), "{out:?}");
+        let out = world.run(args).expect(code);
+        let limit = if args[0] == "lock" { "1" } else { "3" };
+        assert!(out.error().contains(&format!("--limit {limit}")), "{out:?}");
         assert!(out.error().contains("limit 2 in force"), "{out:?}");
     }
 }
@@ -39,7 +42,7 @@ fn exit_1_when_one_per_holder_finds_the_holder_already_in() {
     assert!(!first.stdout.trim().is_empty());
     let out = world
         .run(&[&["run", "jobs"][..], &flags[..], &["--", "true"][..]].concat())
-        .expect(1);
+        .expect(125);
     out.assert_one_error_line();
     assert!(
         out.error().contains("already held by \"10.0.0.7\""),
@@ -133,7 +136,14 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
             &["acquire", "jobs", "--limit", "1", "--lease", "0"],
             "lease",
         ),
-        (&["acquire", "jobs", "--limit", "1", "--lease", "5"], "unit"),
+        (
+            &["acquire", "jobs", "--limit", "1", "--lease", "5x"],
+            "unit",
+        ),
+        (
+            &["acquire", "jobs", "--limit", "1", "--lease", "-5"],
+            "-5",
+        ),
         (
             &["acquire", "jobs", "--limit", "1", "--wait", "soon"],
             "wait",
@@ -157,15 +167,9 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
             "label",
         ),
         (&["acquire", "jobs", "--limit", "1", "--bogus"], "--bogus"),
-        (&["run", "jobs", "--limit", "1"], "CMD"),
         (
-            &["run", "", "--limit", "1", "--", "true"],
-            "name must not be empty",
-        ),
-        (&["run", "jobs", "--limit", "0", "--", "true"], "at least 1"),
-        (
-            &["run", "jobs", "--limit", "1", "--grace", "x", "--", "true"],
-            "grace",
+            &["acquire", "jobs", "-l", "1", "-w", "1", "-n"],
+            "--no-wait",
         ),
         (&["refresh", "jobs", "id", "--lease", "0s"], "lease"),
         (&["refresh", "jobs"], "ID"),
@@ -181,7 +185,11 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
         (&["latch", "ready", "set", "-3"], "at least 1"),
         (&["latch", "ready", "set", "three"], "not a whole number"),
         (&["latch", "ready", "set", "9007199254740992"], "at most"),
-        (&["latch", "ready", "await", "--timeout", "5"], "unit"),
+        (&["latch", "ready", "await", "--timeout", "5x"], "unit"),
+        (
+            &["latch", "ready", "await", "--wait", "1", "--no-wait"],
+            "--no-wait",
+        ),
         (&["latch", "ready", "count-down", "2"], "2"),
         (&["permits", "", "available"], "name must not be empty"),
         (&["permits", "gpu"], "subcommand"),
@@ -204,7 +212,6 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
         (&["permits", "gpu", "release", "-1"], "at least 1"),
         (&["permits", "gpu", "available", "3"], "3"),
         (&["frobnicate"], "frobnicate"),
-        (&[], "subcommand"),
     ];
     for (args, mention) in cases {
         let out = world.run(args);
@@ -223,6 +230,95 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
 }
 
 #[test]
+fn run_and_lock_exit_125_on_one_line_for_bad_flags_and_values_before_touching_redis() {
+    let world = World::new();
+    let cases: &[(&[&str], &str)] = &[
+        // A typo is refused, not taken for the command, wherever it stands before `--`.
+        (
+            &["run", "jobs", "--limit", "1", "--bogus", "--", "true"],
+            "--bogus",
+        ),
+        (
+            &["run", "jobs", "--bogus", "--limit", "1", "--", "true"],
+            "--bogus",
+        ),
+        (&["lock", "jobs", "--wiat", "5", "--", "true"], "--wiat"),
+        (&["run", "jobs", "--limit", "1"], "CMD"),
+        (&["lock", "jobs"], "CMD"),
+        (
+            &["run", "jobs", "-l", "1", "-c", "true", "--", "true"],
+            "--command",
+        ),
+        (
+            &["run", "", "--limit", "1", "--", "true"],
+            "name must not be empty",
+        ),
+        (&["run", "jobs", "--limit", "0", "--", "true"], "at least 1"),
+        (
+            &["run", "jobs", "--limit", "1", "--grace", "x", "--", "true"],
+            "grace",
+        ),
+        (
+            &["lock", "jobs", "--no-wait", "--wait", "1", "--", "true"],
+            "--no-wait",
+        ),
+        (
+            &["--prefix", "", "run", "jobs", "-l", "1", "--", "true"],
+            "prefix",
+        ),
+        (
+            &["-v", "lock", "jobs", "--lease", "1ms", "--", "true"],
+            "lease",
+        ),
+    ];
+    for (args, mention) in cases {
+        let out = world.run(args);
+        assert_eq!(out.code(), 125, "{args:?}: {out:?}");
+        out.assert_one_error_line();
+        assert!(
+            out.error().contains(mention),
+            "{args:?} should mention {mention:?}: {out:?}"
+        );
+    }
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query(&mut world.server.connection())
+        .expect("DBSIZE");
+    assert_eq!(keys, 0, "a usage error writes nothing");
+    // The command's own 1 and 2 stay its own.
+    for code in ["1", "2"] {
+        let out = world.run(&[
+            "run",
+            "jobs",
+            "-l",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            &format!("exit {code}"),
+        ]);
+        assert_eq!(out.code().to_string(), code, "{out:?}");
+        assert!(out.stderr.is_empty(), "{out:?}");
+    }
+}
+
+#[test]
+fn redsem_alone_prints_its_help_on_stderr_and_exits_2() {
+    let out = crate::support::finish(bare(&[]));
+    assert_eq!(out.code(), 2, "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    for part in [
+        "Usage: redsem",
+        "Commands:",
+        "run",
+        "lock",
+        "Examples:",
+        "Exit codes",
+    ] {
+        assert!(out.stderr.contains(part), "{part}: {out:?}");
+    }
+}
+
+#[test]
 fn exit_69_when_redis_is_unreachable() {
     let world = World::new();
     let url = format!("redis://127.0.0.1:{}", closed_port());
@@ -231,6 +327,7 @@ fn exit_69_when_redis_is_unreachable() {
     let cases: &[&[&str]] = &[
         &["acquire", "jobs", "--limit", "1"],
         &["run", "jobs", "--limit", "1", "--", "sh", "-c", &touch],
+        &["lock", "jobs", "-c", &touch],
         &["refresh", "jobs", "0123"],
         &["release", "jobs", "0123"],
         &["status", "jobs"],

@@ -11,6 +11,9 @@ mod support;
 mod connect;
 /// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
 mod exit_codes;
+/// What users of flock, timeout and consul lock bring: their spellings, `lock`, `-c`, closed
+/// pipes, servers that are not Redis, `status` of permits and latches.
+mod habits;
 /// `latch NAME set|count-down|await|count`.
 mod latch;
 /// `acquire`, `refresh`, `release`, `status`, global options, help and completions.

@@ -61,7 +61,10 @@ fn status_json_matches_the_contract() {
     let empty = world.status("nothing-here");
     assert_eq!(
         empty,
-        serde_json::json!({"name": "nothing-here", "limit": null, "holders": [], "waiters": 0, "queue": []})
+        serde_json::json!({
+            "name": "nothing-here", "limit": null, "holders": [], "waiters": 0, "queue": [],
+            "permits": {"available": 0}, "latch": {"state": "never-set", "count": 0}
+        })
     );
 
     let labelled = world.acquire("jobs", 2, &["--holder", "web-1", "--lease", "20s"]);
@@ -72,7 +75,9 @@ fn status_json_matches_the_contract() {
     let status = world.status("jobs");
     assert_eq!(
         keys_of(&status),
-        set(&["name", "limit", "holders", "waiters", "queue"])
+        set(&[
+            "name", "limit", "holders", "waiters", "queue", "permits", "latch"
+        ])
     );
     assert_eq!(status["name"], "jobs");
     assert_eq!(status["limit"], 2);
@@ -85,7 +90,14 @@ fn status_json_matches_the_contract() {
     ] {
         assert_eq!(
             keys_of(holder),
-            set(&["id", "holder", "token", "slot", "expires_in_ms"])
+            set(&[
+                "id",
+                "holder",
+                "token",
+                "slot",
+                "expires_in_ms",
+                "held_for_ms"
+            ])
         );
         assert_eq!(holder["id"], id.as_str());
         assert_eq!(holder["holder"], label);
@@ -194,6 +206,7 @@ fn global_options_go_before_or_after_the_subcommand_or_come_from_the_environment
 fn every_subcommand_has_help_with_examples_and_exits_0() {
     let subcommands: &[&[&str]] = &[
         &["run"],
+        &["lock"],
         &["acquire"],
         &["refresh"],
         &["release"],

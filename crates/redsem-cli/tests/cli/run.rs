@@ -88,13 +88,39 @@ fn the_command_inherits_stdin_stdout_and_stderr() {
 }
 
 #[test]
-fn a_command_that_cannot_be_found_exits_127_and_its_permit_is_released() {
+fn a_command_that_cannot_be_run_fails_at_once_without_waiting_for_a_permit() {
     let world = World::new();
-    let out = world
-        .run(&["run", "jobs", "--limit", "1", "--", "./no-such-command"])
-        .expect(127);
-    assert!(out.error().contains("no-such-command"), "{out:?}");
-    assert!(world.holders("jobs").is_empty());
+    // Held, so a `run` that looked for its command only once granted would wait 30 s.
+    world.acquire("jobs", 1, &["--lease", "30s"]);
+    let script = world.path("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").expect("write the script");
+    let script = script.to_string_lossy().into_owned();
+    let dir = world.server.dir().to_string_lossy().into_owned();
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["--", "./no-such-command"],
+            127,
+            "./no-such-command: no such file",
+        ),
+        (
+            &["--", "no-such-command-anywhere"],
+            127,
+            "not found in PATH",
+        ),
+        (&["--", &script], 126, "not executable"),
+        (&["--", &dir], 126, "directory"),
+    ];
+    for (command, code, mention) in cases {
+        let args = [&["run", "jobs", "--limit", "1"][..], command].concat();
+        let out = world.run(&args).expect(*code);
+        assert!(out.error().contains(mention), "{args:?}: {out:?}");
+        assert!(
+            out.elapsed < Duration::from_secs(5),
+            "{args:?} waited: {out:?}"
+        );
+    }
+    assert_eq!(world.status("jobs")["waiters"], 0, "nothing queued");
+    assert_eq!(world.holders("jobs").len(), 1);
 }
 
 #[test]
@@ -294,7 +320,7 @@ fn a_grace_longer_than_a_third_of_the_lease_is_refused_before_anything_runs() {
             "run", "jobs", "--limit", "1", "--lease", "3s", "--grace", "1100ms", "--", "sh", "-c",
             &touch,
         ])
-        .expect(2);
+        .expect(125);
     assert!(out.error().contains("--grace 1.1s"), "{out:?}");
     assert!(out.error().contains("a third of --lease 3.0s"), "{out:?}");
     assert!(!marker.exists());
@@ -318,9 +344,33 @@ fn run_waits_in_line_and_starts_the_command_when_a_permit_is_released() {
     world.run(&["release", "jobs", &holder]).success();
     let out = running.wait().success();
     assert_eq!(out.stdout, "my turn\n");
+    assert_eq!(
+        out.stderr, "redsem: waiting for \"jobs\": next in line\n",
+        "off a terminal, one line when the wait starts and no spinner"
+    );
+}
+
+#[test]
+fn quiet_keeps_the_waiting_line_off_stderr_and_verbose_tells_the_time_waited() {
+    let world = World::new();
+    world.acquire("jobs", 1, &["--lease", "700ms"]);
+    let out = world
+        .run(&["run", "jobs", "-l", "1", "--quiet", "--", "true"])
+        .success();
+    assert!(out.stderr.is_empty(), "{out:?}");
+    world.acquire("jobs", 1, &["--lease", "700ms"]);
+    let out = world
+        .run(&["-v", "run", "jobs", "-l", "1", "--", "true"])
+        .success();
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("permit acquired"))
+        .unwrap_or_else(|| panic!("no acquired line: {out:?}"));
+    assert!(line.contains("waited="), "{line}");
     assert!(
-        out.stderr.is_empty(),
-        "no spinner when stderr is not a terminal: {out:?}"
+        out.stderr.contains("redsem: waiting for \"jobs\""),
+        "{out:?}"
     );
 }
 

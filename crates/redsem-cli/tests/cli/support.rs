@@ -173,6 +173,11 @@ impl World {
     }
 }
 
+/// Whether `line` is the one that announces a wait off a terminal.
+pub(crate) fn is_wait_line(line: &str) -> bool {
+    line.starts_with("redsem: waiting for ")
+}
+
 /// `redsem ARGS...` with nothing set but the arguments.
 pub(crate) fn bare(args: &[&str]) -> Command {
     let mut cmd = Command::new(REDSEM);
@@ -224,17 +229,24 @@ impl Outcome {
         self.expect(0)
     }
 
+    /// Checks that stderr is one `redsem: ` error line, after at most the one line that
+    /// announces a wait off a terminal.
     #[track_caller]
     pub(crate) fn assert_one_error_line(&self) {
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "one line on stderr: {self:?}");
+        let lines: Vec<&str> = self.stderr.lines().filter(|l| !is_wait_line(l)).collect();
+        assert_eq!(lines.len(), 1, "one error line on stderr: {self:?}");
         assert!(lines[0].starts_with("redsem: "), "{self:?}");
         assert!(!self.stderr.contains("panicked"), "{self:?}");
+        assert!(
+            self.stderr.lines().filter(|l| is_wait_line(l)).count() <= 1,
+            "at most one waiting line: {self:?}"
+        );
     }
 
     /// The one error line, without its `redsem: ` tag.
     pub(crate) fn error(&self) -> &str {
-        self.stderr.trim_end().trim_start_matches("redsem: ")
+        let line = self.stderr.lines().rfind(|l| !is_wait_line(l));
+        line.unwrap_or_default().trim_start_matches("redsem: ")
     }
 }
 
