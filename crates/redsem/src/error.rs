@@ -16,10 +16,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     /// Redis could not be reached: connection refused, dropped, or a command timed out.
-    #[error("redis unavailable: {0}")]
+    ///
+    /// Like every variant that keeps a cause, its message does not repeat it: the cause is
+    /// in [`source()`](std::error::Error::source), for error reporters that print the chain.
+    #[error("redis unavailable")]
     Unavailable(#[source] redis::RedisError),
     /// Redis answered with an error that redsem does not expect.
-    #[error("redis error: {0}")]
+    #[error("redis error")]
     Redis(#[source] redis::RedisError),
     /// `try_*` found no room: all units in use, or other requests are queued first.
     #[error("no permit of {name:?} available ({in_use} of {capacity} in use, {waiters} waiting)")]
@@ -213,5 +216,19 @@ mod tests {
         let err = Error::from(redis::RedisError::from(io));
         assert!(err.is_unavailable(), "{err:?}");
         assert!(std::error::Error::source(&err).is_some());
+    }
+
+    #[test]
+    fn messages_do_not_repeat_their_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = Error::from(redis::RedisError::from(io));
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(err.to_string(), "redis unavailable");
+        assert!(source.is_some_and(|s| s.contains("refused")));
+        let err = Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "unexpected byte",
+        )));
+        assert_eq!(err.to_string(), "redis error");
     }
 }
