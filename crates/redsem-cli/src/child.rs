@@ -194,6 +194,7 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
 ///
 /// The signal is bound to the thread that spawns: `redsem` spawns from the main thread of a
 /// current-thread runtime, which lives as long as the process.
+#[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut tokio::process::Command) {
     let parent = nix::unistd::getpid();
@@ -211,6 +212,11 @@ fn die_with_parent(cmd: &mut tokio::process::Command) {
         });
     }
 }
+
+/// Elsewhere there is no parent-death signal: a `redsem` killed by SIGKILL leaves its command
+/// running, and its permit comes back when the lease ends.
+#[cfg(not(target_os = "linux"))]
+fn die_with_parent(_cmd: &mut tokio::process::Command) {}
 
 #[cfg(test)]
 mod tests {

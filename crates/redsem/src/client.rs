@@ -236,6 +236,7 @@ async fn scan(
 
 /// Run the server checks on every primary of a cluster, each through its own connection
 /// (one pipelined round trip per node), with a probe key the node serves.
+#[cfg(feature = "cluster")]
 async fn check_primaries(
     conn: &mut redis::cluster_async::ClusterConnection,
     seeds: &[redis::Client],
@@ -510,6 +511,7 @@ impl Redsem {
     /// # Cancel safety
     ///
     /// Cancel safe.
+    #[cfg(feature = "cluster")]
     pub async fn connect_cluster(seeds: &[&str]) -> Result<Redsem> {
         Self::connect_cluster_with(seeds, RedsemOptions::default()).await
     }
@@ -535,6 +537,7 @@ impl Redsem {
     /// # Cancel safety
     ///
     /// Cancel safe.
+    #[cfg(feature = "cluster")]
     pub async fn connect_cluster_with(seeds: &[&str], options: RedsemOptions) -> Result<Redsem> {
         if let Some(why) = keys::prefix_problem(&options.prefix) {
             return Err(invalid(why));
@@ -719,6 +722,7 @@ impl Redsem {
         let mut found = Vec::new();
         match self.conn() {
             Conn::Single(mut conn) => scan(&mut conn, &pattern, &mut found).await?,
+            #[cfg(feature = "cluster")]
             Conn::Cluster(mut conn) => {
                 // SCAN walks one node: walk every primary.
                 let nodes: String = redis::cmd("CLUSTER")

@@ -4,6 +4,7 @@
 use std::sync::{Arc, LazyLock, Mutex};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, Pipeline, RedisFuture, Script, ServerErrorKind, Value,
@@ -17,6 +18,7 @@ pub(crate) enum Conn {
     /// One server (or a primary behind a proxy), through a reconnecting manager.
     Single(Single),
     /// A cluster: each script goes to the node owning its keys' slot.
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -116,6 +118,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -128,6 +131,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -135,6 +139,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -142,6 +147,7 @@ impl ConnectionLike for Conn {
 
 /// One primary of a cluster, from `CLUSTER NODES`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) struct Primary {
     pub(crate) host: String,
     pub(crate) port: u16,
@@ -150,6 +156,7 @@ pub(crate) struct Primary {
 }
 
 /// The primaries of a cluster that are not failing, from `CLUSTER NODES`.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn primaries(cluster_nodes: &str) -> Vec<Primary> {
     cluster_nodes
         .lines()
@@ -181,6 +188,7 @@ pub(crate) fn primaries(cluster_nodes: &str) -> Vec<Primary> {
 }
 
 /// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, modulo 16384).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn slot_of(key: &str) -> u16 {
     let bytes = key.as_bytes();
     let hashed = bytes
@@ -207,6 +215,7 @@ pub(crate) fn slot_of(key: &str) -> u16 {
 }
 
 /// A client for one node of a cluster, with the credentials, database and TLS of `seed`.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) fn node_client(seed: &redis::Client, host: &str, port: u16) -> Result<redis::Client> {
     let info = seed.get_connection_info().clone();
     let addr = match info.addr() {
