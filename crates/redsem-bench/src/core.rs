@@ -205,16 +205,75 @@ pub(crate) async fn cycles<S: BenchSem>(
     time: Duration,
     yardstick: Option<&mut RawPair>,
 ) -> BenchResult<CycleRun> {
-    let mut run = timed_cycles(admin, time, yardstick, || async {
-        let p = sem
-            .try_acquire()
-            .await?
-            .ok_or("an uncontended try_acquire found no free unit")?;
-        sem.release(p).await
-    })
-    .await?;
+    let mut run = timed_cycles(admin, time, yardstick, || uncontended_cycle(sem)).await?;
     run.server.count_direct(S::DIRECT_COMMANDS);
     Ok(run)
+}
+
+/// One try_acquire + release of a free unit.
+async fn uncontended_cycle<S: BenchSem>(sem: &S) -> BenchResult<()> {
+    let p = sem
+        .try_acquire()
+        .await?
+        .ok_or("an uncontended try_acquire found no free unit")?;
+    sem.release(p).await
+}
+
+/// The cycles of one measured loop, slice by slice.
+#[derive(Default)]
+struct Slices {
+    meter: Meter,
+    sample: Vec<Duration>,
+    elapsed: Duration,
+}
+
+impl Slices {
+    /// Run `cycle` back to back for `len`, metering the server.
+    async fn slice<F, Fut>(
+        &mut self,
+        admin: &Admin,
+        len: Duration,
+        cycle: &mut F,
+    ) -> BenchResult<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = BenchResult<()>>,
+    {
+        let snap = Snap::take(admin).await?;
+        let start = Instant::now();
+        while start.elapsed() < len {
+            let t = Instant::now();
+            cycle().await?;
+            self.sample.push(t.elapsed());
+        }
+        self.elapsed += start.elapsed();
+        self.meter.add(admin, snap).await
+    }
+
+    fn run(&self, two_raw_evalsha: Option<Latency>) -> CycleRun {
+        let n = self.sample.len() as u64;
+        CycleRun {
+            cycles: n,
+            elapsed_s: self.elapsed.as_secs_f64(),
+            cycles_per_s: rate(n, self.elapsed),
+            cycle: Latency::of(&self.sample),
+            two_raw_evalsha,
+            server: self.meter.load(n),
+        }
+    }
+}
+
+impl RawPair {
+    /// Two raw round trips back to back for `len`, each pair's time pushed to `sample`.
+    async fn slice(&mut self, len: Duration, sample: &mut Vec<Duration>) -> BenchResult<()> {
+        let start = Instant::now();
+        while start.elapsed() < len {
+            let t = Instant::now();
+            self.pair().await?;
+            sample.push(t.elapsed());
+        }
+        Ok(())
+    }
 }
 
 /// Run `cycle` back to back for `time` (after 20 warm-up cycles), in slices that alternate
@@ -233,38 +292,47 @@ where
     for _ in 0..20 {
         cycle().await?;
     }
-    let mut meter = Meter::default();
-    let mut sample = Vec::new();
+    let len = SLICE.min(time);
+    let mut cycles = Slices::default();
     let mut reference = Vec::new();
-    let mut elapsed = Duration::ZERO;
-    while elapsed < time {
-        let snap = Snap::take(admin).await?;
-        let start = Instant::now();
-        while start.elapsed() < SLICE.min(time) {
-            let t = Instant::now();
-            cycle().await?;
-            sample.push(t.elapsed());
-        }
-        elapsed += start.elapsed();
-        meter.add(admin, snap).await?;
+    while cycles.elapsed < time {
+        cycles.slice(admin, len, &mut cycle).await?;
         if let Some(raw) = yardstick.as_deref_mut() {
-            let start = Instant::now();
-            while start.elapsed() < SLICE.min(time) {
-                let t = Instant::now();
-                raw.pair().await?;
-                reference.push(t.elapsed());
-            }
+            raw.slice(len, &mut reference).await?;
         }
     }
-    let n = sample.len() as u64;
-    Ok(CycleRun {
-        cycles: n,
-        elapsed_s: elapsed.as_secs_f64(),
-        cycles_per_s: rate(n, elapsed),
-        cycle: Latency::of(&sample),
-        two_raw_evalsha: yardstick.map(|_| Latency::of(&reference)),
-        server: meter.load(n),
-    })
+    Ok(cycles.run(yardstick.map(|_| Latency::of(&reference))))
+}
+
+/// S1 on two semaphores at once: slices of `a`'s cycles, `b`'s cycles and the yardstick in
+/// turn until each has run for `time`, so both see the same machine (the VM changes speed
+/// for seconds at a time). Both runs carry the same yardstick.
+pub(crate) async fn cycles_side_by_side<A: BenchSem, B: BenchSem>(
+    admin: &Admin,
+    a: &A,
+    b: &B,
+    time: Duration,
+    yardstick: &mut RawPair,
+) -> BenchResult<(CycleRun, CycleRun)> {
+    let mut cycle_a = || uncontended_cycle(a);
+    let mut cycle_b = || uncontended_cycle(b);
+    for _ in 0..20 {
+        cycle_a().await?;
+        cycle_b().await?;
+    }
+    let len = SLICE.min(time);
+    let (mut runs_a, mut runs_b) = (Slices::default(), Slices::default());
+    let mut reference = Vec::new();
+    while runs_a.elapsed < time {
+        runs_a.slice(admin, len, &mut cycle_a).await?;
+        runs_b.slice(admin, len, &mut cycle_b).await?;
+        yardstick.slice(len, &mut reference).await?;
+    }
+    let raw = Latency::of(&reference);
+    let (mut run_a, mut run_b) = (runs_a.run(Some(raw.clone())), runs_b.run(Some(raw)));
+    run_a.server.count_direct(A::DIRECT_COMMANDS);
+    run_b.server.count_direct(B::DIRECT_COMMANDS);
+    Ok((run_a, run_b))
 }
 
 /// S2: many tasks over a few clients, acquire (waiting) + release for a fixed time.
@@ -455,6 +523,44 @@ pub(crate) async fn fairness<S: BenchSem>(
 mod tests {
     use super::*;
     use crate::admin::parse_commandstats;
+
+    #[tokio::test]
+    async fn side_by_side_cycles_alternate_and_share_one_yardstick() {
+        use std::sync::atomic::AtomicU64;
+
+        use redsem_test::{RedisServer, within};
+
+        use crate::sem::Polling;
+
+        let server = RedisServer::start();
+        let admin = within(STALL, "connect", Admin::connect(&server.url()))
+            .await
+            .unwrap();
+        let trips = Arc::new(AtomicU64::new(0));
+        let (a, b) = (
+            Polling::new(admin.conn(), "side:a", 5, trips.clone()),
+            Polling::new(admin.conn(), "side:b", 5, trips.clone()),
+        );
+        let mut raw = within(STALL, "yardstick", RawPair::new(&admin))
+            .await
+            .unwrap();
+        let time = Duration::from_millis(60);
+        let (ra, rb) = within(
+            STALL,
+            "side by side",
+            cycles_side_by_side(&admin, &a, &b, time, &mut raw),
+        )
+        .await
+        .unwrap();
+        for r in [&ra, &rb] {
+            assert!(r.cycles > 0 && r.elapsed_s >= time.as_secs_f64());
+            assert_eq!(r.server.commandstats_per_cycle.get("zrem"), Some(&1.0));
+            assert!(r.server.command_usec_per_cycle > 0.0);
+        }
+        let (ya, yb) = (ra.two_raw_evalsha.unwrap(), rb.two_raw_evalsha.unwrap());
+        assert!(ya.count > 0);
+        assert_eq!(ya.count, yb.count);
+    }
 
     #[test]
     fn server_time_per_cycle_counts_a_scripts_calls_once() {

@@ -15,7 +15,7 @@ use crate::cli::Args;
 use crate::core;
 use crate::ctx::{Ctx, Sizes};
 use crate::report::{BaselineRun, Figures, Invariant, Target};
-use crate::sem::BenchSem;
+use crate::sem::{self, BenchSem};
 use crate::{cost, counters, raw, scale};
 
 #[derive(Debug, Serialize)]
@@ -298,10 +298,12 @@ async fn s4(ctx: &Ctx) -> BenchResult<core::FairnessRun> {
 }
 
 /// S1–S4 and the S2 hold points on a baseline algorithm: `make(name, capacity, clients)`
-/// gives one handle per client; `trips` counts the round trips they send.
+/// gives one handle per client; `trips` counts the round trips they send. With `alongside`,
+/// S1 alternates its slices with that redsem semaphore's (capacity 5 too).
 async fn baseline<S: BenchSem, F, Fut>(
     ctx: &Ctx,
     trips: &AtomicU64,
+    alongside: Option<&sem::Redsem>,
     make: F,
 ) -> BenchResult<BaselineRun>
 where
@@ -312,13 +314,29 @@ where
     let sems = make("s1".to_owned(), 5, 1).await?;
     let before = trips.load(Ordering::Relaxed);
     let mut yardstick = core::RawPair::new(&ctx.admin).await?;
-    let run = core::cycles(
-        &ctx.admin,
-        &sems[0],
-        ctx.sizes.s1_time,
-        Some(&mut yardstick),
-    )
-    .await?;
+    let run = match alongside {
+        Some(redsem) => {
+            let (run, redsem_run) = core::cycles_side_by_side(
+                &ctx.admin,
+                &sems[0],
+                redsem,
+                ctx.sizes.s1_time,
+                &mut yardstick,
+            )
+            .await?;
+            out.s1_redsem_alongside = Some(redsem_run);
+            run
+        }
+        None => {
+            core::cycles(
+                &ctx.admin,
+                &sems[0],
+                ctx.sizes.s1_time,
+                Some(&mut yardstick),
+            )
+            .await?
+        }
+    };
     let after = trips.load(Ordering::Relaxed);
     // 20 warm-up cycles ran before the measured ones.
     out.s1_round_trips_per_cycle = (after - before) as f64 / (run.cycles + 20).max(1) as f64;
@@ -345,7 +363,7 @@ where
 async fn s7(ctx: &Ctx) -> BenchResult<BaselineRun> {
     let prefix = ctx.prefix("s7");
     let trips = Arc::new(AtomicU64::new(0));
-    let out = baseline(ctx, &trips, |name, limit, clients| {
+    let out = baseline(ctx, &trips, None, |name, limit, clients| {
         let (prefix, trips) = (prefix.clone(), trips.clone());
         async move { ctx.seeds_sems(&prefix, &name, limit, clients, &trips).await }
     })
@@ -357,7 +375,11 @@ async fn s7(ctx: &Ctx) -> BenchResult<BaselineRun> {
 async fn s9(ctx: &Ctx) -> BenchResult<BaselineRun> {
     let prefix = ctx.prefix("s9");
     let trips = Arc::new(AtomicU64::new(0));
-    let out = baseline(ctx, &trips, |name, limit, clients| {
+    // redsem's S1 again, in slices alternating with the baseline's: issue 10's S1 ratio.
+    let redsem = ctx
+        .redsem_sems(&prefix, "s1-redsem", 5, LeaseOptions::default(), 1)
+        .await?;
+    let out = baseline(ctx, &trips, Some(&redsem[0]), |name, limit, clients| {
         let (prefix, trips) = (prefix.clone(), trips.clone());
         async move {
             ctx.polling_sems(&prefix, &name, limit, clients, &trips)
