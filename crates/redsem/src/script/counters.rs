@@ -1173,7 +1173,13 @@ mod tests {
         ));
         assert!(ttls.iter().all(|ttl| *ttl == -1), "{ttls:?}");
 
-        // Idle again: the bookkeeping expires (only the count stays).
+        // Idle again: the bookkeeping expires (only the count stays). (No memory limit any
+        // more, or the keys would be evicted the moment they get their TTL.)
+        let () = redis::cmd("CONFIG")
+            .arg(&["SET", "maxmemory", "0"])
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG SET");
         permit_withdraw(&mut conn, &k, "queued")
             .await
             .expect("withdraw");
