@@ -45,6 +45,8 @@
 //! Redis replication is asynchronous: after a failover, a promoted replica may not know the
 //! latest grants. Use the fencing token on the protected resource when that matters.
 #![forbid(unsafe_code)]
+// docs.rs (`--cfg docsrs`, nightly): mark each item with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![cfg_attr(
     not(test),
