@@ -197,7 +197,6 @@ impl Args {
             .request
             .acquire(&redsem, true, ctx, &mut signals)
             .await?;
-        tracing::info!(id = %permit.id(), token = %permit.token(), slot = permit.slot(), "permit acquired");
         // A grant handed over to a waiter runs on its waiter lease, which may have less left
         // than the grace: renew it before the command starts rather than stop it at once.
         if permit.time_left() <= grace + kill_margin(self.request.options.lease)
