@@ -140,10 +140,7 @@ fn exit_2_on_one_line_for_bad_flags_and_values() {
             &["acquire", "jobs", "--limit", "1", "--lease", "5x"],
             "unit",
         ),
-        (
-            &["acquire", "jobs", "--limit", "1", "--lease", "-5"],
-            "-5",
-        ),
+        (&["acquire", "jobs", "--limit", "1", "--lease", "-5"], "-5"),
         (
             &["acquire", "jobs", "--limit", "1", "--wait", "soon"],
             "wait",
