@@ -813,7 +813,7 @@ impl Redsem {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
             if let Err(err) = crate::script::lease_tidy(&mut redsem.conn(), &keys).await {
-                tracing::debug!(key = %key, error = %err, "could not give an idle semaphore its TTL");
+                tracing::debug!(key = %key, error = %crate::error::Chain(&err), "could not give an idle semaphore its TTL");
             }
         });
     }

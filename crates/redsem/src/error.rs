@@ -185,6 +185,22 @@ pub(crate) fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
+/// An error and every `source()` below it, joined by ": " — for logs, where the messages
+/// themselves leave the cause to the chain.
+pub(crate) struct Chain<'a>(pub(crate) &'a Error);
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +224,15 @@ mod tests {
         };
         assert!(err.is_not_acquired());
         assert!(err.to_string().contains("2 of 2 in use, 1 waiting"));
+    }
+
+    #[test]
+    fn the_chain_for_logs_carries_the_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused here");
+        let err = Error::from(redis::RedisError::from(io));
+        let chain = Chain(&err).to_string();
+        assert!(chain.starts_with(&err.to_string()), "{chain}");
+        assert!(chain.contains("refused here"), "{chain}");
     }
 
     #[test]

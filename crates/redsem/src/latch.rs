@@ -484,7 +484,7 @@ impl CountDownLatch {
                 // Rides out an outage (a restart, a failover): what it saw stays known, so a
                 // latch that comes back empty is reported lost, not passed as open.
                 Err(err) if err.is_unavailable() => {
-                    tracing::warn!(latch = %inner.name, error = %err, "cannot check the latch; re-checking later");
+                    tracing::warn!(latch = %inner.name, error = %crate::error::Chain(&err), "cannot check the latch; re-checking later");
                 }
                 Err(err) => return Err(err),
             }

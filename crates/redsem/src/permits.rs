@@ -636,7 +636,7 @@ impl PermitSemaphore {
                                 if err.is_unavailable()
                                     && answered.elapsed() + RETRY_EVERY < waiter_lease =>
                             {
-                                tracing::warn!(semaphore = %inner.name, error = %err, "cannot check in; retrying");
+                                tracing::warn!(semaphore = %inner.name, error = %crate::error::Chain(&err), "cannot check in; retrying");
                                 failed = true;
                             }
                             Err(err) => return Err(err),

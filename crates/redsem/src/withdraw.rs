@@ -53,7 +53,7 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
             if let Err(err) = queue.withdraw(id.as_str()).await {
-                tracing::warn!(name = %queue.name(), id = %id, error = %err,
+                tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
                     "could not withdraw a cancelled request; its waiter lease will");
             }
         });

@@ -267,7 +267,7 @@ impl Schedule {
             Some(Ok(false)) => return self.remove(ticket).map(|entry| entry.state),
             Some(Err(err)) => {
                 tracing::debug!(semaphore = %entry.state.semaphore(), id = %entry.state.id(),
-                    error = %err, "renewal failed; retrying");
+                    error = %crate::error::Chain(&err), "renewal failed; retrying");
                 entry.next = Some(now + RETRY_AFTER_ERROR.min(period));
             }
             // Cancelled: the permit left the schedule, so it is not found above.

@@ -784,7 +784,7 @@ where
             Err(err)
                 if err.is_unavailable() && clock::now() + RETRY_EVERY < last + waiter_lease =>
             {
-                tracing::debug!(error = %err, "check-in failed; trying again within the waiter lease");
+                tracing::debug!(error = %crate::error::Chain(&err), "check-in failed; trying again within the waiter lease");
                 tokio::time::sleep(RETRY_EVERY).await;
             }
             Err(err) => return Err(err),

@@ -313,7 +313,7 @@ impl Drop for LeasePermit {
         let redsem = state.sem.redsem.clone();
         redsem.spawn_cleanup(async move {
             if let Err(err) = state.sem.release(state.id.as_str()).await {
-                tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %err,
+                tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %crate::error::Chain(&err),
                         "could not release a dropped permit; its lease will end by itself");
             }
         });

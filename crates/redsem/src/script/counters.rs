@@ -323,7 +323,7 @@ where
 {
     match call().await {
         Err(err) if err.is_unavailable() => {
-            tracing::debug!(operation = what, error = %err, "retrying once with the same request id");
+            tracing::debug!(operation = what, error = %crate::error::Chain(&err), "retrying once with the same request id");
             call().await
         }
         other => other,
