@@ -123,7 +123,8 @@ impl Meter {
     pub(crate) fn load(&self, cycles: u64) -> ServerLoad {
         let d = &self.stats;
         let n = cycles.max(1) as f64;
-        let evalsha = d.calls("evalsha");
+        // Script calls: EVALSHA, or FCALL where redsem runs its function library.
+        let evalsha = d.calls("evalsha") + d.calls("fcall");
         let usec: BTreeMap<String, f64> =
             d.0.iter()
                 .map(|(k, v)| (k.clone(), v.usec as f64 / n))
@@ -139,7 +140,7 @@ impl Meter {
             command_usec_per_cycle,
             evalsha_per_cycle: evalsha as f64 / n,
             evalsha_usec_per_call: if evalsha > 0 {
-                d.usec("evalsha") as f64 / evalsha as f64
+                (d.usec("evalsha") + d.usec("fcall")) as f64 / evalsha as f64
             } else {
                 0.0
             },

@@ -237,7 +237,7 @@ async fn call_times<F: Future<Output = BenchResult<()>>>(
             .map(text)
             .unwrap_or_default()
             .to_ascii_lowercase();
-        if !matches!(name.as_str(), "evalsha" | "eval") {
+        if !matches!(name.as_str(), "evalsha" | "eval" | "fcall") {
             continue;
         }
         let sha = args.get(1).map(text).unwrap_or_default();

@@ -679,7 +679,7 @@ impl Figures {
                 t.row(
                     "    commands per cycle; Redis CPU per cycle, busy",
                     r.map_or_else(dash, |r| {
-                        format!("{} ({:.2} EVALSHA)", load(r), r.server.evalsha_per_cycle)
+                        format!("{} ({:.2} script calls)", load(r), r.server.evalsha_per_cycle)
                     }),
                     sv,
                     pv,
@@ -853,7 +853,7 @@ impl Figures {
                     t.row(
                         &format!("{what}: cycles/s, p50 / p99"),
                         format!(
-                            "{}, {} / {} ({:.2} EVALSHA)",
+                            "{}, {} / {} ({:.2} script calls)",
                             num(r.cycles_per_s),
                             us(r.cycle.p50_us),
                             us(r.cycle.p99_us),

@@ -22,7 +22,7 @@
 --
 -- Cost: every redis.call costs about a microsecond, so scripts make few, each O(1) or
 -- O(log n) but the occasional prune of ids past their time.
-local COUNT, DONE, APPLIED = KEYS[1], KEYS[2], KEYS[3]
+local COUNT, DONE, APPLIED
 
 -- How long an applied id is remembered (a retry comes within seconds).
 local REMEMBER_MS = 60000
@@ -33,7 +33,13 @@ local PRUNE_ONE_IN = 16
 -- Redis scripts count in doubles.
 local MAX_COUNT = 9007199254740991
 
-local EXPECTED = { [COUNT] = 'integer', [DONE] = 'string', [APPLIED] = 'zset' }
+local EXPECTED
+
+-- Start a call: its keys. (Loaded as a function library, this file's helpers outlive a call.)
+local function begin(keys)
+  COUNT, DONE, APPLIED = keys[1], keys[2], keys[3]
+  EXPECTED = { [COUNT] = 'integer', [DONE] = 'string', [APPLIED] = 'zset' }
+end
 
 -- The count; nil if absent. A value that is not a count is foreign.
 local function read_count()

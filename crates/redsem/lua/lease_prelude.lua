@@ -37,7 +37,7 @@
 --   * Fencing tokens are max(last token + 1, TIME in microseconds): they keep increasing
 --     after the state is lost (restart without persistence, flush, failover, expiry) as long
 --     as the server clock does not go back by more than the outage.
-local LEASES, QUEUE, STATE, SLOTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local LEASES, QUEUE, STATE, SLOTS
 
 -- How long the keys of an idle semaphore are kept.
 local KEEP_IDLE_MS = 3600000
@@ -61,16 +61,19 @@ local PRUNE_BATCH = 4000
 -- "No lease ends before": nothing is known to end (a double, exact).
 local NEVER = 4503599627370496
 
-local EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
+-- Per-call state (see begin()): the keys' expected types; the cached state fields (S), the
+-- ones to write back or delete; S.handed: grants made to waiters on the caller's own channel
+-- S.mine, returned instead of published; wake-ups to publish after everything is saved
+-- (channel, message, channel, message, ...); the units left for others (WORK_BUDGET).
+local EXPECTED, S, dirty, removed, outbox, budget
 
--- Cached state fields, and the ones to write back or delete. S.handed: grants made to
--- waiters on the caller's own channel S.mine, returned instead of published.
-local S = { handed = {} }
-local dirty = {}
-local removed = {}
--- Wake-ups to publish after everything is saved: channel, message, channel, message, ...
-local outbox = {}
-local budget = WORK_BUDGET
+-- Start a call: its keys and a fresh per-call state. (Loaded as a function library, this
+-- file's helpers outlive a call: nothing of one call may leak into the next.)
+local function begin(keys)
+  LEASES, QUEUE, STATE, SLOTS = keys[1], keys[2], keys[3], keys[4]
+  EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
+  S, dirty, removed, outbox, budget = { handed = {} }, {}, {}, {}, WORK_BUDGET
+end
 
 local function put(name, value)
   S[name] = value

@@ -43,7 +43,7 @@
 -- reads the fields of records once (HMGET), changes them in Lua (set), and writes them back
 -- with one HSET/HDEL, and the count with one INCRBY, at the end. The bookkeeping keys'
 -- lives are extended about twice a minute while idle, not on every call.
-local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED
 
 -- How long an applied id is remembered at least (a retry comes within seconds).
 local REMEMBER_MS = 60000
@@ -59,7 +59,14 @@ local MAX_STEPS = 100
 -- call set (need: keep must cover it), the keys it created (fresh_*: they get keep), the
 -- queue heads promote() handled (steps), and the wake-ups to publish at the end (wake).
 -- dirty: the fields of records to write back (a value, or false to delete).
-local S, dirty = { taken = 0, need = 0, steps = 0, wake = {} }, {}
+local S, dirty
+
+-- Start a call: its keys and a fresh per-call state. (Loaded as a function library, this
+-- file's helpers outlive a call: nothing of one call may leak into the next.)
+local function begin(keys)
+  COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  S, dirty = { taken = 0, need = 0, steps = 0, wake = {} }, {}
+end
 
 
 local function set(name, value)

@@ -568,7 +568,7 @@ impl Redsem {
             judge(options.server_checks, findings)?;
         }
         Ok(Self::assemble(
-            Conn::Cluster(conn),
+            Conn::Cluster(conn, Default::default()),
             clients,
             options,
             wake_channel,
@@ -723,7 +723,7 @@ impl Redsem {
         match self.conn() {
             Conn::Single(mut conn) => scan(&mut conn, &pattern, &mut found).await?,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(mut conn) => {
+            Conn::Cluster(mut conn, _) => {
                 // SCAN walks one node: walk every primary.
                 let nodes: String = redis::cmd("CLUSTER")
                     .arg("NODES")

@@ -19,7 +19,8 @@ pub(crate) enum Conn {
     Single(Single),
     /// A cluster: each script goes to the node owning its keys' slot.
     #[cfg(feature = "cluster")]
-    Cluster(ClusterConnection),
+    /// (And whether its primaries refuse functions; see `script::Scripting`.)
+    Cluster(ClusterConnection, Arc<std::sync::atomic::AtomicBool>),
 }
 
 /// A [`ConnectionManager`] that is replaced when a reconnection fails for good.
@@ -39,6 +40,8 @@ struct SingleInner {
     config: ConnectionManagerConfig,
     /// The manager in use and how many times it was replaced.
     current: Mutex<(u64, ConnectionManager)>,
+    /// The server refused functions: scripts go by EVALSHA (see `script::Scripting`).
+    functions_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Single {
@@ -52,6 +55,7 @@ impl Single {
                 client,
                 config,
                 current: Mutex::new((0, manager)),
+                functions_refused: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -114,12 +118,22 @@ impl ConnectionLike for Single {
     }
 }
 
+impl crate::script::Scripting for Conn {
+    fn functions_refused(&self) -> Option<&std::sync::atomic::AtomicBool> {
+        match self {
+            Conn::Single(single) => Some(&single.inner.functions_refused),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_, refused) => Some(refused),
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -132,7 +146,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -140,7 +154,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }

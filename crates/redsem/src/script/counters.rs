@@ -2,53 +2,19 @@
 //! (`lua/latch_*.lua`), their typed call wrappers, and the retry of retry-safe mutations.
 
 use std::future::Future;
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{Reply, millis};
 use crate::error::Result;
 use crate::keys::{LatchKeys, PermitKeys};
 
-macro_rules! permit_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/permit_prelude.lua"),
-                include_str!(concat!("../../lua/", $file))
-            ))
-        })
-    };
-}
-
-macro_rules! latch_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/latch_prelude.lua"),
-                include_str!(concat!("../../lua/", $file))
-            ))
-        })
-    };
-}
-
-pub(crate) static PERMIT_ACQUIRE: LazyLock<Script> = permit_script!("permit_acquire.lua");
-pub(crate) static PERMIT_POLL: LazyLock<Script> = permit_script!("permit_poll.lua");
-pub(crate) static PERMIT_WITHDRAW: LazyLock<Script> = permit_script!("permit_withdraw.lua");
-pub(crate) static PERMIT_ADD: LazyLock<Script> = permit_script!("permit_add.lua");
-pub(crate) static PERMIT_TRY_SET: LazyLock<Script> = permit_script!("permit_try_set.lua");
-pub(crate) static PERMIT_AVAILABLE: LazyLock<Script> = permit_script!("permit_available.lua");
-pub(crate) static PERMIT_DRAIN: LazyLock<Script> = permit_script!("permit_drain.lua");
-pub(crate) static PERMIT_DELETE: LazyLock<Script> = permit_script!("permit_delete.lua");
-
-pub(crate) static LATCH_TRY_SET: LazyLock<Script> = latch_script!("latch_try_set.lua");
-pub(crate) static LATCH_COUNT_DOWN: LazyLock<Script> = latch_script!("latch_count_down.lua");
-pub(crate) static LATCH_STATE: LazyLock<Script> = latch_script!("latch_state.lua");
-pub(crate) static LATCH_DELETE: LazyLock<Script> = latch_script!("latch_delete.lua");
+use super::library::{
+    LATCH_COUNT_DOWN, LATCH_DELETE, LATCH_STATE, LATCH_TRY_SET, PERMIT_ACQUIRE, PERMIT_ADD,
+    PERMIT_AVAILABLE, PERMIT_DELETE, PERMIT_DRAIN, PERMIT_POLL, PERMIT_TRY_SET, PERMIT_WITHDRAW,
+    Scripting,
+};
 
 /// What `permit_acquire` and `permit_poll` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +77,7 @@ pub(crate) enum RawLatchState {
 }
 
 pub(crate) async fn permit_acquire(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     id: &str,
     permits: u32,
@@ -132,7 +98,7 @@ pub(crate) async fn permit_acquire(
 }
 
 pub(crate) async fn permit_poll(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     id: &str,
     waiter_lease: Duration,
@@ -147,7 +113,7 @@ pub(crate) async fn permit_poll(
 }
 
 pub(crate) async fn permit_withdraw(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     id: &str,
 ) -> Result<Withdrawal> {
@@ -167,7 +133,7 @@ pub(crate) async fn permit_withdraw(
 }
 
 pub(crate) async fn permit_add(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     request: &str,
     delta: i64,
@@ -190,7 +156,7 @@ pub(crate) async fn permit_add(
 
 /// True if the count was set by this call (or by an earlier call with the same request id).
 pub(crate) async fn permit_try_set(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     request: &str,
     permits: u32,
@@ -205,7 +171,7 @@ pub(crate) async fn permit_try_set(
 }
 
 pub(crate) async fn permit_available(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
 ) -> Result<Availability> {
     let reply: Value = PERMIT_AVAILABLE
@@ -225,7 +191,7 @@ pub(crate) async fn permit_available(
 
 /// The number of permits taken (by this call, or by an earlier call with the same request id).
 pub(crate) async fn permit_drain(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &PermitKeys,
     request: &str,
 ) -> Result<u64> {
@@ -242,17 +208,14 @@ pub(crate) async fn permit_drain(
 }
 
 /// True if the count was set.
-pub(crate) async fn permit_delete(
-    conn: &mut impl ConnectionLike,
-    keys: &PermitKeys,
-) -> Result<bool> {
+pub(crate) async fn permit_delete(conn: &mut impl Scripting, keys: &PermitKeys) -> Result<bool> {
     let reply: Value = PERMIT_DELETE.key(&keys.all[..]).invoke_async(conn).await?;
     decode_deleted("permit_delete", reply)
 }
 
 /// True if the count was set by this call (or by an earlier call with the same request id).
 pub(crate) async fn latch_try_set(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LatchKeys,
     request: &str,
     count: u64,
@@ -267,7 +230,7 @@ pub(crate) async fn latch_try_set(
 }
 
 pub(crate) async fn latch_count_down(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LatchKeys,
     request: &str,
 ) -> Result<CountDown> {
@@ -288,7 +251,7 @@ pub(crate) async fn latch_count_down(
 }
 
 pub(crate) async fn latch_state(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LatchKeys,
 ) -> Result<RawLatchState> {
     let reply: Value = LATCH_STATE.key(&keys.all[..]).invoke_async(conn).await?;
@@ -304,7 +267,7 @@ pub(crate) async fn latch_state(
 }
 
 /// True if the latch was counting.
-pub(crate) async fn latch_delete(conn: &mut impl ConnectionLike, keys: &LatchKeys) -> Result<bool> {
+pub(crate) async fn latch_delete(conn: &mut impl Scripting, keys: &LatchKeys) -> Result<bool> {
     let reply: Value = LATCH_DELETE
         .key(&keys.all[..])
         .arg(&keys.channel)

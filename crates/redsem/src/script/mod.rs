@@ -5,11 +5,9 @@
 //! Scripts are compiled into the binary, sent by EVALSHA and reloaded when Redis answers
 //! NOSCRIPT (after `SCRIPT FLUSH`, a restart or a failover) by [`redis::Script::invoke_async`].
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
@@ -17,25 +15,8 @@ use crate::keys::LeaseKeys;
 mod counters;
 pub(crate) use counters::*;
 
-macro_rules! lease_script {
-    ($file:literal) => {
-        LazyLock::new(|| {
-            Script::new(concat!(
-                include_str!("../../lua/common.lua"),
-                include_str!("../../lua/lease_prelude.lua"),
-                include_str!(concat!("../../lua/", $file))
-            ))
-        })
-    };
-}
-
-pub(crate) static LEASE_ACQUIRE: LazyLock<Script> = lease_script!("lease_acquire.lua");
-pub(crate) static LEASE_POLL: LazyLock<Script> = lease_script!("lease_poll.lua");
-pub(crate) static LEASE_REFRESH: LazyLock<Script> = lease_script!("lease_refresh.lua");
-pub(crate) static LEASE_RELEASE: LazyLock<Script> = lease_script!("lease_release.lua");
-pub(crate) static LEASE_STATUS: LazyLock<Script> = lease_script!("lease_status.lua");
-pub(crate) static LEASE_SET_CAPACITY: LazyLock<Script> = lease_script!("lease_set_capacity.lua");
-pub(crate) static LEASE_TIDY: LazyLock<Script> = lease_script!("lease_tidy.lua");
+mod library;
+pub(crate) use library::*;
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,7 +93,7 @@ pub(crate) struct Request<'a> {
 }
 
 pub(crate) async fn lease_acquire(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LeaseKeys,
     req: &Request<'_>,
 ) -> Result<Acquire> {
@@ -133,7 +114,7 @@ pub(crate) async fn lease_acquire(
 }
 
 pub(crate) async fn lease_poll(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LeaseKeys,
     id: &str,
     lease: Duration,
@@ -151,7 +132,7 @@ pub(crate) async fn lease_poll(
 
 /// True if the lease was extended, false if the permit is not held.
 pub(crate) async fn lease_refresh(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LeaseKeys,
     id: &str,
     lease: Duration,
@@ -173,7 +154,7 @@ pub(crate) async fn lease_refresh(
 /// Release (or withdraw) `id`; `channel` is the caller's wake channel, whose grants come back
 /// in the reply.
 pub(crate) async fn lease_release(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LeaseKeys,
     id: &str,
     channel: &str,
@@ -207,7 +188,7 @@ pub(crate) async fn lease_release(
 }
 
 /// Give an idle semaphore's keys their TTL (nothing if it is live again).
-pub(crate) async fn lease_tidy(conn: &mut impl ConnectionLike, keys: &LeaseKeys) -> Result<()> {
+pub(crate) async fn lease_tidy(conn: &mut impl Scripting, keys: &LeaseKeys) -> Result<()> {
     let reply: Value = LEASE_TIDY.key(&keys.all[..]).invoke_async(conn).await?;
     let r = Reply::new("lease_tidy", reply)?;
     match r.status.as_str() {
@@ -216,10 +197,7 @@ pub(crate) async fn lease_tidy(conn: &mut impl ConnectionLike, keys: &LeaseKeys)
     }
 }
 
-pub(crate) async fn lease_status(
-    conn: &mut impl ConnectionLike,
-    keys: &LeaseKeys,
-) -> Result<RawStatus> {
+pub(crate) async fn lease_status(conn: &mut impl Scripting, keys: &LeaseKeys) -> Result<RawStatus> {
     let reply: Value = LEASE_STATUS.key(&keys.all[..]).invoke_async(conn).await?;
     let mut r = Reply::new("lease_status", reply)?;
     if r.status != "STATUS" {
@@ -259,7 +237,7 @@ pub(crate) async fn lease_status(
 
 /// Returns the capacity in force before the change, if one was stored.
 pub(crate) async fn lease_set_capacity(
-    conn: &mut impl ConnectionLike,
+    conn: &mut impl Scripting,
     keys: &LeaseKeys,
     capacity: u32,
 ) -> Result<Option<u32>> {

@@ -48,7 +48,7 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
 
 /// `lease_release` from a client whose channel is not [`CHANNEL`], so grants to waiters on
 /// it are published.
-async fn release(conn: &mut impl ConnectionLike, keys: &LeaseKeys, id: &str) -> Result<Release> {
+async fn release(conn: &mut impl Scripting, keys: &LeaseKeys, id: &str) -> Result<Release> {
     lease_release(conn, keys, id, "t:wake:another")
         .await
         .map(|r| r.outcome)
@@ -70,37 +70,56 @@ async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
 }
 
 #[tokio::test]
-async fn server_computes_the_same_sha_for_every_script() {
+async fn every_operation_loads_as_a_script_and_as_a_function() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
-    for script in [
-        &LEASE_ACQUIRE,
-        &LEASE_POLL,
-        &LEASE_REFRESH,
-        &LEASE_RELEASE,
-        &LEASE_STATUS,
-        &LEASE_SET_CAPACITY,
-        &PERMIT_ACQUIRE,
-        &PERMIT_POLL,
-        &PERMIT_WITHDRAW,
-        &PERMIT_ADD,
-        &PERMIT_TRY_SET,
-        &PERMIT_AVAILABLE,
-        &PERMIT_DRAIN,
-        &PERMIT_DELETE,
-        &LATCH_TRY_SET,
-        &LATCH_COUNT_DOWN,
-        &LATCH_STATE,
-        &LATCH_DELETE,
-    ] {
+    for op in ALL {
+        let script = op.script();
         let sha = within(
             LIMIT,
             "SCRIPT LOAD",
             script.prepare_invoke().load_async(&mut conn),
         )
         .await
-        .expect("script compiles on the server");
+        .unwrap_or_else(|e| panic!("{} compiles as a script: {e}", op.name));
         assert_eq!(sha, script.get_hash());
+    }
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&LIBRARY.source)
+        .query_async(&mut conn)
+        .await
+        .expect("the library loads");
+    assert_eq!(name, LIBRARY.name);
+    let listed: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(&LIBRARY.name)
+        .query_async(&mut conn)
+        .await
+        .expect("FUNCTION LIST");
+    let listed = format!("{listed:?}");
+    for op in ALL {
+        assert!(listed.contains(&op.function()), "{} registered", op.name);
+    }
+    // Every operation file is an operation: none is left out of the registry.
+    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/lua")).expect("lua dir");
+    for file in files {
+        let file = file
+            .expect("entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8");
+        let Some(stem) = file.strip_suffix(".lua") else {
+            continue;
+        };
+        if stem == "common" || stem.ends_with("_prelude") {
+            continue;
+        }
+        assert!(
+            ALL.iter().any(|op| op.name == stem),
+            "{file} is not registered"
+        );
     }
 }
 
@@ -625,11 +644,19 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
     granted(acquire(&mut conn, req("big", n, MAX_UNITS_FOR_TESTS, true)).await);
     granted(acquire(&mut conn, req("rest", n, n - MAX_UNITS_FOR_TESTS, true)).await);
     let ids: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
+    // One pipeline of EVALSHA (the script loaded first).
+    let _: String = LEASE_ACQUIRE
+        .script()
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
     let mut pipe = redis::pipe();
     for id in &ids {
         let r = req(id, n, 1, true);
         pipe.invoke_script(
             LEASE_ACQUIRE
+                .script()
                 .key(&k.all[..])
                 .arg(r.id)
                 .arg(r.capacity)
@@ -863,7 +890,8 @@ async fn commands_run(conn: &mut MultiplexedConnection) -> u64 {
         .expect("INFO");
     info.lines()
         .filter(|l| l.starts_with("cmdstat_"))
-        .filter(|l| !l.starts_with("cmdstat_evalsha:") && !l.starts_with("cmdstat_config"))
+        .filter(|l| !l.starts_with("cmdstat_evalsha:") && !l.starts_with("cmdstat_fcall:"))
+        .filter(|l| !l.starts_with("cmdstat_config"))
         .filter(|l| !l.starts_with("cmdstat_info:"))
         .filter_map(|l| {
             l.split("calls=")

@@ -223,7 +223,7 @@ async fn a_count_down_costs_one_round_trip() {
     for _ in 0..N - 1 {
         latch.count_down().await.expect("count down");
     }
-    let calls = ctx.command_calls("evalsha").await + ctx.command_calls("eval").await;
+    let calls = ctx.script_calls().await;
     println!(
         "round trips per count_down: {}",
         calls as f64 / (N - 1) as f64

@@ -531,7 +531,8 @@ async fn one_round_trip_per_try_acquire_refresh_and_release() {
         };
         let inside: u64 = info
             .lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_evalsha"))
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_fcall"))
+            .filter(|l| !l.starts_with("cmdstat_evalsha") && !l.starts_with("cmdstat_function"))
             .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
             .filter_map(|l| {
                 l.split("calls=")
@@ -543,10 +544,13 @@ async fn one_round_trip_per_try_acquire_refresh_and_release() {
             })
             .sum();
         println!(
-            "{what}: {} EVALSHA round trip(s); the script ran {inside} commands inside",
-            calls("evalsha")
+            "{what}: {} FCALL round trip(s); the function ran {inside} commands inside",
+            calls("fcall")
         );
-        (calls("evalsha"), calls("eval") + calls("script"))
+        (
+            calls("fcall") + calls("evalsha"),
+            calls("eval") + calls("script") + calls("function|load"),
+        )
     };
     let permit = sem.try_acquire().await.expect("acquire");
     assert_eq!(measure("try_acquire").await, (1, 0));

@@ -35,3 +35,6 @@ mod wait_faults;
 /// The keepalive: one driver per client renews hundreds of permits, a cut-off client loses its
 /// permits before their server leases end, settling some permits leaves the others renewed.
 mod keepalive;
+
+/// The scripts as a Redis Functions library, and the EVALSHA fallback.
+mod functions;

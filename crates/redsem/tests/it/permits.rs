@@ -398,7 +398,7 @@ async fn acquire_release_and_try_acquire_cost_one_round_trip_each() {
     assert!(sem.try_acquire(N + 1).await.is_err());
 
     let script_calls = async |what: &str| {
-        let calls = ctx.command_calls("evalsha").await + ctx.command_calls("eval").await;
+        let calls = ctx.script_calls().await;
         println!("round trips per {what}: {}", calls as f64 / f64::from(N));
         ctx.reset_stats().await;
         calls

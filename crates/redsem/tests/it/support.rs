@@ -65,6 +65,13 @@ impl TestContext {
         keys
     }
 
+    /// Script calls the server ran: `FCALL` (the function library), `EVALSHA` and `EVAL`.
+    pub(crate) async fn script_calls(&self) -> u64 {
+        self.command_calls("fcall").await
+            + self.command_calls("evalsha").await
+            + self.command_calls("eval").await
+    }
+
     /// `calls` of each `INFO commandstats` entry, e.g. `("evalsha", 3)`.
     pub(crate) async fn command_calls(&self, command: &str) -> u64 {
         let mut conn = self.raw().await;

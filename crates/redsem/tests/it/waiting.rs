@@ -151,7 +151,7 @@ async fn a_release_wakes_only_the_next_waiter_not_a_herd() {
     let (_, next) = within(LIMIT, "next grant", rx.recv())
         .await
         .expect("a grant");
-    let calls = ctx.command_calls("evalsha").await;
+    let calls = ctx.script_calls().await;
     println!("script calls for one release with 50 waiters: {calls}");
     assert!(
         calls <= 2,

@@ -1,0 +1,246 @@
+//! Every Lua operation, registered once, and how it is run: as a function of one Redis
+//! Functions library (`FCALL`) on Redis 7 and later, or as a script (`EVALSHA`) where functions
+//! are not available.
+//!
+//! The library holds `common.lua`, then one `do ... end` block per primitive with its prelude
+//! and one `redis.register_function` per operation, so the helpers are created once when the
+//! library loads, not on every call as in a script. Its name carries a version (a hash of all
+//! the sources), and so do its functions (`redsem_<version>_<operation>`): clients of two
+//! versions load two libraries side by side and never call each other's code.
+//!
+//! A call is `FCALL`. If the server does not know the function (a new server, a restart
+//! without persistence, a failover to a node that never had it), the library is loaded with
+//! `FUNCTION LOAD REPLACE` (on a cluster, redis-rs sends that to every primary) and the call
+//! sent again. If the server refuses functions (Redis before 7, an ACL without `FCALL` or
+//! `FUNCTION`), the call goes by `EVALSHA` (reloading the script on `NOSCRIPT`), and a
+//! [`Scripting`] connection that can remember it goes straight there from then on.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, OnceLock};
+
+use redis::aio::ConnectionLike;
+use redis::{FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
+
+const COMMON: &str = include_str!("../../lua/common.lua");
+
+/// Which prelude an operation runs after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Primitive {
+    Lease,
+    Permit,
+    Latch,
+}
+
+impl Primitive {
+    fn prelude(self) -> &'static str {
+        match self {
+            Primitive::Lease => include_str!("../../lua/lease_prelude.lua"),
+            Primitive::Permit => include_str!("../../lua/permit_prelude.lua"),
+            Primitive::Latch => include_str!("../../lua/latch_prelude.lua"),
+        }
+    }
+}
+
+/// One operation: a Lua body (`lua/<name>.lua`) that runs after its primitive's prelude.
+#[derive(Debug)]
+pub(crate) struct Op {
+    pub(crate) name: &'static str,
+    primitive: Primitive,
+    body: &'static str,
+    script: OnceLock<Script>,
+}
+
+/// `Op`s as statics, one per `lua/<name>.lua` operation file.
+macro_rules! ops {
+    ($($konst:ident = $primitive:ident $name:literal;)*) => {
+        $(
+            pub(crate) static $konst: Op = Op {
+                name: $name,
+                primitive: Primitive::$primitive,
+                body: include_str!(concat!("../../lua/", $name, ".lua")),
+                script: OnceLock::new(),
+            };
+        )*
+        /// Every operation: the library registers each, tests check each.
+        pub(crate) static ALL: &[&Op] = &[$(&$konst),*];
+    };
+}
+
+ops! {
+    LEASE_ACQUIRE = Lease "lease_acquire";
+    LEASE_POLL = Lease "lease_poll";
+    LEASE_REFRESH = Lease "lease_refresh";
+    LEASE_RELEASE = Lease "lease_release";
+    LEASE_STATUS = Lease "lease_status";
+    LEASE_SET_CAPACITY = Lease "lease_set_capacity";
+    LEASE_TIDY = Lease "lease_tidy";
+    PERMIT_ACQUIRE = Permit "permit_acquire";
+    PERMIT_POLL = Permit "permit_poll";
+    PERMIT_WITHDRAW = Permit "permit_withdraw";
+    PERMIT_ADD = Permit "permit_add";
+    PERMIT_TRY_SET = Permit "permit_try_set";
+    PERMIT_AVAILABLE = Permit "permit_available";
+    PERMIT_DRAIN = Permit "permit_drain";
+    PERMIT_DELETE = Permit "permit_delete";
+    LATCH_TRY_SET = Latch "latch_try_set";
+    LATCH_COUNT_DOWN = Latch "latch_count_down";
+    LATCH_STATE = Latch "latch_state";
+    LATCH_DELETE = Latch "latch_delete";
+}
+
+/// The library: its name and its source, built once.
+pub(crate) struct Library {
+    pub(crate) name: String,
+    pub(crate) source: String,
+}
+
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let mut sources = String::from(COMMON);
+    for op in ALL {
+        sources.push_str(op.name);
+        sources.push_str(op.primitive.prelude());
+        sources.push_str(op.body);
+    }
+    let hash = Script::new(&sources).get_hash().to_owned();
+    let name = format!("redsem_{}", &hash[..12]);
+    let mut source = format!("#!lua name={name}\n{COMMON}\n");
+    for primitive in [Primitive::Latch, Primitive::Lease, Primitive::Permit] {
+        source.push_str("do\n");
+        source.push_str(primitive.prelude());
+        for op in ALL.iter().filter(|op| op.primitive == primitive) {
+            source.push_str(&format!(
+                "redis.register_function('{name}_{}', function(KEYS, ARGV)\nbegin(KEYS)\n{}\nend)\n",
+                op.name, op.body
+            ));
+        }
+        source.push_str("end\n");
+    }
+    Library { name, source }
+});
+
+impl Op {
+    /// The function's name in the library.
+    pub(crate) fn function(&self) -> String {
+        format!("{}_{}", LIBRARY.name, self.name)
+    }
+
+    /// The same operation as a script, for `EVALSHA`.
+    pub(crate) fn script(&self) -> &Script {
+        self.script.get_or_init(|| {
+            Script::new(&format!(
+                "{COMMON}\n{}\nbegin(KEYS)\n{}",
+                self.primitive.prelude(),
+                self.body
+            ))
+        })
+    }
+
+    /// Start a call with its first key.
+    pub(crate) fn key(&'static self, key: impl ToRedisArgs) -> Call {
+        Call {
+            op: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+        .key(key)
+    }
+}
+
+/// A connection scripts run on.
+pub(crate) trait Scripting: ConnectionLike + Send {
+    /// Where this connection remembers that its server refuses functions; `None`: try them on
+    /// every call.
+    fn functions_refused(&self) -> Option<&AtomicBool> {
+        None
+    }
+}
+
+impl Scripting for redis::aio::MultiplexedConnection {}
+
+#[cfg(feature = "cluster")]
+impl Scripting for redis::cluster_async::ClusterConnection {}
+
+/// The keys and arguments of one call of an [`Op`].
+pub(crate) struct Call {
+    op: &'static Op,
+    keys: Vec<Vec<Vec<u8>>>,
+    args: Vec<Vec<Vec<u8>>>,
+}
+
+impl Call {
+    /// Add key(s) (a slice adds each).
+    pub(crate) fn key(mut self, key: impl ToRedisArgs) -> Call {
+        self.keys.push(key.to_redis_args());
+        self
+    }
+
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Call {
+        self.args.push(arg.to_redis_args());
+        self
+    }
+
+    /// Run it: `FCALL`, loading the library if the server lacks it, or `EVALSHA` where
+    /// functions are refused.
+    pub(crate) async fn invoke_async<T: FromRedisValue>(
+        &self,
+        conn: &mut impl Scripting,
+    ) -> RedisResult<T> {
+        let refused = conn
+            .functions_refused()
+            .is_some_and(|r| r.load(Ordering::Relaxed));
+        if !refused {
+            let keys: Vec<&Vec<u8>> = self.keys.iter().flatten().collect();
+            let mut fcall = redis::cmd("FCALL");
+            fcall.arg(self.op.function()).arg(keys.len()).arg(&keys);
+            for arg in &self.args {
+                fcall.arg(arg);
+            }
+            let mut outcome = fcall.query_async(conn).await;
+            if matches!(&outcome, Err(e) if unknown_function(e)) {
+                let loaded: RedisResult<()> = redis::cmd("FUNCTION")
+                    .arg("LOAD")
+                    .arg("REPLACE")
+                    .arg(&LIBRARY.source)
+                    .query_async(conn)
+                    .await;
+                outcome = match loaded {
+                    Ok(()) => fcall.query_async(conn).await,
+                    Err(e) => Err(e),
+                };
+            }
+            match outcome {
+                Err(e) if functions_unusable(&e) => {
+                    tracing::debug!(error = %e, "redis refuses functions; running scripts by EVALSHA");
+                    if let Some(refused) = conn.functions_refused() {
+                        refused.store(true, Ordering::Relaxed);
+                    }
+                }
+                other => return other,
+            }
+        }
+        let mut invocation = self.op.script().prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        for arg in &self.args {
+            invocation.arg(arg);
+        }
+        invocation.invoke_async(conn).await
+    }
+}
+
+/// The server does not have the function (the library is not loaded there).
+fn unknown_function(err: &RedisError) -> bool {
+    err.to_string().contains("Function not found")
+}
+
+/// The server cannot or will not run functions: no such command (Redis < 7), an ACL that
+/// refuses `FCALL` or `FUNCTION LOAD`, or a library it does not accept.
+fn functions_unusable(err: &RedisError) -> bool {
+    let text = err.to_string();
+    unknown_function(err)
+        || text.contains("unknown command")
+        || text.contains("NOPERM")
+        || text.contains("Error compiling")
+        || text.contains("Error registering")
+}
