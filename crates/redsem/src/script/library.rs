@@ -237,10 +237,11 @@ fn unknown_function(err: &RedisError) -> bool {
 /// The server cannot or will not run functions: no such command (Redis < 7), an ACL that
 /// refuses `FCALL` or `FUNCTION LOAD`, or a library it does not accept.
 fn functions_unusable(err: &RedisError) -> bool {
-    let text = err.to_string();
+    let text = err.to_string().to_ascii_lowercase();
     unknown_function(err)
+        || err.code() == Some("NOPERM")
+        || text.contains("noperm")
         || text.contains("unknown command")
-        || text.contains("NOPERM")
-        || text.contains("Error compiling")
-        || text.contains("Error registering")
+        || text.contains("error compiling")
+        || text.contains("error registering")
 }

@@ -99,7 +99,7 @@ async fn another_version_of_the_library_beside_it_changes_nothing() {
         .query_async(&mut conn)
         .await;
     assert!(
-        format!("{answer:?}").contains("the other version ran"),
+        format!("{answer:?}").contains("other version ran"),
         "{answer:?}"
     );
 }
