@@ -16,6 +16,7 @@ use crate::lease::keepalive::Keepalive;
 use crate::lease::{LeaseOptions, LeaseSemaphore};
 use crate::mutex::Mutex;
 use crate::notify::Notifier;
+use crate::observe::MetricNames;
 use crate::types::PermitId;
 
 pub(crate) use crate::conn::Conn;
@@ -39,6 +40,9 @@ pub struct RedsemOptions {
     /// What to do when the server is set up so that redsem's guarantees would not hold
     /// (default [`ServerChecks::Enforce`]).
     pub server_checks: ServerChecks,
+    /// Which primitive names the metrics carry in their `name` label (default
+    /// [`MetricNames::Each`]): see [`MetricNames`] to bound the label cardinality.
+    pub metric_names: MetricNames,
 }
 
 /// What [`Redsem::connect_with`] and [`Redsem::connect_cluster_with`] do about a server (or
@@ -109,6 +113,7 @@ impl Default for RedsemOptions {
             response_timeout: Duration::from_secs(5),
             tls_root_cert: None,
             server_checks: ServerChecks::Enforce,
+            metric_names: MetricNames::Each,
         }
     }
 }
@@ -167,6 +172,23 @@ impl RedsemOptions {
             "resetkeys ~{prefix}:* resetchannels &{prefix}:* -@all +@read +@write +@scripting \
              -@dangerous +publish +subscribe +unsubscribe +ping +info +time"
         )
+    }
+
+    /// Set which primitive names the metrics carry in their `name` label (see
+    /// [`MetricNames`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redsem::{MetricNames, RedsemOptions};
+    /// // Names made per job would make one time series each: hide them.
+    /// let options = RedsemOptions::default().metric_names(MetricNames::Hidden);
+    /// assert!(!options.metric_names.shows("job-81723"));
+    /// ```
+    #[must_use]
+    pub fn metric_names(mut self, names: MetricNames) -> Self {
+        self.metric_names = names;
+        self
     }
 
     /// Set the per-command response timeout.
@@ -357,6 +379,8 @@ pub(crate) struct Shared {
     /// (a cluster forwards every PUBLISH to every node).
     pub(crate) pubsub_clients: Vec<redis::Client>,
     pub(crate) prefix: String,
+    /// Which names the metrics show.
+    pub(crate) metric_names: MetricNames,
     /// The channel on which this client's queued requests are told they were granted.
     pub(crate) wake_channel: String,
     notifier: OnceCell<Notifier>,
@@ -582,12 +606,14 @@ impl Redsem {
         wake_channel: String,
     ) -> Redsem {
         let closed = CancellationToken::new();
+        crate::observe::describe_metrics();
         Redsem {
             shared: Arc::new(Shared {
                 conn,
                 pubsub_clients,
                 wake_channel,
                 prefix: options.prefix,
+                metric_names: options.metric_names,
                 notifier: OnceCell::new(),
                 keepalive: Keepalive::new(closed.clone()),
                 closed,
@@ -652,7 +678,7 @@ impl Redsem {
         capacity: u32,
         options: LeaseOptions,
     ) -> Result<LeaseSemaphore> {
-        LeaseSemaphore::new(self.clone(), name, capacity, options)
+        LeaseSemaphore::new(self.clone(), name, capacity, options, "lease")
     }
 
     /// A distributed mutex: a lease semaphore of capacity 1 named `name`.
@@ -692,7 +718,13 @@ impl Redsem {
     ///
     /// As [`Redsem::lease_semaphore_with`].
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
-        Ok(Mutex::new(self.lease_semaphore_with(name, 1, options)?))
+        Ok(Mutex::new(LeaseSemaphore::new(
+            self.clone(),
+            name,
+            1,
+            options,
+            "mutex",
+        )?))
     }
 
     /// The names of the lease semaphores under this prefix that have state in Redis (in use,

@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::client::Redsem;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LatchKeys;
+use crate::observe::{Attempt, Meter, op_span};
 use crate::permits::MAX_PERMITS;
 use crate::script::{self, RawLatchState};
 use crate::types::PermitId;
@@ -65,6 +67,8 @@ impl LatchOptions {
 /// assert!(LatchState::Done.is_open());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LatchState {
     /// Never set, deleted, or opened more than [`LATCH_DONE_TTL`] ago.
     NeverSet,
@@ -125,6 +129,7 @@ struct LatchInner {
     name: String,
     keys: LatchKeys,
     options: LatchOptions,
+    meter: Meter,
 }
 
 impl Redsem {
@@ -185,6 +190,7 @@ impl Redsem {
                 name: name.to_owned(),
                 keys: LatchKeys::new(self.prefix(), name),
                 options,
+                meter: Meter::new("latch", name, &self.shared.metric_names),
             }),
         })
     }
@@ -236,6 +242,8 @@ impl CountDownLatch {
         }
         let inner = &self.inner;
         let request = PermitId::random();
+        let span = op_span!(inner.meter, "redsem.latch.try_set");
+        span.record("units", count);
         script::retry_once("try_set_count", || async {
             script::latch_try_set(
                 &mut inner.redsem.conn(),
@@ -245,6 +253,7 @@ impl CountDownLatch {
             )
             .await
         })
+        .instrument(span)
         .await
     }
 
@@ -277,8 +286,10 @@ impl CountDownLatch {
         script::retry_once("count_down", || async {
             script::latch_count_down(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
         })
-        .await
-        .map(drop)
+        .instrument(op_span!(inner.meter, "redsem.latch.count_down"))
+        .await?;
+        inner.meter.counted_down();
+        Ok(())
     }
 
     /// The count-downs remaining: 0 when the latch is not counting (opened, never set or
@@ -462,7 +473,19 @@ impl CountDownLatch {
         }
     }
 
+    /// The wait, measured ([`crate::observe`]) and run in its span.
     async fn wait_until(&self, deadline: Option<Instant>) -> Result<()> {
+        let meter = &self.inner.meter;
+        let attempt = Attempt::start(meter, op_span!(meter, "redsem.latch.wait"), None);
+        let result = self
+            .wait_unmeasured(deadline)
+            .instrument(attempt.span().clone())
+            .await;
+        attempt.finish(&result);
+        result
+    }
+
+    async fn wait_unmeasured(&self, deadline: Option<Instant>) -> Result<()> {
         let started = Instant::now();
         if !matches!(self.raw_state().await?, RawLatchState::Counting(_)) {
             return Ok(());

@@ -35,6 +35,26 @@
 //! # }
 //! ```
 //!
+//! # Observing it
+//!
+//! Every primitive reports metrics through the [`metrics`](https://docs.rs/metrics) facade
+//! (acquire latency, time queued, hold time, grants, timeouts, cancellations, renewals, lost
+//! leases, pub/sub reconnects, script reloads; labelled by primitive and name, bounded with
+//! [`MetricNames`]) and runs each operation in a `tracing` span. With no recorder and no
+//! subscriber installed, both cost nothing measurable. [`describe_metrics`] lists them.
+//!
+//! # Features
+//!
+//! | feature | default | what it gives |
+//! |---|---|---|
+//! | `tls` | on | `rediss://` URLs through rustls (ring; no system OpenSSL), [`RedsemOptions::tls_root_cert`] |
+//! | `cluster` | on | `Redsem::connect_cluster`: Redis Cluster through redis-rs's async cluster client |
+//! | `blocking` | off | `redsem::blocking`: the same primitives for code without an async runtime |
+//! | `serde` | off | `serde::Serialize` for [`Status`], [`Holder`], [`Waiter`] and [`LatchState`] |
+//!
+//! `default-features = false` leaves a library for one plain-text server with fewer
+//! dependencies.
+//!
 //! # Cancel safety
 //!
 //! Dropping an acquire future (or timing it out) withdraws the request; a unit granted to it
@@ -58,6 +78,9 @@
     )
 )]
 
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 mod client;
 mod clock;
 mod conn;
@@ -67,6 +90,7 @@ mod latch;
 mod lease;
 mod mutex;
 mod notify;
+mod observe;
 mod permits;
 mod script;
 mod types;
@@ -80,6 +104,16 @@ pub use lease::{
     Waiter,
 };
 pub use mutex::{Mutex, MutexGuard};
+pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
 pub use types::{FencingToken, PermitId};
+
+/// The version of this crate, as in its `Cargo.toml` (`"0.1.0"`).
+///
+/// # Examples
+///
+/// ```
+/// assert!(redsem::VERSION.starts_with("0."));
+/// ```
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

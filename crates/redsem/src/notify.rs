@@ -292,6 +292,7 @@ impl Task {
         self.subscribed.send_modify(|n| *n += 1);
         self.backoff.succeeded();
         if reconnected {
+            crate::observe::pubsub_reconnected();
             // Messages may have been lost while we were away.
             self.wake_everyone();
         }

@@ -1,14 +1,17 @@
 //! `PermitSemaphore`: Redisson-style counted permits, with strictly FIFO waiting.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::client::Redsem;
 use crate::error::{Error, Result, invalid};
 use crate::keys::PermitKeys;
 use crate::lease::{MAX_LEASE, MIN_LEASE};
+use crate::observe::{Attempt, Meter, op_span};
 use crate::script::{self, Addition, PermitAcquire};
 use crate::types::PermitId;
 use crate::withdraw::{Queue, Withdraw};
@@ -33,12 +36,20 @@ pub struct PermitOptions {
     /// crashed waiter stops blocking the queue after this, and permits handed to it that it
     /// never collected come back.
     pub waiter_lease: Duration,
+    /// The count the semaphore is expected to start with (default none). With it, a handle
+    /// sets the count to this before its first acquire if it was never set ([`ensure_permits`]),
+    /// and again after its queue vanished (the server lost its state), so a fresh or
+    /// restarted pool does not wait forever on 0 permits. A count already set is left alone.
+    ///
+    /// [`ensure_permits`]: PermitSemaphore::ensure_permits
+    pub permits: Option<u32>,
 }
 
 impl Default for PermitOptions {
     fn default() -> Self {
         PermitOptions {
             waiter_lease: Duration::from_secs(10),
+            permits: None,
         }
     }
 }
@@ -48,6 +59,24 @@ impl PermitOptions {
     #[must_use]
     pub fn waiter_lease(mut self, waiter_lease: Duration) -> Self {
         self.waiter_lease = waiter_lease;
+        self
+    }
+
+    /// Set the count the semaphore is expected to start with (see [`PermitOptions::permits`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let options = redsem::PermitOptions::default().permits(4);
+    /// let gpus = redsem.permit_semaphore_with("gpu", options)?;
+    /// gpus.acquire(1).await?; // sets 4 first if nobody ever did
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
         self
     }
 
@@ -131,6 +160,9 @@ struct PermitInner {
     name: String,
     keys: PermitKeys,
     options: PermitOptions,
+    meter: Meter,
+    /// [`PermitOptions::permits`] was applied (reset when the queue vanished).
+    ensured: AtomicBool,
 }
 
 /// When a request gives up.
@@ -198,6 +230,8 @@ impl Redsem {
                 name: name.to_owned(),
                 keys: PermitKeys::new(self.prefix(), name),
                 options,
+                meter: Meter::new("permits", name, &self.shared.metric_names),
+                ensured: AtomicBool::new(false),
             }),
         })
     }
@@ -244,6 +278,8 @@ impl PermitSemaphore {
     pub async fn try_set_permits(&self, permits: u32) -> Result<bool> {
         let inner = &self.inner;
         let request = PermitId::random();
+        let span = op_span!(inner.meter, "redsem.permits.try_set");
+        span.record("units", permits);
         script::retry_once("try_set_permits", || async {
             script::permit_try_set(
                 &mut inner.redsem.conn(),
@@ -253,7 +289,53 @@ impl PermitSemaphore {
             )
             .await
         })
+        .instrument(span)
         .await
+    }
+
+    /// Make sure the count was set: set it to `permits` if it never was (or the semaphore
+    /// was deleted, or the server lost it), else leave it as it is. Returns true if this
+    /// call set it.
+    ///
+    /// Call it at start-up in every process that uses the pool, so a fresh pool does not
+    /// wait forever on 0 permits whichever process comes first; or let
+    /// [`PermitOptions::permits`] call it before the first acquire. It is
+    /// [`try_set_permits`](Self::try_set_permits) under the name of what it is for:
+    /// stating the size the pool is expected to have, without overriding one already in
+    /// force.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// let gpus = redsem.permit_semaphore("gpu")?;
+    /// gpus.ensure_permits(4).await?;
+    /// gpus.acquire(1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_set_permits`](Self::try_set_permits).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_set_permits`](Self::try_set_permits).
+    pub async fn ensure_permits(&self, permits: u32) -> Result<bool> {
+        let set = self.try_set_permits(permits).await?;
+        self.inner.ensured.store(true, Ordering::Relaxed);
+        Ok(set)
+    }
+
+    /// Apply [`PermitOptions::permits`] if this handle has not yet.
+    async fn ensure_expected(&self) -> Result<()> {
+        if let Some(permits) = self.inner.options.permits
+            && !self.inner.ensured.load(Ordering::Relaxed)
+        {
+            self.ensure_permits(permits).await?;
+        }
+        Ok(())
     }
 
     /// Add `delta` permits (a negative `delta` takes them away; the count may go below zero,
@@ -319,7 +401,9 @@ impl PermitSemaphore {
         if permits == 0 {
             return Ok(());
         }
-        self.add(i64::from(permits), "release").await
+        self.add(i64::from(permits), "release").await?;
+        self.inner.meter.released(permits);
+        Ok(())
     }
 
     /// Take `permits` permits if that many are available and nobody waits; one round trip,
@@ -513,6 +597,11 @@ impl PermitSemaphore {
     async fn add(&self, delta: i64, what: &'static str) -> Result<()> {
         let inner = &self.inner;
         let request = PermitId::random();
+        let span = match what {
+            "release" => op_span!(inner.meter, "redsem.permits.release"),
+            _ => op_span!(inner.meter, "redsem.permits.add"),
+        };
+        span.record("units", delta);
         let added = script::retry_once(what, || async {
             script::permit_add(
                 &mut inner.redsem.conn(),
@@ -522,6 +611,7 @@ impl PermitSemaphore {
             )
             .await
         })
+        .instrument(span)
         .await?;
         match added {
             Addition::Applied(_) | Addition::Repeated(_) => Ok(()),
@@ -532,10 +622,34 @@ impl PermitSemaphore {
         }
     }
 
+    /// The request, measured ([`crate::observe`]) and run in its span.
     async fn take(&self, permits: u32, patience: Patience) -> Result<()> {
         if permits == 0 {
             return Ok(());
         }
+        let inner = &self.inner;
+        let attempt = Attempt::start(
+            &inner.meter,
+            op_span!(inner.meter, "redsem.permits.acquire"),
+            Some(u64::from(permits)),
+        );
+        let span = attempt.span().clone();
+        let result = async {
+            self.ensure_expected().await?;
+            self.take_unmeasured(permits, patience, &attempt).await
+        }
+        .instrument(span)
+        .await;
+        attempt.finish(&result);
+        result
+    }
+
+    async fn take_unmeasured(
+        &self,
+        permits: u32,
+        patience: Patience,
+        attempt: &Attempt<'_>,
+    ) -> Result<()> {
         let inner = &self.inner;
         let started = Instant::now();
         let wait = !matches!(patience, Patience::None);
@@ -546,6 +660,7 @@ impl PermitSemaphore {
         // can act on the new place.
         loop {
             let id = PermitId::random();
+            tracing::Span::current().record("id", id.as_str());
             let conn = inner.redsem.conn();
             let request = &id;
             // Routed before the request is queued, so a grant published right after cannot be
@@ -591,6 +706,7 @@ impl PermitSemaphore {
                         });
                     }
                     PermitAcquire::Queued { recheck, .. } => {
+                        attempt.queued();
                         let Some(mailbox) = &mailbox else {
                             return Err(protocol("a try request was queued"));
                         };
@@ -650,6 +766,9 @@ impl PermitSemaphore {
                         // resend of its acquire is refused.
                         tracing::warn!(semaphore = %inner.name, id = %id, "queued request was dropped; queuing again");
                         polled = false;
+                        // The count may be gone with the queue: state the expected one again.
+                        inner.ensured.store(false, Ordering::Relaxed);
+                        self.ensure_expected().await?;
                         break;
                     }
                     PermitAcquire::Gone => {

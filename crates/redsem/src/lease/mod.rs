@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 pub use permit::LeasePermit;
 pub use status::{Holder, Status, Waiter};
@@ -17,6 +18,7 @@ use crate::client::Redsem;
 use crate::clock;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
+use crate::observe::{Attempt, Meter, op_span};
 use crate::script::{self, Acquire, Release, Request};
 use crate::types::PermitId;
 use crate::withdraw::{Queue, Withdraw};
@@ -166,6 +168,8 @@ pub(crate) struct SemInner {
     pub(crate) keys: LeaseKeys,
     capacity: AtomicU32,
     pub(crate) options: LeaseOptions,
+    /// Its metrics (`primitive` is `lease` or `mutex`).
+    pub(crate) meter: Meter,
 }
 
 /// When a request gives up.
@@ -185,6 +189,7 @@ impl LeaseSemaphore {
         name: &str,
         capacity: u32,
         options: LeaseOptions,
+        primitive: &'static str,
     ) -> Result<Self> {
         if name.is_empty() {
             return Err(invalid("the semaphore name must not be empty"));
@@ -194,8 +199,10 @@ impl LeaseSemaphore {
         }
         options.validate()?;
         let keys = LeaseKeys::new(redsem.prefix(), name);
+        let meter = Meter::new(primitive, name, &redsem.shared.metric_names);
         Ok(LeaseSemaphore {
             inner: Arc::new(SemInner {
+                meter,
                 redsem,
                 name: name.to_owned(),
                 keys,
@@ -406,7 +413,9 @@ impl LeaseSemaphore {
     ///
     /// Cancel safe.
     pub async fn status(&self) -> Result<Status> {
-        let raw = script::lease_status(&mut self.inner.redsem.conn(), &self.inner.keys).await?;
+        let raw = script::lease_status(&mut self.inner.redsem.conn(), &self.inner.keys)
+            .instrument(op_span!(self.inner.meter, "redsem.status"))
+            .await?;
         Ok(Status::from_raw(raw))
     }
 
@@ -439,6 +448,7 @@ impl LeaseSemaphore {
         }
         let old =
             script::lease_set_capacity(&mut self.inner.redsem.conn(), &self.inner.keys, capacity)
+                .instrument(op_span!(self.inner.meter, "redsem.set_capacity"))
                 .await?;
         self.inner.capacity.store(capacity, Ordering::Relaxed);
         Ok(old)
@@ -468,12 +478,15 @@ impl LeaseSemaphore {
     /// If dropped after sending, the lease may or may not have been extended.
     pub async fn refresh_id(&self, id: &PermitId, lease: Duration) -> Result<()> {
         LeaseOptions::default().lease(lease).validate()?;
+        let span = op_span!(self.inner.meter, "redsem.renew");
+        span.record("id", id.as_str());
         let held = script::lease_refresh(
             &mut self.inner.redsem.conn(),
             &self.inner.keys,
             id.as_str(),
             lease,
         )
+        .instrument(span)
         .await?;
         if held {
             Ok(())
@@ -502,7 +515,9 @@ impl LeaseSemaphore {
     ///
     /// If dropped after sending, the permit may or may not have been released.
     pub async fn release_id(&self, id: &PermitId) -> Result<()> {
-        match self.inner.release(id.as_str()).await? {
+        let span = op_span!(self.inner.meter, "redsem.release");
+        span.record("id", id.as_str());
+        match self.inner.release(id.as_str()).instrument(span).await? {
             Release::Released | Release::Dequeued => Ok(()),
             Release::NotHeld => Err(self.inner.not_held(id)),
         }
@@ -549,11 +564,36 @@ impl LeaseSemaphore {
         self.request_reporting(units, patience, |_| {}).await
     }
 
+    /// The request, measured ([`crate::observe`]) and run in its span.
     async fn request_reporting(
         &self,
         units: u32,
         patience: Patience,
+        progress: impl FnMut(u64) + Send,
+    ) -> Result<LeasePermit> {
+        let attempt = Attempt::start(
+            &self.inner.meter,
+            op_span!(self.inner.meter, "redsem.acquire"),
+            Some(u64::from(units)),
+        );
+        let span = attempt.span().clone();
+        let result = self
+            .request_unmeasured(units, patience, progress, &attempt)
+            .instrument(span.clone())
+            .await;
+        if let Ok(permit) = &result {
+            span.record("token", permit.token().get());
+        }
+        attempt.finish(&result);
+        result
+    }
+
+    async fn request_unmeasured(
+        &self,
+        units: u32,
+        patience: Patience,
         mut progress: impl FnMut(u64) + Send,
+        attempt: &Attempt<'_>,
     ) -> Result<LeasePermit> {
         let capacity = self.capacity();
         if units == 0 || units > capacity.min(MAX_UNITS) {
@@ -565,6 +605,7 @@ impl LeaseSemaphore {
             )));
         }
         let mut id = PermitId::random();
+        tracing::Span::current().record("id", id.as_str());
         let started = Instant::now();
         let options = &self.inner.options;
         // Each call names the request it is for: `Request { id, ..req }`.
@@ -621,6 +662,7 @@ impl LeaseSemaphore {
                     return Ok(self.permit(id, token, slots, sent));
                 }
                 Acquire::Queued { position, recheck } => {
+                    attempt.queued();
                     progress(position);
                     let mut nap = recheck;
                     if let Patience::Until(deadline) = patience {
@@ -679,6 +721,7 @@ impl LeaseSemaphore {
                     tracing::warn!(semaphore = %self.inner.name, id = %id, "queued request was dropped; queuing again");
                     withdraw.disarm();
                     id = PermitId::random();
+                    tracing::Span::current().record("id", id.as_str());
                     mailbox = notifier.register(id.as_str()).await;
                     withdraw = Withdraw::new(self.inner.clone(), id.clone());
                     let again = Request {

@@ -2,16 +2,19 @@
 //! the `Redsem`'s keepalive (`super::keepalive`).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::SemInner;
 use super::keepalive::Keepalive;
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::observe::Renewal;
 use crate::script::{self, Release};
 use crate::types::{FencingToken, PermitId};
 
@@ -56,6 +59,13 @@ pub(super) struct PermitState {
     /// Cancelled when the permit is lost, released or dropped (also cancels a renewal in
     /// flight).
     lost: CancellationToken,
+    /// When it was granted (as this process saw it), for `redsem_hold_seconds`.
+    granted: std::time::Instant,
+    /// Its hold time was recorded (released, dropped, lost or forgotten).
+    ended: AtomicBool,
+    /// `redsem.permit`: open while the permit lives; its renewals, release and loss are
+    /// recorded inside it.
+    span: tracing::Span,
 }
 
 impl PermitState {
@@ -95,21 +105,48 @@ impl PermitState {
 
     pub(super) fn lose(&self, why: &str) {
         if !self.lost.is_cancelled() {
+            let _inside = self.span.enter();
             tracing::warn!(semaphore = %self.sem.name, id = %self.id, why, "lease lost");
             self.lost.cancel();
+            if !self.ended.load(Ordering::Relaxed) {
+                self.sem.meter.lost();
+            }
+            self.end();
         }
+    }
+
+    /// The permit's hold ended (released, dropped, lost) or is no longer followed
+    /// (forgotten): record its hold time once, unless `forgotten`.
+    fn end_as(&self, forgotten: bool) {
+        if !self.ended.swap(true, Ordering::Relaxed) && !forgotten {
+            self.sem.meter.held(self.granted.elapsed());
+        }
+    }
+
+    fn end(&self) {
+        self.end_as(false);
     }
 
     /// Send one renewal; on success move `valid_until` and return when it was sent.
     pub(super) async fn refresh(&self) -> Result<Option<Duration>> {
         let sent = clock::now();
+        let span = tracing::debug_span!(parent: &self.span, "redsem.renew", outcome = tracing::field::Empty);
         let held = script::lease_refresh(
             &mut self.sem.redsem.conn(),
             &self.sem.keys,
             self.id.as_str(),
             self.sem.options.lease,
         )
-        .await?;
+        .instrument(span.clone())
+        .await;
+        let (renewal, word) = match &held {
+            Ok(true) => (Renewal::Ok, "ok"),
+            Ok(false) => (Renewal::NotHeld, "not_held"),
+            Err(_) => (Renewal::Failed, "error"),
+        };
+        span.record("outcome", word);
+        self.sem.meter.renewal(renewal);
+        let held = held?;
         if held {
             self.renewed(sent);
         }
@@ -127,7 +164,18 @@ impl LeasePermit {
     ) -> LeasePermit {
         let renew = sem.options.keepalive;
         let ticket = sem.redsem.shared.keepalive.ticket();
+        let span = tracing::info_span!(
+            "redsem.permit",
+            primitive = sem.meter.primitive(),
+            name = %sem.name,
+            id = %id,
+            token,
+            slot = slots.first().copied().unwrap_or_default(),
+        );
         let state = Arc::new(PermitState {
+            granted: std::time::Instant::now(),
+            ended: AtomicBool::new(false),
+            span,
             sem,
             id,
             token: FencingToken(token),
@@ -269,11 +317,41 @@ impl LeasePermit {
     /// Not cancel safe: if dropped mid-way the permit may or may not have been released; it
     /// is no longer renewed either way.
     pub async fn release(mut self) -> Result<()> {
+        self.release_in_place().await
+    }
+
+    /// [`LeasePermit::release`] through `&mut` (for `blocking::LeasePermit`, whose `Drop`
+    /// waits for it); nothing happens if the permit is settled already.
+    #[cfg_attr(not(feature = "blocking"), allow(dead_code))]
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    pub(crate) async fn release_in_place(&mut self) -> Result<()> {
+        if self.settled {
+            return Ok(());
+        }
         self.settled = true;
         // No renewal starts after this, so none can answer NOTHELD after the release.
         self.state.keepalive().unschedule(self.state.ticket);
         self.state.lost.cancel();
-        match self.state.sem.release(self.state.id.as_str()).await? {
+        self.state.end();
+        let span = tracing::info_span!(parent: &self.state.span, "redsem.release", outcome = tracing::field::Empty);
+        let released = self
+            .state
+            .sem
+            .release(self.state.id.as_str())
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &released {
+                Ok(Release::Released) => "released",
+                Ok(_) => "not_held",
+                Err(_) => "error",
+            },
+        );
+        match released? {
             Release::Released => Ok(()),
             Release::Dequeued | Release::NotHeld => Err(self.state.sem.not_held(&self.state.id)),
         }
@@ -290,8 +368,13 @@ impl LeasePermit {
     /// # }
     /// ```
     pub fn forget(mut self) {
+        self.forget_in_place();
+    }
+
+    pub(crate) fn forget_in_place(&mut self) {
         self.settled = true;
         self.state.keepalive().unschedule(self.state.ticket);
+        self.state.end_as(true);
     }
 
     fn lost_error(&self) -> Error {
@@ -309,10 +392,12 @@ impl Drop for LeasePermit {
         }
         self.state.keepalive().unschedule(self.state.ticket);
         self.state.lost.cancel();
+        self.state.end();
         let state = self.state.clone();
         let redsem = state.sem.redsem.clone();
+        let span = tracing::info_span!(parent: &state.span, "redsem.release", dropped = true);
         redsem.spawn_cleanup(async move {
-            if let Err(err) = state.sem.release(state.id.as_str()).await {
+            if let Err(err) = state.sem.release(state.id.as_str()).instrument(span).await {
                 tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %crate::error::Chain(&err),
                         "could not release a dropped permit; its lease will end by itself");
             }

@@ -38,3 +38,7 @@ mod keepalive;
 
 /// The scripts as a Redis Functions library, and the EVALSHA fallback.
 mod functions;
+
+/// Observing it: metrics by outcome (recorded by a debugging recorder), spans along a permit's
+/// life, `Serialize` of the status, `ensure_permits`, and the blocking facade.
+mod observe;
