@@ -10,6 +10,7 @@ mod permits;
 mod refresh;
 mod release;
 mod run;
+mod serve;
 mod status;
 
 use std::process::ExitCode;
@@ -27,6 +28,7 @@ pub(crate) enum Command {
     Refresh(refresh::Args),
     Release(release::Args),
     Status(status::Args),
+    Serve(serve::Args),
     Permits(permits::Args),
     Latch(latch::Args),
     Completions(completions::Args),
@@ -41,6 +43,7 @@ impl Command {
             Command::Refresh(args) => args.execute(ctx).await,
             Command::Release(args) => args.execute(ctx).await,
             Command::Status(args) => args.execute(ctx).await,
+            Command::Serve(args) => args.execute(ctx).await,
             Command::Permits(args) => args.execute(ctx).await,
             Command::Latch(args) => args.execute(ctx).await,
             Command::Completions(args) => args.execute(),

@@ -1,7 +1,10 @@
-//! `redsem status [NAME] [--json]`: who holds and who waits, the permits free and the latch's
-//! count under NAME; without NAME, every lease semaphore.
+//! `redsem status [NAME] [--json] [--watch [DUR]]`: who holds and who waits, the permits free
+//! and the latch's count under NAME; without NAME, every lease semaphore. `--watch` redraws it
+//! every DUR until interrupted.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use redsem::{LatchState, Redsem, Status};
 use serde::Serialize;
@@ -9,6 +12,7 @@ use serde::Serialize;
 use crate::cli::Context;
 use crate::error::CliError;
 use crate::output::{self, duration, millis, table};
+use crate::signals::Signals;
 use crate::values;
 
 const EXAMPLES: &str = "\
@@ -18,6 +22,8 @@ Examples:
   redsem status gpu                # permits: how many are free
   redsem status workers-ready      # latch: how many count-downs to go
   redsem status nightly-export --json
+  redsem status nightly-export --watch     # redrawn every 2s until Ctrl-C
+  redsem status --watch 500ms --json       # one JSON line per 500ms
   {\"name\":\"nightly-export\",\"limit\":2,\"holders\":[{\"id\":\"9f2c...\",
    \"holder\":\"web-1\",\"token\":17,\"slot\":0,\"expires_in_ms\":24100,
    \"held_for_ms\":5900}],\"waiters\":1,\"queue\":[{\"id\":\"51ab...\",
@@ -30,6 +36,11 @@ capacity in force (null when none is stored: never used, or idle a long time); e
 holders are not listed; \"waiters\" counts the queue, \"queue\" lists it in order.
 \"permits\".\"available\" may be negative, and is 0 both when never set and when all are
 taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
+
+--watch redraws the view on a terminal (a header line says when); off a terminal
+it prints each view after the last, with --json one line each. It ends with 0 at
+Ctrl-C (or SIGTERM, SIGHUP); a read that fails while watching is shown and tried
+again at the next turn.
 
 Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
@@ -44,6 +55,16 @@ pub(crate) struct Args {
     /// Print JSON instead of a table
     #[arg(long)]
     json: bool,
+
+    /// Show it again every DUR (default 2s) until interrupted
+    #[arg(
+        long,
+        value_name = "DUR",
+        num_args = 0..=1,
+        default_missing_value = "2s",
+        value_parser = values::duration
+    )]
+    watch: Option<Duration>,
 }
 
 /// `status NAME --json`.
@@ -99,9 +120,51 @@ struct Summary {
 impl Args {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let redsem = ctx.connect().await?;
+        let Some(every) = self.watch else {
+            let text = self.render(&redsem).await?;
+            output::print(text.trim_end())?;
+            return Ok(ExitCode::SUCCESS);
+        };
+        let mut signals = Signals::install()?;
+        let terminal = std::io::stdout().is_terminal();
+        let every = every.max(Duration::from_millis(50));
+        loop {
+            let started = tokio::time::Instant::now();
+            let text = match self.render(&redsem).await {
+                Ok(text) => text,
+                // Watching rides out a Redis that went away: shown, and tried again.
+                Err(err) if !self.json => format!("redsem: {err}"),
+                Err(err) => return Err(err),
+            };
+            let text = text.trim_end();
+            if terminal {
+                let header = format!(
+                    "Every {}: redsem status {}",
+                    duration(every),
+                    self.name.as_deref().unwrap_or("")
+                );
+                // Home, clear, redraw.
+                output::write(format!("\x1b[H\x1b[2J{header}\n\n{text}\n").as_bytes())?;
+            } else if self.json {
+                output::print(text)?;
+            } else {
+                output::print(&format!("{text}\n"))?;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(started + every) => {}
+                signal = signals.recv() => {
+                    tracing::debug!(signal = signal.as_str(), "watch stopped");
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+        }
+    }
+
+    /// The view once: NAME's state, or the list of every lease semaphore.
+    async fn render(&self, redsem: &Redsem) -> Result<String, CliError> {
         let text = match &self.name {
             Some(name) => {
-                let all = everything(&redsem, name).await?;
+                let all = everything(redsem, name).await?;
                 if self.json {
                     output::json(&report(name, &all))?
                 } else {
@@ -111,7 +174,7 @@ impl Args {
             None => {
                 let mut summaries = Vec::new();
                 for name in redsem.lease_semaphore_names().await? {
-                    let status = status_of(&redsem, &name).await?;
+                    let status = status_of(redsem, &name).await?;
                     summaries.push(Summary {
                         name,
                         limit: status.capacity,
@@ -126,8 +189,7 @@ impl Args {
                 }
             }
         };
-        output::print(text.trim_end())?;
-        Ok(ExitCode::SUCCESS)
+        Ok(text)
     }
 }
 

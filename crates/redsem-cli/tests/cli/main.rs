@@ -20,6 +20,8 @@ mod latch;
 mod manage;
 /// Figures for the closing note: printed (`--nocapture`), never asserted.
 mod measure;
+/// `serve` over HTTP (`/metrics`, the status page, `/status.json`) and `status --watch`.
+mod observe;
 /// `permits NAME add|try-set|acquire|release|available`.
 mod permits;
 /// `run`: the command's environment and stdio, signals, leases kept and lost, waiting.

@@ -1,0 +1,410 @@
+//! `redsem serve [--listen ADDR] [NAME...]`: `/metrics` in the Prometheus text format and `/`,
+//! a status page that refreshes by itself, both read from Redis with the status scripts at
+//! each request (one `SCAN` for the names, one script per semaphore).
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use redsem::{Redsem, Status};
+
+use crate::cli::Context;
+use crate::error::{CliError, exit};
+use crate::output::duration;
+use crate::signals::Signals;
+use crate::values;
+
+const EXAMPLES: &str = "\
+Examples:
+  redsem serve                              # http://127.0.0.1:9464/
+  redsem serve --listen 0.0.0.0:9464 nightly-export gpu-jobs
+  curl -s http://127.0.0.1:9464/metrics
+
+Routes:
+  /             the holders (token, slot, holder, lease left) and the queue, in
+                order, of each lease semaphore; the page refreshes by itself
+  /metrics      Prometheus text: per semaphore redsem_semaphore_capacity,
+                _used, _holders, _waiters, _oldest_wait_seconds,
+                _next_lease_end_seconds; redsem_up (Redis answered)
+  /status.json  the same as JSON
+
+Each request reads Redis: one SCAN for the names (none when NAMEs are given) and
+one status script per semaphore. Without NAMEs every lease semaphore under the
+prefix is shown: give NAMEs to bound the series a scrape makes.
+
+Exit codes: 0 stopped by a signal · 1 cannot listen · 2 usage error · 69 Redis unreachable";
+
+/// Serve /metrics (Prometheus) and a live status page of the lease semaphores over HTTP
+#[derive(Debug, clap::Args)]
+#[command(after_help = EXAMPLES)]
+pub(crate) struct Args {
+    /// The address to listen on (a port of 0 picks a free one)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    listen: SocketAddr,
+
+    /// How often the page refreshes itself
+    #[arg(long, value_name = "DUR", default_value = "2s", value_parser = values::duration)]
+    refresh: Duration,
+
+    /// Show only these semaphores [default: every one under the prefix]
+    #[arg(value_name = "NAME", value_parser = values::name)]
+    names: Vec<String>,
+}
+
+/// What the handlers share.
+struct Served {
+    redsem: Redsem,
+    names: Vec<String>,
+    refresh: Duration,
+}
+
+impl Args {
+    pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        let redsem = ctx.connect().await?;
+        let mut signals = Signals::install()?;
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|e| {
+                CliError::new(
+                    exit::FAILURE,
+                    format!("cannot listen on {}: {e}", self.listen),
+                )
+            })?;
+        let bound = listener.local_addr().unwrap_or(self.listen);
+        let served = Arc::new(Served {
+            redsem,
+            names: self.names,
+            refresh: self.refresh,
+        });
+        let app = Router::new()
+            .route("/", get(page))
+            .route("/metrics", get(metrics))
+            .route("/status.json", get(json))
+            .with_state(served);
+        eprintln!("redsem: serving http://{bound}/ (metrics at http://{bound}/metrics)");
+        let stop = async move {
+            let signal = signals.recv().await;
+            tracing::info!(signal = signal.as_str(), "stopping");
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+            .map_err(|e| CliError::new(exit::FAILURE, format!("the HTTP server failed: {e}")))?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// One read of every semaphore shown, and how long it took.
+struct Snapshot {
+    semaphores: Result<Vec<(String, Status)>, redsem::Error>,
+    took: Duration,
+}
+
+async fn snapshot(served: &Served) -> Snapshot {
+    let started = Instant::now();
+    let semaphores = async {
+        let names = if served.names.is_empty() {
+            served.redsem.lease_semaphore_names().await?
+        } else {
+            served.names.clone()
+        };
+        let mut all = Vec::with_capacity(names.len());
+        for name in names {
+            // The capacity only matters when acquiring: status reads the one stored.
+            let status = served.redsem.lease_semaphore(&name, 1)?.status().await?;
+            all.push((name, status));
+        }
+        Ok(all)
+    }
+    .await;
+    Snapshot {
+        semaphores,
+        took: started.elapsed(),
+    }
+}
+
+async fn metrics(State(served): State<Arc<Served>>) -> Response {
+    let snap = snapshot(&served).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        prometheus(&snap),
+    )
+        .into_response()
+}
+
+async fn json(State(served): State<Arc<Served>>) -> Response {
+    #[derive(serde::Serialize)]
+    struct Entry<'a> {
+        name: &'a str,
+        status: &'a Status,
+    }
+    let snap = snapshot(&served).await;
+    match &snap.semaphores {
+        Ok(all) => {
+            let entries: Vec<Entry<'_>> = all
+                .iter()
+                .map(|(name, status)| Entry { name, status })
+                .collect();
+            axum::Json(entries).into_response()
+        }
+        Err(err) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{}\n", crate::error::chain(err)),
+        )
+            .into_response(),
+    }
+}
+
+async fn page(State(served): State<Arc<Served>>) -> Response {
+    let snap = snapshot(&served).await;
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        html(&snap, served.redsem.prefix(), served.refresh),
+    )
+        .into_response()
+}
+
+/// A label value in the text format: `\`, `"` and newlines escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The Prometheus text exposition of `snap`.
+fn prometheus(snap: &Snapshot) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, help: &str, rows: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (labels, value) in rows {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    let up = f64::from(u8::from(snap.semaphores.is_ok()));
+    family(
+        "redsem_up",
+        "Whether Redis answered this scrape (1) or not (0).",
+        &[(String::new(), up)],
+    );
+    family(
+        "redsem_scrape_duration_seconds",
+        "Time this scrape took to read Redis.",
+        &[(String::new(), snap.took.as_secs_f64())],
+    );
+    let Ok(all) = &snap.semaphores else {
+        return out;
+    };
+    let per = |value: &dyn Fn(&Status) -> Option<f64>| -> Vec<(String, f64)> {
+        all.iter()
+            .filter_map(|(name, status)| {
+                value(status).map(|v| (format!("{{name=\"{}\"}}", label(name)), v))
+            })
+            .collect()
+    };
+    family(
+        "redsem_semaphores",
+        "Lease semaphores shown.",
+        &[(String::new(), all.len() as f64)],
+    );
+    family(
+        "redsem_semaphore_capacity",
+        "Capacity in force (absent when none is stored).",
+        &per(&|s| s.capacity.map(f64::from)),
+    );
+    family(
+        "redsem_semaphore_used",
+        "Units held by live permits.",
+        &per(&|s| Some(s.in_use as f64)),
+    );
+    family(
+        "redsem_semaphore_holders",
+        "Live permits.",
+        &per(&|s| Some(s.holders.len() as f64)),
+    );
+    family(
+        "redsem_semaphore_waiters",
+        "Queued requests.",
+        &per(&|s| Some(s.waiters.len() as f64)),
+    );
+    family(
+        "redsem_semaphore_oldest_wait_seconds",
+        "How long the longest-waiting request has been queued (0 with no queue).",
+        &per(&|s| Some(s.oldest_wait().as_secs_f64())),
+    );
+    family(
+        "redsem_semaphore_next_lease_end_seconds",
+        "Time until the first holder's lease ends unless renewed (absent without holders).",
+        &per(&|s| s.next_lease_end().map(|d| d.as_secs_f64())),
+    );
+    out
+}
+
+/// Text for HTML: `&`, `<`, `>`, `"` and `'` escaped.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "\
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}\
+h1{font-size:1.3em}h2{font-size:1.1em;margin:1.4em 0 .3em}\
+table{border-collapse:collapse;margin:.6em 0}\
+caption{text-align:left;font-weight:600;color:#555;padding:.2em 0}\
+th,td{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}\
+th{font-weight:600;background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+code{font-size:.9em;color:#555}.muted{color:#777}.err{color:#b00}\
+.bar{display:inline-block;height:.8em;background:#4a8;vertical-align:middle}\
+.free{display:inline-block;height:.8em;background:#ddd;vertical-align:middle}";
+
+/// The status page: one section per semaphore, holders and the queue in order.
+fn html(snap: &Snapshot, prefix: &str, refresh: Duration) -> String {
+    let secs = refresh.as_secs().max(1);
+    let mut out = format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{secs}\">\
+         <title>redsem: {}</title><style>{STYLE}</style></head><body>\n\
+         <h1>redsem semaphores under <code>{}</code></h1>\n",
+        escape(prefix),
+        escape(prefix)
+    );
+    match &snap.semaphores {
+        Err(err) => {
+            let _ = writeln!(
+                out,
+                "<p class=\"err\">Redis did not answer: {}</p>",
+                escape(&crate::error::chain(err))
+            );
+        }
+        Ok(all) if all.is_empty() => {
+            out.push_str(
+                "<p class=\"muted\">No lease semaphore has state under this prefix.</p>\n",
+            );
+        }
+        Ok(all) => {
+            for (name, status) in all {
+                section(&mut out, name, status);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "<p class=\"muted\">Read from Redis in {}; this page refreshes every {secs} s.</p>\
+         </body></html>",
+        duration(snap.took)
+    );
+    out
+}
+
+fn section(out: &mut String, name: &str, status: &Status) {
+    let _ = write!(out, "<section><h2>{}</h2>\n<p>", escape(name));
+    match status.capacity {
+        Some(capacity) => {
+            let used = status.in_use.min(u64::from(capacity));
+            let width = |n: u64| n * 160 / u64::from(capacity.max(1));
+            let _ = write!(
+                out,
+                "<span class=\"bar\" style=\"width:{}px\"></span><span class=\"free\" \
+                 style=\"width:{}px\"></span> {} of {capacity} in use",
+                width(used),
+                width(u64::from(capacity) - used),
+                status.in_use
+            );
+        }
+        None => {
+            let _ = write!(out, "{} in use (no capacity stored)", status.in_use);
+        }
+    }
+    let _ = write!(out, " · {} waiting", status.waiters.len());
+    if !status.waiters.is_empty() {
+        let _ = write!(out, " · oldest wait {}", duration(status.oldest_wait()));
+    }
+    out.push_str("</p>\n");
+    if !status.holders.is_empty() {
+        out.push_str(
+            "<table class=\"holders\"><caption>Holders</caption><tr><th>Token</th><th>Slot</th><th>Holder</th>\
+             <th>Lease left</th><th>Held for</th><th>Id</th></tr>\n",
+        );
+        for h in &status.holders {
+            let slots: Vec<String> = h.slots.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                out,
+                "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td><code>{}</code></td></tr>",
+                h.token,
+                slots.join(","),
+                escape(h.label.as_deref().unwrap_or("-")),
+                duration(h.expires_in),
+                duration(h.held_for),
+                escape(h.id.as_str())
+            );
+        }
+        out.push_str("</table>\n");
+    }
+    if !status.waiters.is_empty() {
+        out.push_str(
+            "<table class=\"queue\"><caption>Queue, first in line first</caption><tr><th>#</th><th>Holder</th><th>Units</th>\
+             <th>Waiting for</th><th>Id</th></tr>\n",
+        );
+        for (i, w) in status.waiters.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "<tr><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td><code>{}</code></td></tr>",
+                i + 1,
+                escape(w.label.as_deref().unwrap_or("-")),
+                w.units,
+                duration(w.waiting_for),
+                escape(w.id.as_str())
+            );
+        }
+        out.push_str("</table>\n");
+    }
+    out.push_str("</section>\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_and_html_are_escaped() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(
+            escape("<script>'x' & \"y\"</script>"),
+            "&lt;script&gt;&#39;x&#39; &amp; &quot;y&quot;&lt;/script&gt;"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_redis_scrapes_as_down() {
+        let snap = Snapshot {
+            semaphores: Err(redsem::Error::InvalidArgument("x".into())),
+            took: Duration::from_millis(3),
+        };
+        let text = prometheus(&snap);
+        assert!(text.contains("\nredsem_up 0\n"), "{text}");
+        assert!(!text.contains("redsem_semaphore_used"), "{text}");
+    }
+}
