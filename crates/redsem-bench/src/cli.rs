@@ -29,6 +29,11 @@ pub(crate) struct Args {
     /// S9 = the polling baseline through S1–S4).
     #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
     pub(crate) only: Option<BTreeSet<u8>>,
+
+    /// Also time S1 with a metrics recorder installed (the Prometheus exporter's), in slices
+    /// alternating with S1 without one: what redsem's metrics cost.
+    #[arg(long)]
+    pub(crate) recorder: bool,
 }
 
 impl Args {

@@ -8,6 +8,7 @@ mod core;
 mod cost;
 mod counters;
 mod ctx;
+mod overhead;
 mod raw;
 mod report;
 mod run;

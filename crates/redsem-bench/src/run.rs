@@ -14,6 +14,7 @@ use crate::admin::Admin;
 use crate::cli::Args;
 use crate::core;
 use crate::ctx::{Ctx, Sizes};
+use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
 use crate::{cost, counters, raw, scale};
@@ -39,6 +40,9 @@ struct Output<'a> {
     targets: &'a [Target],
     invariants: &'a [Invariant],
     errors: &'a [String],
+    /// `--recorder`: S1 without and with a metrics recorder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recorder_overhead: Option<&'a overhead::RecorderOverhead>,
 }
 
 fn cpu_model() -> String {
@@ -98,6 +102,12 @@ async fn step<T>(
 
 async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     let started = Instant::now();
+    // Before any redsem client exists: its metrics go to the recorder in place.
+    let recorder = if args.recorder {
+        Some(overhead::install()?)
+    } else {
+        None
+    };
     let admin = Admin::connect(&url).await?;
     let machine = Machine {
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -121,6 +131,15 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
 
     if args.runs(1) {
         figures.s1 = step("S1 uncontended", e, s1(&ctx)).await;
+    }
+    let mut recorder_overhead = None;
+    if let Some((on, handle)) = &recorder {
+        recorder_overhead = step(
+            "S1 without and with a metrics recorder",
+            e,
+            overhead::run(&ctx, ctx.sizes.s1_time, on, handle),
+        )
+        .await;
     }
     if args.runs(2)
         && let Some((s2, s2_hold)) = step("S2 contended", e, s2(&ctx)).await
@@ -174,6 +193,25 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         machine.redis_version
     );
     print!("{}", figures.table(&targets, &invariants));
+    if let Some(o) = &recorder_overhead {
+        println!(
+            "\nS1 try_acquire + release, metrics recorder off / on (alternating slices):\n  \
+             without: p50 {:.1} µs, mean {:.1} µs, p99 {:.1} µs ({} cycles)\n  \
+             with:    p50 {:.1} µs, mean {:.1} µs, p99 {:.1} µs ({} cycles)\n  \
+             overhead: p50 {:+.1} %, mean {:+.1} % ({} lines of Prometheus text recorded)",
+            o.without.p50_us,
+            o.without.mean_us,
+            o.without.p99_us,
+            o.without.count,
+            o.with.p50_us,
+            o.with.mean_us,
+            o.with.p99_us,
+            o.with.count,
+            o.p50_overhead_pct,
+            o.mean_overhead_pct,
+            o.exposition_lines
+        );
+    }
     for err in &errors {
         println!("  ERROR {err}");
     }
@@ -191,6 +229,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             targets: &targets,
             invariants: &invariants,
             errors: &errors,
+            recorder_overhead: recorder_overhead.as_ref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
