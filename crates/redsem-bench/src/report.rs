@@ -679,7 +679,11 @@ impl Figures {
                 t.row(
                     "    commands per cycle; Redis CPU per cycle, busy",
                     r.map_or_else(dash, |r| {
-                        format!("{} ({:.2} script calls)", load(r), r.server.evalsha_per_cycle)
+                        format!(
+                            "{} ({:.2} script calls)",
+                            load(r),
+                            r.server.evalsha_per_cycle
+                        )
                     }),
                     sv,
                     pv,

@@ -34,7 +34,11 @@ fn run(url: &str) -> redsem::Result<()> {
             let exports = exports.clone();
             thread::spawn(move || -> redsem::Result<()> {
                 let permit = exports.acquire()?; // blocks in line, first come first served
-                println!("worker {n}: token {} slot {}", permit.token(), permit.slot());
+                println!(
+                    "worker {n}: token {} slot {}",
+                    permit.token(),
+                    permit.slot()
+                );
                 thread::sleep(Duration::from_millis(300));
                 drop(permit); // released here, before the next line runs
                 println!("worker {n}: done");
