@@ -149,7 +149,7 @@ async fn a_user_refused_functions_runs_the_same_operations_by_evalsha() {
         held.release().await.expect("release");
         task
     };
-    within(LIMIT, "the waiter", waiter)
+    let _granted = within(LIMIT, "the waiter", waiter)
         .await
         .expect("task")
         .expect("granted");
