@@ -438,9 +438,7 @@ pub(crate) fn pubsub_reconnected() {
 }
 
 /// A script or function library was sent to Redis again because it did not have it (a
-/// restart, a failover, `SCRIPT FLUSH`). For `script/`, where loading happens.
-// Not yet called: `script/library.rs` (being rewritten by its owner) is where the load is.
-#[allow(dead_code)]
+/// restart, a failover, `FUNCTION FLUSH`): called where `script/library.rs` loads the library.
 pub(crate) fn script_reloaded() {
     metrics::counter!("redsem_script_reloads_total").increment(1);
 }

@@ -197,6 +197,7 @@ impl Call {
             }
             let mut outcome = fcall.query_async(conn).await;
             if matches!(&outcome, Err(e) if unknown_function(e)) {
+                crate::observe::script_reloaded();
                 let loaded: RedisResult<()> = redis::cmd("FUNCTION")
                     .arg("LOAD")
                     .arg("REPLACE")

@@ -450,3 +450,18 @@ fn the_blocking_facade_works_without_a_runtime_and_releases_on_drop() {
     latch.count_down().expect("count down");
     latch.wait_timeout(LIMIT).expect("open");
 }
+
+#[tokio::test]
+async fn a_function_library_load_is_counted_as_a_script_reload() {
+    record();
+    let ctx = TestContext::start().await;
+    let before = counter("redsem_script_reloads_total", &[]);
+    // A fresh server has no library: the first call loads it.
+    let sem = ctx.redsem.lease_semaphore("obs-reload", 1).expect("sem");
+    let permit = sem.try_acquire().await.expect("acquire");
+    permit.release().await.expect("release");
+    // (Cumulative over the binary; other tests' fresh servers add to it too, but without a
+    // count at every load it would stay where it was.)
+    let after = counter("redsem_script_reloads_total", &[]);
+    assert!(after > before, "no reload counted ({before} -> {after})");
+}
