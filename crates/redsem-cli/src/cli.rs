@@ -42,6 +42,9 @@ Examples:
   redsem latch workers-ready count-down   # in each of the 3 workers, when ready
   redsem latch workers-ready await -w 5m  # returns when all 3 have counted down
 
+  # Is this Redis set up for redsem? (exit 0 ok, 1 a warning, 78 a failure)
+  redsem --url redis://cache.internal:6379 doctor
+
   # TLS with a private CA:
   redsem --url rediss://cache.internal:6380 --tls-ca /etc/redis/ca.pem status
 
@@ -173,10 +176,16 @@ pub(crate) struct Context {
 impl Context {
     /// Connect to Redis with the global options.
     pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
+        self.connect_checking(self.server_checks).await
+    }
+
+    /// Connect as [`connect`](Self::connect) does, with the server checks as `checks` says
+    /// (`doctor` reports them itself instead).
+    pub(crate) async fn connect_checking(&self, checks: ServerChecks) -> Result<Redsem, CliError> {
         self.check_tls()?;
         let mut options = RedsemOptions::default()
             .prefix(self.prefix.as_str())
-            .server_checks(self.server_checks);
+            .server_checks(checks);
         if let Some(ca) = &self.tls_ca {
             options = options.tls_root_cert(ca);
         }
@@ -185,6 +194,45 @@ impl Context {
             Err(err) => return Err(self.connect_error(err).await),
         };
         Ok(self.connected.get_or_init(|| redsem).clone())
+    }
+
+    /// A plain connection to the server of `--url` (with `--tls-ca`), for the commands
+    /// `doctor` sends besides the library's checks. Call after [`connect_checking`](Self::connect_checking).
+    pub(crate) async fn plain_connection(
+        &self,
+    ) -> Result<redsem::redis::aio::MultiplexedConnection, CliError> {
+        let unavailable = |e: redsem::redis::RedisError| {
+            CliError::new(
+                exit::UNAVAILABLE,
+                format!("cannot reach Redis at {}: {e}", redacted(&self.url)),
+            )
+        };
+        let client = match &self.tls_ca {
+            None => redsem::redis::Client::open(self.url.as_str()).map_err(unavailable)?,
+            Some(ca) => {
+                let pem = std::fs::read(ca).map_err(|e| {
+                    CliError::new(exit::USAGE, format!("cannot read {}: {e}", ca.display()))
+                })?;
+                let certs = redsem::redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                redsem::redis::Client::build_with_tls(self.url.as_str(), certs)
+                    .map_err(unavailable)?
+            }
+        };
+        let config = redsem::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(unavailable)
+    }
+
+    /// `--prefix`.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// What went wrong connecting, in one line that says what to do.

@@ -319,12 +319,70 @@ async fn check_primaries(
     Ok(all)
 }
 
+/// One finding of [`Redsem::check_server`]: a setting under which redsem's guarantees would
+/// not hold, or one that could not be checked.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+/// use redsem::Verdict;
+/// for finding in redsem.check_server().await? {
+///     if finding.verdict == Verdict::Unsuitable {
+///         eprintln!("{}: {}", finding.setting, finding.problem);
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerFinding {
+    /// What was checked: `maxmemory-policy`, `ACL commands`, `ACL keys` or `ACL channels`.
+    pub setting: String,
+    /// Whether it is unsuitable or could not be checked.
+    pub verdict: Verdict,
+    /// What was found and what to change, naming the node (`host:port`).
+    pub problem: String,
+}
+
+/// How bad a [`ServerFinding`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// redsem's guarantees would not hold: what [`ServerChecks::Enforce`] refuses.
+    Unsuitable,
+    /// It could not be checked (a right to look is missing, the probe failed).
+    Unchecked,
+}
+
+fn public_findings(findings: Vec<crate::conn::Findings>) -> Vec<ServerFinding> {
+    let mut out = Vec::new();
+    for found in findings {
+        for (setting, problem) in found.unsuitable {
+            out.push(ServerFinding {
+                setting,
+                verdict: Verdict::Unsuitable,
+                problem,
+            });
+        }
+        for (setting, problem) in found.unchecked {
+            out.push(ServerFinding {
+                setting,
+                verdict: Verdict::Unchecked,
+                problem,
+            });
+        }
+    }
+    out
+}
+
 /// Act on what the server checks found, as `checks` says: an error (Enforce) or warnings.
 fn judge(checks: ServerChecks, findings: Vec<crate::conn::Findings>) -> Result<()> {
     let mut settings: Vec<String> = Vec::new();
     let mut problems = Vec::new();
     for found in findings {
-        for what in found.unchecked {
+        for (_, what) in found.unchecked {
             tracing::warn!("redsem server check: {what}");
         }
         for (setting, problem) in found.unsuitable {
@@ -622,6 +680,70 @@ impl Redsem {
                 hurry: tokio::sync::watch::Sender::new(0),
             }),
         }
+    }
+
+    /// Run the connect-time server checks again and return what they find, whatever
+    /// [`ServerChecks`] says: the eviction policy and the user's ACL rights on the prefix's
+    /// keys, channels and the commands redsem runs, on the server or every primary of a
+    /// cluster. Writes nothing. `redsem doctor` reports these.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// use redsem::{Redsem, RedsemOptions, ServerChecks};
+    /// let options = RedsemOptions::default().server_checks(ServerChecks::Off);
+    /// let redsem = Redsem::connect_with("redis://127.0.0.1:6379", options).await?;
+    /// let findings = redsem.check_server().await?;
+    /// println!("{} findings", findings.len());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`](crate::Error::Unavailable) or
+    /// [`Error::Redis`](crate::Error::Redis) when a node cannot be reached; what a node
+    /// refuses is a finding.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn check_server(&self) -> Result<Vec<ServerFinding>> {
+        let shared = &self.shared;
+        let rules = RedsemOptions::default()
+            .prefix(shared.prefix.as_str())
+            .acl_rules();
+        let findings = match &shared.conn {
+            Conn::Single(single) => {
+                let node = shared
+                    .pubsub_clients
+                    .first()
+                    .map(|c| c.get_connection_info().addr().to_string())
+                    .unwrap_or_default();
+                let key = keys::acl_probe_key(&shared.prefix, 0);
+                let probe = crate::conn::Probe {
+                    node: &node,
+                    prefix: &shared.prefix,
+                    key: &key,
+                    channel: &shared.wake_channel,
+                    rules: &rules,
+                };
+                vec![crate::conn::check_node(&mut single.clone(), &probe).await?]
+            }
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(conn, _) => {
+                let options = RedsemOptions::default().prefix(shared.prefix.as_str());
+                check_primaries(
+                    &mut conn.clone(),
+                    &shared.pubsub_clients,
+                    &options,
+                    &shared.wake_channel,
+                )
+                .await?
+            }
+        };
+        Ok(public_findings(findings))
     }
 
     /// The key prefix.

@@ -285,8 +285,8 @@ static ACL_PROBE: LazyLock<Script> = LazyLock::new(|| Script::new(ACL_PROBE_LUA)
 pub(crate) struct Findings {
     /// Settings under which redsem's guarantees would not hold: (setting, problem).
     pub(crate) unsuitable: Vec<(String, String)>,
-    /// What could not be checked, and why.
-    pub(crate) unchecked: Vec<String>,
+    /// What could not be checked, and why: (setting, what).
+    pub(crate) unchecked: Vec<(String, String)>,
 }
 
 /// Where and as whom one node is checked.
@@ -342,16 +342,23 @@ pub(crate) async fn check_node(
                 ),
             )),
             Some(_) => {}
-            None => findings.unchecked.push(format!(
-                "{node}: INFO memory shows no maxmemory_policy; the eviction policy is unknown"
+            None => findings.unchecked.push((
+                "maxmemory-policy".to_owned(),
+                format!(
+                    "{node}: INFO memory shows no maxmemory_policy; the eviction policy is unknown"
+                ),
             )),
         },
-        Some(Err(err)) if is_noperm(&err) => findings.unchecked.push(format!(
-            "{node}: INFO is refused by the ACL, so the eviction policy cannot be checked; \
-             make sure it is noeviction or volatile-* (allow +info to have it checked)"
+        Some(Err(err)) if is_noperm(&err) => findings.unchecked.push((
+            "maxmemory-policy".to_owned(),
+            format!(
+                "{node}: INFO is refused by the ACL, so the eviction policy cannot be checked; \
+                 make sure it is noeviction or volatile-* (allow +info to have it checked)"
+            ),
         )),
-        Some(Err(err)) => findings.unchecked.push(format!(
-            "{node}: INFO memory failed ({err}); the eviction policy is unknown"
+        Some(Err(err)) => findings.unchecked.push((
+            "maxmemory-policy".to_owned(),
+            format!("{node}: INFO memory failed ({err}); the eviction policy is unknown"),
         )),
         None => {}
     }
@@ -423,8 +430,9 @@ pub(crate) async fn check_node(
             });
         }
         // MOVED (a slot in migration), NOSCRIPT (SCRIPT LOAD refused): nothing more to learn.
-        Some(Err(err)) => findings.unchecked.push(format!(
-            "{node}: the ACL probe failed ({err}); rights not checked"
+        Some(Err(err)) => findings.unchecked.push((
+            "ACL commands".to_owned(),
+            format!("{node}: the ACL probe failed ({err}); rights not checked"),
         )),
         None => {}
     }

@@ -96,7 +96,7 @@ mod script;
 mod types;
 mod withdraw;
 
-pub use client::{Redsem, RedsemOptions, ServerChecks};
+pub use client::{Redsem, RedsemOptions, ServerChecks, ServerFinding, Verdict};
 pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{

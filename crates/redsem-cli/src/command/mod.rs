@@ -5,6 +5,7 @@
 
 mod acquire;
 mod completions;
+mod doctor;
 mod latch;
 mod permits;
 mod refresh;
@@ -28,6 +29,7 @@ pub(crate) enum Command {
     Refresh(refresh::Args),
     Release(release::Args),
     Status(status::Args),
+    Doctor(doctor::Args),
     Serve(serve::Args),
     Permits(permits::Args),
     Latch(latch::Args),
@@ -43,6 +45,7 @@ impl Command {
             Command::Refresh(args) => args.execute(ctx).await,
             Command::Release(args) => args.execute(ctx).await,
             Command::Status(args) => args.execute(ctx).await,
+            Command::Doctor(args) => args.execute(ctx).await,
             Command::Serve(args) => args.execute(ctx).await,
             Command::Permits(args) => args.execute(ctx).await,
             Command::Latch(args) => args.execute(ctx).await,

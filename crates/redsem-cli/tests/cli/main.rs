@@ -9,6 +9,8 @@ mod support;
 /// Reaching Redis: `rediss://` (TLS) and `--tls-ca`, `user:password@`, passwords kept out of
 /// messages.
 mod connect;
+/// `doctor`: each check's finding and the exit code of the worst.
+mod doctor;
 /// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
 mod exit_codes;
 /// What users of flock, timeout and consul lock bring: their spellings, `lock`, `-c`, closed

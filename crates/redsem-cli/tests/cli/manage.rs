@@ -211,6 +211,7 @@ fn every_subcommand_has_help_with_examples_and_exits_0() {
         &["refresh"],
         &["release"],
         &["status"],
+        &["doctor"],
         &["completions"],
         &["latch"],
         &["latch", "ready", "set"],

@@ -1,0 +1,450 @@
+//! `redsem doctor [--json]`: check the server the way an operator needs — version, eviction
+//! policy, persistence, replicas, cluster state, ACL rights, clock — and say what to change.
+//!
+//! The eviction policy and ACL rights come from the library's own connect-time probe
+//! ([`redsem::Redsem::check_server`]); the rest from `INFO`, `CONFIG GET` and `TIME`.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redsem::redis::{self, aio::MultiplexedConnection};
+use redsem::{ServerChecks, ServerFinding, Verdict};
+use serde::Serialize;
+
+use crate::cli::Context;
+use crate::error::{CliError, exit};
+use crate::output::{self, table};
+
+const EXAMPLES: &str = "\
+Examples:
+  redsem doctor
+  redsem --url redis://app:pw@cache.internal:6379 doctor --json
+  {\"worst\":\"warn\",\"checks\":[{\"check\":\"version\",\"status\":\"ok\",
+   \"detail\":\"Redis 7.2.4: functions available\"}, ...]}
+
+Checks: version (7 or later for functions; older servers run redsem's scripts by
+EVALSHA), maxmemory-policy (allkeys-* may evict held permits), persistence (AOF, RDB or
+none: what a restart loses), replication (replicas and their lag; a replica cannot be
+written), cluster (cluster_state), acl (the user's rights on the prefix's keys, channels
+and commands), clock (server TIME against this machine's clock; redsem only uses the
+server's, so a difference matters to people reading times, not to the guarantees).
+
+Exit codes: 0 every check ok · 1 the worst is a warning · 78 a check failed (redsem's
+guarantees would not hold, or it cannot work) · 2 usage error · 69 Redis unreachable";
+
+/// A difference between the server's clock and this machine's above which `clock` warns.
+const CLOCK_TOLERANCE: Duration = Duration::from_secs(1);
+
+/// Replication lag (seconds since the replica's last acknowledgement) above which
+/// `replication` warns.
+const LAG_TOLERANCE: u64 = 1;
+
+/// Check the server: version, eviction, persistence, replicas, cluster, ACL rights, clock
+#[derive(Debug, clap::Args)]
+#[command(after_help = EXAMPLES)]
+pub(crate) struct Args {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+/// How one check went; ordered from best to worst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+        }
+    }
+
+    fn exit_code(self) -> u8 {
+        match self {
+            Status::Ok => 0,
+            Status::Warn => 1,
+            Status::Fail => exit::UNSUITABLE,
+        }
+    }
+}
+
+/// One row of the report.
+#[derive(Debug, Serialize)]
+struct Check {
+    check: &'static str,
+    status: Status,
+    detail: String,
+}
+
+fn check(check: &'static str, status: Status, detail: impl Into<String>) -> Check {
+    Check {
+        check,
+        status,
+        detail: detail.into(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    worst: Status,
+    checks: Vec<Check>,
+}
+
+impl Args {
+    pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        let redsem = ctx.connect_checking(ServerChecks::Off).await?;
+        let findings = redsem.check_server().await?;
+        let mut conn = ctx.plain_connection().await?;
+        let info = info(&mut conn).await;
+        let mut checks = vec![
+            version(&info),
+            eviction(&info, &findings),
+            persistence(&info, &mut conn).await,
+            replication(&info),
+            cluster(&info, &mut conn).await,
+            acl(&findings, ctx.prefix()),
+            clock(&mut conn).await,
+        ];
+        checks.retain(|c| !c.detail.is_empty());
+        let worst = checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok);
+        if self.json {
+            output::print(&output::json(&Report { worst, checks })?)?;
+        } else {
+            let rows: Vec<Vec<String>> = checks
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.check.to_owned(),
+                        c.status.label().to_owned(),
+                        c.detail.clone(),
+                    ]
+                })
+                .collect();
+            output::print(table(&["CHECK", "STATUS", "DETAIL"], &rows).trim_end())?;
+        }
+        Ok(ExitCode::from(worst.exit_code()))
+    }
+}
+
+/// `INFO` (every default section) as `field -> value`; empty if refused.
+async fn info(conn: &mut MultiplexedConnection) -> HashMap<String, String> {
+    let text: String = redis::cmd("INFO")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// `CONFIG GET name`, if the user may.
+async fn config(conn: &mut MultiplexedConnection, name: &str) -> Option<String> {
+    let pairs: HashMap<String, String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .ok()?;
+    pairs.get(name).cloned()
+}
+
+fn version(info: &HashMap<String, String>) -> Check {
+    let Some(version) = info.get("redis_version") else {
+        return check(
+            "version",
+            Status::Warn,
+            "unknown: INFO is refused (allow +info to have the server checked)",
+        );
+    };
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major >= 7 {
+        check(
+            "version",
+            Status::Ok,
+            format!("Redis {version}: functions available"),
+        )
+    } else {
+        check(
+            "version",
+            Status::Warn,
+            format!(
+                "Redis {version}: no functions (Redis 7), so redsem runs its scripts by \
+                 EVALSHA and the ACL rights cannot be checked in full; upgrade to Redis 7 or later"
+            ),
+        )
+    }
+}
+
+fn eviction(info: &HashMap<String, String>, findings: &[ServerFinding]) -> Check {
+    let found = findings.iter().filter(|f| f.setting == "maxmemory-policy");
+    if let Some(worst) = found.max_by_key(|f| f.verdict == Verdict::Unsuitable) {
+        let status = match worst.verdict {
+            Verdict::Unsuitable => Status::Fail,
+            _ => Status::Warn,
+        };
+        return check("maxmemory-policy", status, for_the_cli(&worst.problem));
+    }
+    let policy = info
+        .get("maxmemory_policy")
+        .map_or("unknown", String::as_str);
+    let limit = info.get("maxmemory").map_or("0", String::as_str);
+    let detail = match (policy, limit) {
+        ("noeviction", "0") => "noeviction, no maxmemory limit: nothing is evicted".to_owned(),
+        ("noeviction", _) => format!(
+            "noeviction: nothing is evicted; when memory is full ({} maxmemory) grants and \
+             releases fail with OOM errors until memory is freed",
+            info.get("maxmemory_human").map_or(limit, String::as_str)
+        ),
+        (policy, _) => {
+            format!("{policy}: live redsem state carries no TTL, so only idle state can be evicted")
+        }
+    };
+    check("maxmemory-policy", Status::Ok, detail)
+}
+
+async fn persistence(info: &HashMap<String, String>, conn: &mut MultiplexedConnection) -> Check {
+    let Some(aof) = info.get("aof_enabled") else {
+        return check("persistence", Status::Warn, "unknown: INFO is refused");
+    };
+    if aof == "1" {
+        return match config(conn, "appendfsync").await.as_deref() {
+            Some("always") => check(
+                "persistence",
+                Status::Ok,
+                "AOF, appendfsync always: a restart loses nothing",
+            ),
+            Some("everysec") => check(
+                "persistence",
+                Status::Ok,
+                "AOF, appendfsync everysec: a restart (of the machine) may lose the last second's \
+                 grants and releases; appendfsync always loses nothing",
+            ),
+            Some(other) => check(
+                "persistence",
+                Status::Warn,
+                format!(
+                    "AOF, appendfsync {other}: the OS decides when it reaches disk, so a machine \
+                     restart may lose recent grants; set appendfsync everysec or always"
+                ),
+            ),
+            None => check(
+                "persistence",
+                Status::Ok,
+                "AOF on (appendfsync unknown: CONFIG GET refused; always loses nothing, \
+                 everysec up to a second)",
+            ),
+        };
+    }
+    let save = config(conn, "save").await;
+    let lost = "a restart loses the grants since the last snapshot: their holders learn at \
+                their next renewal, and until then new grants may coexist with them";
+    match save.as_deref() {
+        Some("") => check(
+            "persistence",
+            Status::Warn,
+            "none (appendonly no, no save points): a restart loses every grant, holders learn \
+             at their next renewal and until then new grants may coexist with them; set \
+             appendonly yes (appendfsync everysec or always)",
+        ),
+        Some(points) => check(
+            "persistence",
+            Status::Warn,
+            format!("RDB snapshots only (save {points}): {lost}; set appendonly yes"),
+        ),
+        None => check(
+            "persistence",
+            Status::Warn,
+            format!(
+                "appendonly no (save points unknown: CONFIG GET refused): {lost}; set appendonly yes"
+            ),
+        ),
+    }
+}
+
+fn replication(info: &HashMap<String, String>) -> Check {
+    let Some(role) = info.get("role") else {
+        return check("replication", Status::Warn, "unknown: INFO is refused");
+    };
+    if role == "slave" {
+        let primary = format!(
+            "{}:{}",
+            info.get("master_host").map_or("?", String::as_str),
+            info.get("master_port").map_or("?", String::as_str)
+        );
+        return check(
+            "replication",
+            Status::Fail,
+            format!(
+                "this server is a replica of {primary} and refuses writes; point --url at the \
+                 primary"
+            ),
+        );
+    }
+    let count: usize = info
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if count == 0 {
+        return check(
+            "replication",
+            Status::Ok,
+            "primary, no replicas: nothing is lost to a failover (and nothing takes over if \
+             this server fails)",
+        );
+    }
+    let mut lagging = Vec::new();
+    let mut replicas = Vec::new();
+    for n in 0..count {
+        let Some(line) = info.get(&format!("slave{n}")) else {
+            continue;
+        };
+        let fields: HashMap<&str, &str> = line
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let name = format!(
+            "{}:{}",
+            fields.get("ip").unwrap_or(&"?"),
+            fields.get("port").unwrap_or(&"?")
+        );
+        let state = fields.get("state").copied().unwrap_or("?");
+        let lag: u64 = fields.get("lag").and_then(|l| l.parse().ok()).unwrap_or(0);
+        if state != "online" || lag > LAG_TOLERANCE {
+            lagging.push(format!("{name} ({state}, lag {lag}s)"));
+        }
+        replicas.push(format!("{name} lag {lag}s"));
+    }
+    let failover = "replication is asynchronous: a failover loses the grants the replica had \
+                    not received (those holders learn at their next renewal)";
+    if lagging.is_empty() {
+        check(
+            "replication",
+            Status::Ok,
+            format!(
+                "primary, {count} replica(s) online ({}); {failover}",
+                replicas.join(", ")
+            ),
+        )
+    } else {
+        check(
+            "replication",
+            Status::Warn,
+            format!(
+                "replica(s) behind or not online: {}; {failover}; check the replicas' links \
+                 and load",
+                lagging.join(", ")
+            ),
+        )
+    }
+}
+
+async fn cluster(info: &HashMap<String, String>, conn: &mut MultiplexedConnection) -> Check {
+    if info.get("cluster_enabled").map(String::as_str) != Some("1") {
+        return check("cluster", Status::Ok, "");
+    }
+    let text: Result<String, _> = redis::cmd("CLUSTER").arg("INFO").query_async(conn).await;
+    let Ok(text) = text else {
+        return check(
+            "cluster",
+            Status::Warn,
+            "cluster mode, state unknown: CLUSTER INFO refused (allow +cluster|info)",
+        );
+    };
+    let state = text
+        .lines()
+        .find_map(|l| l.strip_prefix("cluster_state:"))
+        .map_or("unknown", str::trim);
+    if state == "ok" {
+        check("cluster", Status::Ok, "cluster mode, cluster_state ok")
+    } else {
+        check(
+            "cluster",
+            Status::Fail,
+            format!(
+                "cluster mode, cluster_state {state}: slots are not all served, so some \
+                 semaphores cannot be used; fix the cluster (redis-cli --cluster check)"
+            ),
+        )
+    }
+}
+
+fn acl(findings: &[ServerFinding], prefix: &str) -> Check {
+    let problems: Vec<&ServerFinding> = findings
+        .iter()
+        .filter(|f| f.setting.starts_with("ACL"))
+        .collect();
+    if problems.is_empty() {
+        return check(
+            "acl",
+            Status::Ok,
+            format!(
+                "the user may run every command redsem needs on keys and channels under \
+                 {prefix}:"
+            ),
+        );
+    }
+    let status = if problems.iter().any(|f| f.verdict == Verdict::Unsuitable) {
+        Status::Fail
+    } else {
+        Status::Warn
+    };
+    let detail: Vec<String> = problems.iter().map(|f| for_the_cli(&f.problem)).collect();
+    check("acl", status, detail.join("; "))
+}
+
+/// A library finding in the CLI's words: its option instead of the library's.
+fn for_the_cli(problem: &str) -> String {
+    problem.replace("ServerChecks::Warn", "--server-checks warn")
+}
+
+async fn clock(conn: &mut MultiplexedConnection) -> Check {
+    let before = SystemTime::now();
+    let time: Result<(u64, u64), _> = redis::cmd("TIME").query_async(conn).await;
+    let after = SystemTime::now();
+    let Ok((secs, micros)) = time else {
+        return check(
+            "clock",
+            Status::Warn,
+            "unknown: TIME refused (allow +time; redsem's scripts read it)",
+        );
+    };
+    let server = Duration::from_secs(secs) + Duration::from_micros(micros);
+    let since = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let local = (since(before) + since(after)) / 2;
+    let (diff, way) = if server >= local {
+        (server - local, "ahead of")
+    } else {
+        (local - server, "behind")
+    };
+    let shown = output::duration(diff);
+    if diff > CLOCK_TOLERANCE {
+        check(
+            "clock",
+            Status::Warn,
+            format!(
+                "the server's clock is {shown} {way} this machine's; redsem uses only the \
+                 server's, so this misleads people reading times, not the guarantees; run NTP \
+                 on both"
+            ),
+        )
+    } else {
+        check(
+            "clock",
+            Status::Ok,
+            format!("the server's clock is within {shown} of this machine's"),
+        )
+    }
+}
