@@ -42,3 +42,6 @@ mod functions;
 /// Observing it: metrics by outcome (recorded by a debugging recorder), spans along a permit's
 /// life, `Serialize` of the status, `ensure_permits`, and the blocking facade.
 mod observe;
+
+/// A release's local hand-off through a lost reply, and the idle TTL after flush.
+mod release_faults;
