@@ -17,7 +17,7 @@
 --                                 runs "first-last,slot,..."
 --                       waiter    "w|units|since|lease|waiter lease|len(channel)|channel label"
 --                       tombstone "x|R" released, "x|D" withdrawn
---   4 slots   STRING  bitmap: bit n set = slot n held; deleted when no unit is held
+--   4 slots   STRING  bitmap: bit n set = slot n held; deleted when the idle TTL is set
 --
 -- Failure rules every script keeps:
 --   * Nothing live carries a TTL: while anyone holds or waits, no key has one, so no
@@ -111,22 +111,28 @@ local function text(value)
   return value
 end
 
+-- Nobody holds or waits, and the keys lack their idle TTL (or it ends soon).
+local function needs_idle_ttl()
+  return S.used == 0 and S.qlen == 0 and S.idle < S.now + KEEP_MARGIN_MS
+end
+
 -- Write back the changed fields (in slices), give the keys the TTL the state calls for, and
--- publish the wake-ups. The last thing every script does.
+-- publish the wake-ups. The last thing every script does. (A release defers the idle TTL to
+-- lease_tidy: S.defer_idle.)
 local function save()
+  local expire = false
   if S.cap then
-    local live = S.used > 0 or S.qlen > 0
-    if live and S.idle > 0 then
+    if (S.used > 0 or S.qlen > 0) and S.idle > 0 then
       -- Live state carries no TTL. (The slot bitmap and the queue never get one.)
       redis.call('PERSIST', STATE)
       redis.call('PERSIST', LEASES)
       put('idle', 0)
-    elseif not live and S.idle < S.now + KEEP_MARGIN_MS then
-      if S.defer_idle then
-        S.went_idle = true -- the client's lease_tidy sets the TTL
-      else
-        put('idle', S.now + KEEP_IDLE_MS)
-        S.expire = true
+    elseif needs_idle_ttl() and not S.defer_idle then
+      put('idle', S.now + KEEP_IDLE_MS)
+      expire = true
+      -- The bitmap has no bit left: it goes (not a foreign value: BITCOUNT would fail).
+      if redis.pcall('BITCOUNT', SLOTS) == 0 then
+        redis.call('DEL', SLOTS)
       end
     end
   end
@@ -145,16 +151,14 @@ local function save()
   for i = 1, #gone, SLICE do
     redis.call('HDEL', STATE, unpack(gone, i, math.min(i + SLICE - 1, #gone)))
   end
-  if S.expire then
+  if expire then
     -- After the HSET: the state may have been created just now.
     redis.call('PEXPIREAT', STATE, S.idle)
     redis.call('PEXPIREAT', LEASES, S.idle)
   end
-  dirty, removed, S.expire = {}, {}, false
   for i = 1, #outbox, 2 do
     redis.pcall('PUBLISH', outbox[i], outbox[i + 1])
   end
-  outbox = {}
 end
 
 -- Run a script body and save what it changed. If one of our keys fails its first access (a
@@ -373,7 +377,6 @@ local function grant(id, k, label, lease, expires)
     from = math.floor(s / 8)
     i = i + 1
   end
-  S.slots_written = true
   local token = next_token()
   add_lease(id, expires)
   put('r:' .. id, holder_record(token, k, S.now, lease, slots, label))
@@ -394,12 +397,7 @@ local function bury(id, outcome)
 end
 
 local function drop_holder(id, r)
-  if S.used == r.k then
-    redis.call('DEL', SLOTS) -- the last units: every bit goes
-  else
-    set_slots(r.s, 0)
-  end
-  S.slots_written = true
+  set_slots(r.s, 0)
   del('r:' .. id)
   put('used', math.max(S.used - r.k, 0))
   put('nh', math.max(S.nh - 1, 0))
@@ -605,7 +603,6 @@ repair = function()
   put('nh', nh)
   put('qlen', nq)
   put('nt', nt)
-  S.slots_written = true
   -- Keys of older versions carried TTLs while live; none do now.
   for _, key in ipairs({ LEASES, QUEUE, STATE }) do
     redis.call('PERSIST', key)
@@ -614,6 +611,5 @@ repair = function()
   put('idle', 0)
   put('next', 0) -- unknown: the next settle looks
   put('tnext', nt > 0 and S.now - PRUNE_LAG_MS or 0)
-  S.repaired = true
 end
 

@@ -29,6 +29,5 @@ return run(function()
     outcome = 'DEQUEUED'
   end
   promote()
-  local idle = S.used == 0 and S.qlen == 0 and S.idle < S.now + KEEP_MARGIN_MS
-  return { outcome, idle and 1 or 0, S.handed }
+  return { outcome, needs_idle_ttl() and 1 or 0, S.handed }
 end)

@@ -1005,3 +1005,22 @@ async fn tombstones_are_dropped_in_a_batch_once_their_minute_is_over() {
     let nt: String = conn.hget(&k.all[2], "nt").await.expect("hget");
     assert_eq!(nt, "0");
 }
+
+#[tokio::test]
+async fn a_foreign_value_at_the_bitmap_is_left_alone_by_the_last_release() {
+    // The last release of a semaphore must not delete what stands at its bitmap's key.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    let _: () = conn.del(&k.all[3]).await.expect("del");
+    let _: () = conn.hset(&k.all[3], "x", "y").await.expect("hset");
+    match release(&mut conn, &k, "a").await {
+        Err(Error::WrongType { key, actual, .. }) => {
+            assert_eq!((key.as_str(), actual.as_str()), (k.all[3].as_str(), "hash"));
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let value: String = conn.hget(&k.all[3], "x").await.expect("hget");
+    assert_eq!(value, "y", "left alone");
+}
