@@ -48,6 +48,7 @@ pub(crate) struct Op {
     primitive: Primitive,
     body: &'static str,
     script: OnceLock<Script>,
+    function: OnceLock<String>,
 }
 
 /// `Op`s as statics, one per `lua/<name>.lua` operation file.
@@ -59,6 +60,7 @@ macro_rules! ops {
                 primitive: Primitive::$primitive,
                 body: include_str!(concat!("../../lua/", $name, ".lua")),
                 script: OnceLock::new(),
+                function: OnceLock::new(),
             };
         )*
         /// Every operation: the library registers each, tests check each.
@@ -119,9 +121,10 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 });
 
 impl Op {
-    /// The function's name in the library.
-    pub(crate) fn function(&self) -> String {
-        format!("{}_{}", LIBRARY.name, self.name)
+    /// The function's name in the library (built once).
+    pub(crate) fn function(&self) -> &str {
+        self.function
+            .get_or_init(|| format!("{}_{}", LIBRARY.name, self.name))
     }
 
     /// The same operation as a script, for `EVALSHA`.
