@@ -5,6 +5,8 @@
 //! cargo run -p redsem --features blocking --example blocking   # against redis://127.0.0.1:6379
 //! ```
 
+mod support;
+
 use std::process::ExitCode;
 use std::thread;
 use std::time::Duration;
@@ -12,18 +14,8 @@ use std::time::Duration;
 use redsem::blocking::Redsem;
 
 fn main() -> ExitCode {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    match run(&url) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is_unavailable() => {
-            eprintln!("no Redis at {url}: start one with `redis-server --daemonize yes`");
-            ExitCode::from(69)
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    let url = support::redis_url();
+    support::exit_code(&url, run(&url))
 }
 
 fn run(url: &str) -> redsem::Result<()> {

@@ -5,6 +5,8 @@
 //! cargo run -p redsem --example latch            # against redis://127.0.0.1:6379
 //! ```
 
+mod support;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,18 +14,8 @@ use redsem::{LatchState, Redsem};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    match run(&url).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is_unavailable() => {
-            eprintln!("no Redis at {url}: start one with `redis-server --daemonize yes`");
-            ExitCode::from(69)
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    let url = support::redis_url();
+    support::exit_code(&url, run(&url).await)
 }
 
 async fn run(url: &str) -> redsem::Result<()> {
