@@ -94,6 +94,7 @@ mod observe;
 mod permits;
 mod script;
 mod types;
+mod wait;
 mod withdraw;
 
 pub use client::{Redsem, RedsemOptions, ServerChecks, ServerFinding, Verdict};

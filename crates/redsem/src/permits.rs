@@ -8,12 +8,14 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::client::Redsem;
+use crate::clock;
 use crate::error::{Error, Result, invalid};
 use crate::keys::PermitKeys;
 use crate::lease::{MAX_LEASE, MIN_LEASE};
 use crate::observe::{Attempt, Meter, op_span};
 use crate::script::{self, Addition, PermitAcquire};
 use crate::types::PermitId;
+use crate::wait::{Patience, check_in};
 use crate::withdraw::{Queue, Withdraw};
 
 /// The largest magnitude a permit count may reach: Redis scripts count in doubles.
@@ -163,17 +165,6 @@ struct PermitInner {
     meter: Meter,
     /// [`PermitOptions::permits`] was applied (reset when the queue vanished).
     ensured: AtomicBool,
-}
-
-/// When a request gives up.
-#[derive(Debug, Clone, Copy)]
-enum Patience {
-    /// One attempt, never queued.
-    None,
-    /// Queued until the deadline.
-    Until(Instant),
-    /// Queued until granted.
-    Forever,
 }
 
 impl Redsem {
@@ -494,10 +485,7 @@ impl PermitSemaphore {
     ///
     /// As [`acquire`](Self::acquire).
     pub async fn acquire_timeout(&self, permits: u32, wait: Duration) -> Result<()> {
-        let patience = match Instant::now().checked_add(wait) {
-            Some(deadline) => Patience::Until(deadline),
-            None => Patience::Forever,
-        };
+        let patience = Patience::waiting(Some(wait));
         self.take(permits, patience).await
     }
 
@@ -671,25 +659,28 @@ impl PermitSemaphore {
                 None
             };
             let mut withdraw = Withdraw::new(inner.clone(), id.clone());
-            let mut reply = script::retry_once("acquire", || {
-                let mut conn = conn.clone();
-                async move {
-                    script::permit_acquire(
-                        &mut conn,
-                        &inner.keys,
-                        request.as_str(),
-                        permits,
-                        wait,
-                        waiter_lease,
-                        &inner.redsem.shared.wake_channel,
-                    )
-                    .await
-                }
-            })
-            .await?;
-            // When the last check-in was answered, and whether the last one failed.
-            let mut answered = Instant::now();
-            let mut failed = false;
+            // A queued request rides out an outage like a poll (below); a try does not.
+            let window = if wait { waiter_lease } else { Duration::ZERO };
+            // (`answered`: when the last check-in the server answered was sent.)
+            let (mut reply, mut answered) =
+                check_in(clock::now(), window, patience.deadline(), || {
+                    script::retry_once("acquire", || {
+                        let mut conn = conn.clone();
+                        async move {
+                            script::permit_acquire(
+                                &mut conn,
+                                &inner.keys,
+                                request.as_str(),
+                                permits,
+                                wait,
+                                waiter_lease,
+                                &inner.redsem.shared.wake_channel,
+                            )
+                            .await
+                        }
+                    })
+                })
+                .await?;
             loop {
                 match reply {
                     PermitAcquire::Granted => {
@@ -710,7 +701,7 @@ impl PermitSemaphore {
                         let Some(mailbox) = &mailbox else {
                             return Err(protocol("a try request was queued"));
                         };
-                        let mut nap = if failed { RETRY_EVERY } else { recheck };
+                        let mut nap = recheck;
                         if let Patience::Until(deadline) = patience {
                             let now = Instant::now();
                             if now >= deadline {
@@ -726,37 +717,24 @@ impl PermitSemaphore {
                             () = mailbox.woken() => {}
                             () = tokio::time::sleep(nap) => {}
                         }
-                        let polling = script::retry_once("acquire", || {
-                            let mut conn = conn.clone();
-                            async move {
-                                script::permit_poll(
-                                    &mut conn,
-                                    &inner.keys,
-                                    request.as_str(),
-                                    waiter_lease,
-                                )
-                                .await
-                            }
-                        })
-                        .await;
-                        match polling {
-                            Ok(polled_reply) => {
-                                reply = polled_reply;
-                                answered = Instant::now();
-                                failed = false;
-                            }
-                            // Rides out an outage for as long as the waiter lease of the last
-                            // answered check-in keeps the place, checking in every
-                            // RETRY_EVERY; longer, and the acquire fails.
-                            Err(err)
-                                if err.is_unavailable()
-                                    && answered.elapsed() + RETRY_EVERY < waiter_lease =>
-                            {
-                                tracing::warn!(semaphore = %inner.name, error = %crate::error::Chain(&err), "cannot check in; retrying");
-                                failed = true;
-                            }
-                            Err(err) => return Err(err),
-                        }
+                        // Rides out an outage for as long as the waiter lease of the last
+                        // answered check-in keeps the place; longer, and the acquire fails.
+                        (reply, answered) =
+                            check_in(answered, waiter_lease, patience.deadline(), || {
+                                script::retry_once("acquire", || {
+                                    let mut conn = conn.clone();
+                                    async move {
+                                        script::permit_poll(
+                                            &mut conn,
+                                            &inner.keys,
+                                            request.as_str(),
+                                            waiter_lease,
+                                        )
+                                        .await
+                                    }
+                                })
+                            })
+                            .await?;
                         polled = true;
                     }
                     PermitAcquire::Gone if polled => {
@@ -780,9 +758,6 @@ impl PermitSemaphore {
         }
     }
 }
-
-/// How often a waiter checks in while Redis is unreachable.
-const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 fn protocol(detail: &str) -> Error {
     Error::Protocol {

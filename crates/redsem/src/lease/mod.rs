@@ -21,6 +21,7 @@ use crate::keys::LeaseKeys;
 use crate::observe::{Attempt, Meter, op_span};
 use crate::script::{self, Acquire, Release, Request};
 use crate::types::PermitId;
+use crate::wait::{Patience, check_in};
 use crate::withdraw::{Queue, Withdraw};
 
 /// The shortest lease (and waiter lease) accepted: renewing every third of it must be possible.
@@ -170,17 +171,6 @@ pub(crate) struct SemInner {
     pub(crate) options: LeaseOptions,
     /// Its metrics (`primitive` is `lease` or `mutex`).
     pub(crate) meter: Meter,
-}
-
-/// When a request gives up.
-#[derive(Debug, Clone, Copy)]
-enum Patience {
-    /// One attempt, never queued.
-    None,
-    /// Queued until the deadline.
-    Until(Instant),
-    /// Queued until granted.
-    Forever,
 }
 
 impl LeaseSemaphore {
@@ -383,10 +373,7 @@ impl LeaseSemaphore {
     ///
     /// As [`LeaseSemaphore::acquire`].
     pub async fn acquire_many_timeout(&self, units: u32, wait: Duration) -> Result<LeasePermit> {
-        let patience = match Instant::now().checked_add(wait) {
-            Some(deadline) => Patience::Until(deadline),
-            None => Patience::Forever,
-        };
+        let patience = Patience::waiting(Some(wait));
         self.request(units, patience).await
     }
 
@@ -553,10 +540,7 @@ impl LeaseSemaphore {
         wait: Option<Duration>,
         progress: impl FnMut(u64) + Send,
     ) -> Result<LeasePermit> {
-        let patience = match wait.and_then(|w| Instant::now().checked_add(w)) {
-            Some(deadline) => Patience::Until(deadline),
-            None => Patience::Forever,
-        };
+        let patience = Patience::waiting(wait);
         self.request_reporting(units, patience, progress).await
     }
 
@@ -641,6 +625,7 @@ impl LeaseSemaphore {
         }
 
         req.wait = true;
+        let deadline = patience.deadline();
         let notifier = self.inner.redsem.notifier().await;
         let mut mailbox = notifier.register(id.as_str()).await;
         let mut withdraw = Withdraw::new(self.inner.clone(), id.clone());
@@ -650,7 +635,7 @@ impl LeaseSemaphore {
             id: id.as_str(),
             ..req
         };
-        let (mut reply, mut sent) = check_in(clock::now(), options.waiter_lease, || {
+        let (mut reply, mut sent) = check_in(clock::now(), options.waiter_lease, deadline, || {
             let mut conn = conn.clone();
             async move { script::lease_acquire(&mut conn, keys, &first).await }
         })
@@ -698,7 +683,7 @@ impl LeaseSemaphore {
                         ));
                     }
                     let polled = id.as_str();
-                    (reply, sent) = check_in(sent, options.waiter_lease, || {
+                    (reply, sent) = check_in(sent, options.waiter_lease, deadline, || {
                         let mut conn = conn.clone();
                         async move {
                             script::lease_poll(
@@ -728,7 +713,7 @@ impl LeaseSemaphore {
                         id: id.as_str(),
                         ..req
                     };
-                    (reply, sent) = check_in(clock::now(), options.waiter_lease, || {
+                    (reply, sent) = check_in(clock::now(), options.waiter_lease, deadline, || {
                         let mut conn = conn.clone();
                         async move { script::lease_acquire(&mut conn, keys, &again).await }
                     })
@@ -798,39 +783,6 @@ impl SemInner {
         Error::NotHeld {
             name: self.name.clone(),
             id: id.to_string(),
-        }
-    }
-}
-
-/// How often a waiter tries again while Redis is unreachable.
-const RETRY_EVERY: Duration = Duration::from_millis(50);
-
-/// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment the
-/// answered attempt was sent. While Redis is unreachable (a dropped connection that the
-/// connection manager is restoring, a failover), try again every [`RETRY_EVERY`] for as long
-/// as the waiter lease started by the last answered check-in (sent at `last`) keeps the place
-/// on the server; after that, fail with [`Error::Unavailable`]. Every check-in is idempotent
-/// per request id, so an attempt that ran but whose answer was lost does no harm.
-async fn check_in<T, F, Fut>(
-    last: Duration,
-    waiter_lease: Duration,
-    mut call: F,
-) -> Result<(T, Duration)>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    loop {
-        let sent = clock::now();
-        match call().await {
-            Ok(answer) => return Ok((answer, sent)),
-            Err(err)
-                if err.is_unavailable() && clock::now() + RETRY_EVERY < last + waiter_lease =>
-            {
-                tracing::debug!(error = %crate::error::Chain(&err), "check-in failed; trying again within the waiter lease");
-                tokio::time::sleep(RETRY_EVERY).await;
-            }
-            Err(err) => return Err(err),
         }
     }
 }

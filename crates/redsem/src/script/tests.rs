@@ -100,7 +100,7 @@ async fn every_operation_loads_as_a_script_and_as_a_function() {
         .expect("FUNCTION LIST");
     let listed = format!("{listed:?}");
     for op in ALL {
-        assert!(listed.contains(&op.function()), "{} registered", op.name);
+        assert!(listed.contains(op.function()), "{} registered", op.name);
     }
     // Every operation file is an operation: none is left out of the registry.
     let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/lua")).expect("lua dir");

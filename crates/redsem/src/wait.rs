@@ -1,0 +1,75 @@
+//! What every queue-based wait shares (lease semaphore, permit semaphore): checking in
+//! through a connection loss.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::clock;
+use crate::error::{Chain, Result};
+
+/// When a request gives up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// One attempt, never queued.
+    None,
+    /// Queued until the deadline.
+    Until(Instant),
+    /// Queued until granted.
+    Forever,
+}
+
+impl Patience {
+    /// Queued until `wait` from now (as long as it takes if that is past any instant).
+    pub(crate) fn waiting(wait: Option<Duration>) -> Patience {
+        match wait.and_then(|w| Instant::now().checked_add(w)) {
+            Some(deadline) => Patience::Until(deadline),
+            None => Patience::Forever,
+        }
+    }
+
+    pub(crate) fn deadline(self) -> Option<Instant> {
+        match self {
+            Patience::Until(deadline) => Some(deadline),
+            Patience::None | Patience::Forever => None,
+        }
+    }
+}
+
+/// How often a waiter tries again while Redis is unreachable.
+pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
+
+/// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment (on
+/// [`clock`]) the answered attempt was sent. While Redis is unreachable (a dropped connection
+/// the connection manager is restoring, a failover), try again every [`RETRY_EVERY`] for as
+/// long as the waiter lease started by the last answered check-in (sent at `last`) keeps the
+/// place on the server, and not past `deadline`; after that, the error is returned
+/// ([`Error::Unavailable`](crate::Error::Unavailable)). Every check-in is idempotent per
+/// request id, so an attempt that ran but whose answer was lost does no harm.
+pub(crate) async fn check_in<T, F, Fut>(
+    last: Duration,
+    waiter_lease: Duration,
+    deadline: Option<Instant>,
+    mut call: F,
+) -> Result<(T, Duration)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    loop {
+        let sent = clock::now();
+        match call().await {
+            Ok(answer) => return Ok((answer, sent)),
+            Err(err)
+                if err.is_unavailable()
+                    && clock::now() + RETRY_EVERY < last + waiter_lease
+                    && deadline.is_none_or(|d| Instant::now() + RETRY_EVERY < d) =>
+            {
+                tracing::debug!(error = %Chain(&err), "check-in failed; trying again within the waiter lease");
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
