@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use redis::aio::MultiplexedConnection;
 use redsem::{LeaseOptions, RedsemOptions};
 use serde::Serialize;
 
@@ -146,17 +147,9 @@ impl Ctx {
         clients: usize,
         round_trips: &Arc<AtomicU64>,
     ) -> BenchResult<Vec<Seeds>> {
-        let mut out = Vec::with_capacity(clients);
-        for _ in 0..clients {
-            let conn = self.admin.client.get_multiplexed_async_connection().await?;
-            out.push(Seeds::new(
-                conn,
-                &format!("{prefix}:seeds:{name}"),
-                limit,
-                round_trips.clone(),
-            ));
-        }
-        Ok(out)
+        let key = format!("{prefix}:seeds:{name}");
+        self.baseline_sems(Seeds::new, &key, limit, clients, round_trips)
+            .await
     }
 
     /// `clients` connections, each with a handle on the polling semaphore `name`.
@@ -168,15 +161,24 @@ impl Ctx {
         clients: usize,
         round_trips: &Arc<AtomicU64>,
     ) -> BenchResult<Vec<Polling>> {
+        let key = format!("{prefix}:polling:{name}");
+        self.baseline_sems(Polling::new, &key, limit, clients, round_trips)
+            .await
+    }
+
+    /// `clients` connections, each with a baseline's handle on `key` made by `new`.
+    async fn baseline_sems<S>(
+        &self,
+        new: fn(MultiplexedConnection, &str, u64, Arc<AtomicU64>) -> S,
+        key: &str,
+        limit: u64,
+        clients: usize,
+        round_trips: &Arc<AtomicU64>,
+    ) -> BenchResult<Vec<S>> {
         let mut out = Vec::with_capacity(clients);
         for _ in 0..clients {
             let conn = self.admin.client.get_multiplexed_async_connection().await?;
-            out.push(Polling::new(
-                conn,
-                &format!("{prefix}:polling:{name}"),
-                limit,
-                round_trips.clone(),
-            ));
+            out.push(new(conn, key, limit, round_trips.clone()));
         }
         Ok(out)
     }

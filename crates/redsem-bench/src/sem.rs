@@ -391,23 +391,20 @@ impl Polling {
 
     /// One attempt for `id`, at the client's clock.
     async fn attempt(&self, id: &str) -> BenchResult<bool> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let granted: i64 = POLL_ATTEMPT_SCRIPT
-            .key(&self.key)
-            .arg(self.limit)
-            .arg(id)
-            .arg(now_ms())
-            .arg(self.lock_timeout.as_millis() as u64)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        Ok(granted == 1)
+        self.call(&POLL_ATTEMPT_SCRIPT, id).await
     }
 
     /// Refresh `id`'s entry to the client's clock: false when it no longer holds.
     #[cfg(test)]
     pub(crate) async fn refresh(&self, id: &str) -> BenchResult<bool> {
+        self.call(&POLL_REFRESH_SCRIPT, id).await
+    }
+
+    /// One round trip of `script` (attempt or refresh, which take the same arguments) for
+    /// `id`: whether it returned 1.
+    async fn call(&self, script: &redis::Script, id: &str) -> BenchResult<bool> {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let refreshed: i64 = POLL_REFRESH_SCRIPT
+        let done: i64 = script
             .key(&self.key)
             .arg(self.limit)
             .arg(id)
@@ -415,7 +412,7 @@ impl Polling {
             .arg(self.lock_timeout.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(refreshed == 1)
+        Ok(done == 1)
     }
 }
 
