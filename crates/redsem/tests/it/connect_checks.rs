@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use redsem::{Error, Redsem, RedsemOptions, ServerChecks};
 
-use crate::support::{LIMIT, RedisServer, TestContext, short, until, within};
+use crate::support::connect_with as connect;
+use crate::support::{
+    LIMIT, RedisServer, TestContext, connect_cluster_with, cycle, short, until, within,
+};
 
 /// The rights the rustdoc of [`ServerChecks`] documents, for the prefix `redsem`, after
 /// `ACL SETUSER <user> on ><password>`. Kept identical to the documented line.
@@ -15,10 +18,6 @@ const DOCUMENTED_RIGHTS: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@a
 
 fn options(prefix: &str) -> RedsemOptions {
     RedsemOptions::default().prefix(prefix)
-}
-
-async fn connect(url: &str, options: RedsemOptions) -> redsem::Result<Redsem> {
-    within(LIMIT, "connect", Redsem::connect_with(url, options)).await
 }
 
 /// `ACL SETUSER name on >pw RULES...` on `server`; returns the URL that logs in as `name`.
@@ -58,14 +57,8 @@ async fn an_allkeys_eviction_policy_is_refused_unless_checks_are_relaxed() {
         let redsem = connect(&server.url(), options("t").server_checks(checks))
             .await
             .unwrap_or_else(|e| panic!("{checks:?}: {e}"));
-        let permit = redsem.lease_semaphore("jobs", 1).expect("sem");
-        permit
-            .try_acquire()
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
+        let sem = redsem.lease_semaphore("jobs", 1).expect("sem");
+        cycle(&sem).await.expect("acquire and release");
     }
 }
 
@@ -79,37 +72,43 @@ async fn volatile_and_noeviction_policies_are_accepted() {
     }
 }
 
+/// Connecting (prefix `t`) as a user `name` with `rules` is refused: the setting names
+/// `missing` (keys, channels, commands) and the problem names `allow`, the rule to add.
+/// Returns the user's URL.
+async fn a_user_is_refused_naming(
+    server: &RedisServer,
+    name: &str,
+    rules: &str,
+    missing: &str,
+    allow: &str,
+) -> String {
+    let url = user(server, name, rules);
+    let (setting, problem) = unsuitable(connect(&url, options("t")).await);
+    assert!(setting.contains(missing), "{setting}");
+    assert!(problem.contains(allow), "names what to allow: {problem}");
+    url
+}
+
 #[tokio::test]
 async fn a_user_without_rights_on_the_channels_is_refused_naming_them() {
     let server = RedisServer::start();
-    let url = user(&server, "nochan", "~t:* resetchannels +@all");
-    let (setting, problem) = unsuitable(connect(&url, options("t")).await);
-    assert!(setting.contains("channels"), "{setting}");
-    assert!(
-        problem.contains("&t:*"),
-        "names the pattern to allow: {problem}"
-    );
+    let rules = "~t:* resetchannels +@all";
+    a_user_is_refused_naming(&server, "nochan", rules, "channels", "&t:*").await;
 }
 
 #[tokio::test]
 async fn a_user_without_rights_on_the_keys_is_refused_naming_them() {
     let server = RedisServer::start();
-    let url = user(&server, "nokeys", "~other:* &* +@all");
-    let (setting, problem) = unsuitable(connect(&url, options("t")).await);
-    assert!(setting.contains("keys"), "{setting}");
-    assert!(
-        problem.contains("~t:*"),
-        "names the pattern to allow: {problem}"
-    );
+    let rules = "~other:* &* +@all";
+    a_user_is_refused_naming(&server, "nokeys", rules, "keys", "~t:*").await;
 }
 
 #[tokio::test]
 async fn a_user_without_scripting_is_refused_naming_the_commands() {
     let server = RedisServer::start();
-    let url = user(&server, "noscripts", "~t:* &t:* +@all -@scripting");
-    let (setting, problem) = unsuitable(connect(&url, options("t")).await);
-    assert!(setting.contains("commands"), "{setting}");
-    assert!(problem.contains("+@scripting"), "{problem}");
+    let rules = "~t:* &t:* +@all -@scripting";
+    let url =
+        a_user_is_refused_naming(&server, "noscripts", rules, "commands", "+@scripting").await;
     // Off: no check, and the first call fails instead.
     let redsem = connect(&url, options("t").server_checks(ServerChecks::Off))
         .await
@@ -130,12 +129,7 @@ async fn info_refused_by_the_acl_does_not_fail_the_connect() {
     );
     let redsem = connect(&url, options("t")).await.expect("connect");
     let sem = redsem.lease_semaphore("jobs", 1).expect("sem");
-    sem.try_acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("acquire and release");
 }
 
 /// Every primitive, waits included, as a user with exactly the documented rights.
@@ -239,32 +233,16 @@ async fn on_a_cluster_every_primary_is_checked() {
         .iter()
         .map(|node| user(node, "app", &rules))
         .collect();
-    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let redsem = within(
-        LIMIT,
-        "cluster connect",
-        Redsem::connect_cluster_with(&seeds, RedsemOptions::default()),
-    )
-    .await
-    .expect("documented rights on every node");
+    let redsem = connect_cluster_with(&urls, RedsemOptions::default())
+        .await
+        .expect("documented rights on every node");
     let sem = redsem.lease_semaphore("jobs", 1).expect("sem");
-    sem.try_acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("acquire and release");
     // The last node's user loses its channel rights; the seed is the first node.
     let last = cluster.nodes().last().expect("a node");
     user(last, "app", &rules.replace("&redsem:*", ""));
-    let (setting, problem) = unsuitable(
-        within(
-            LIMIT,
-            "cluster connect",
-            Redsem::connect_cluster_with(&seeds[..1], RedsemOptions::default()),
-        )
-        .await,
-    );
+    let (setting, problem) =
+        unsuitable(connect_cluster_with(&urls[..1], RedsemOptions::default()).await);
     assert!(setting.contains("channels"), "{setting}");
     assert!(
         problem.contains(&last.port().to_string()),

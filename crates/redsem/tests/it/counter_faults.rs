@@ -9,12 +9,14 @@ use redsem::{
     CountDownLatch, Error, LatchOptions, PermitOptions, PermitSemaphore, Redsem, RedsemOptions,
     ServerChecks,
 };
-use redsem_test::{FaultProxy, RedisCluster, RedisServer};
+use redsem_test::{FaultProxy, RedisServer};
 use tokio::task::JoinHandle;
 
-use crate::support::{Frozen, LIMIT, TestContext, until, within};
-
 use crate::support::connect_url as connect;
+use crate::support::{
+    Frozen, LIMIT, TestContext, cluster_behind_proxies, connect_with, queued, raw_connection,
+    retry, until, within,
+};
 
 fn quick_latch(redsem: &Redsem, name: &str) -> CountDownLatch {
     let options = LatchOptions::default().recheck(Duration::from_millis(100));
@@ -42,15 +44,37 @@ async fn finished<T>(task: JoinHandle<T>, what: &str) -> T {
     within(LIMIT, what, task).await.expect("task ran")
 }
 
+/// A waiter of `latch` that listens on `channel` of `server`.
+async fn listening_wait(
+    server: &RedisServer,
+    latch: &CountDownLatch,
+    channel: &str,
+) -> JoinHandle<redsem::Result<()>> {
+    let waiter = spawn_wait(latch);
+    until("the waiter listens", || async {
+        subscribers(server, channel).await == 1
+    })
+    .await;
+    waiter
+}
+
+/// A request for one permit of `sem` (named `name`), queued on `server`.
+async fn queued_acquire(
+    server: &RedisServer,
+    sem: &PermitSemaphore,
+    name: &str,
+) -> JoinHandle<redsem::Result<()>> {
+    let waiter = spawn_acquire(sem, 1);
+    until("the waiter queued", || async {
+        queued(server, name).await == 1
+    })
+    .await;
+    waiter
+}
+
 /// A raw command on a fresh connection to `server`.
 async fn raw<T: redis::FromRedisValue>(server: &RedisServer, cmd: &redis::Cmd) -> T {
-    let mut conn = within(
-        LIMIT,
-        "raw connect",
-        server.client().get_multiplexed_async_connection(),
-    )
-    .await
-    .expect("raw connection");
+    let mut conn = raw_connection(server).await;
     cmd.query_async(&mut conn).await.expect("raw command")
 }
 
@@ -59,24 +83,10 @@ async fn subscribers(server: &RedisServer, channel: &str) -> u64 {
     reply.1
 }
 
-async fn queued(server: &RedisServer, name: &str) -> u64 {
-    raw(
-        server,
-        redis::cmd("ZCARD").arg(format!("t:{{permits:{name}}}:queue")),
-    )
-    .await
-}
-
 /// Write filler keys with a TTL (candidates for `volatile-*` eviction) until `at_least` keys
 /// were evicted; returns how many were.
 async fn evict(server: &RedisServer, at_least: u64) -> u64 {
-    let mut conn = within(
-        LIMIT,
-        "raw connect",
-        server.client().get_multiplexed_async_connection(),
-    )
-    .await
-    .expect("raw connection");
+    let mut conn = raw_connection(server).await;
     let before = server.evicted_keys();
     let filler = "x".repeat(1000);
     within(LIMIT, "filling until keys are evicted", async {
@@ -147,31 +157,18 @@ async fn a_latch_waiter_is_told_of_lost_state_after_a_restart_and_after_a_flush(
     let channel = "t:{latch:boot}:opened";
 
     assert!(latch.try_set_count(2).await.expect("set"));
-    let waiter = spawn_wait(&latch);
-    until("the waiter listens", || async {
-        subscribers(&ctx.server, channel).await == 1
-    })
-    .await;
+    let waiter = listening_wait(&ctx.server, &latch, channel).await;
     ctx.server.restart();
     let after_restart = finished(waiter, "the waiter after a restart").await;
     println!("latch waiter after a restart without persistence: {after_restart:?}");
     assert!(is_state_lost(&after_restart), "{after_restart:?}");
 
-    within(LIMIT, "set again", async {
-        loop {
-            match latch.try_set_count(2).await {
-                Ok(set) => break assert!(set, "the count is gone: set again"),
-                Err(e) if e.is_unavailable() => tokio::time::sleep(Duration::from_millis(20)).await,
-                Err(e) => panic!("{e:?}"),
-            }
-        }
+    let set = retry("set again", Error::is_unavailable, || {
+        latch.try_set_count(2)
     })
     .await;
-    let waiter = spawn_wait(&latch);
-    until("the waiter listens", || async {
-        subscribers(&ctx.server, channel).await == 1
-    })
-    .await;
+    assert!(set, "the count is gone: set again");
+    let waiter = listening_wait(&ctx.server, &latch, channel).await;
     ctx.server.flushall();
     let after_flush = finished(waiter, "the waiter after FLUSHALL").await;
     println!("latch waiter after FLUSHALL: {after_flush:?}");
@@ -179,21 +176,13 @@ async fn a_latch_waiter_is_told_of_lost_state_after_a_restart_and_after_a_flush(
 
     // Opening and deleting still release waiters.
     latch.try_set_count(1).await.expect("set");
-    let opened = spawn_wait(&latch);
-    until("the waiter listens", || async {
-        subscribers(&ctx.server, channel).await == 1
-    })
-    .await;
+    let opened = listening_wait(&ctx.server, &latch, channel).await;
     latch.count_down().await.expect("count down");
     finished(opened, "opened")
         .await
         .expect("released by the opening");
     latch.try_set_count(1).await.expect("set");
-    let deleted = spawn_wait(&latch);
-    until("the waiter listens", || async {
-        subscribers(&ctx.server, channel).await == 1
-    })
-    .await;
+    let deleted = listening_wait(&ctx.server, &latch, channel).await;
     assert!(latch.delete().await.expect("delete"));
     finished(deleted, "deleted")
         .await
@@ -214,11 +203,7 @@ async fn a_latch_waiter_is_told_of_lost_state_after_a_failover_to_a_replica_that
             .await
             .expect("set on the primary only")
     );
-    let waiter = spawn_wait(&latch);
-    until("the waiter listens", || async {
-        subscribers(&primary, "t:{latch:deploy}:opened").await == 1
-    })
-    .await;
+    let waiter = listening_wait(&primary, &latch, "t:{latch:deploy}:opened").await;
 
     fail_over_in_place(&primary, &replica, &proxy);
     let result = finished(waiter, "the waiter after the failover").await;
@@ -234,26 +219,14 @@ async fn a_permit_waiter_is_never_granted_from_nothing_after_a_restart_or_a_flus
     let waiting = quick_permits(&other, "gpu");
     for loss in ["restart", "flush"] {
         sem.try_set_permits(0).await.expect("set");
-        let waiter = spawn_acquire(&waiting, 1);
-        until("the waiter queued", || async {
-            queued(&ctx.server, "gpu").await == 1
-        })
-        .await;
+        let waiter = queued_acquire(&ctx.server, &waiting, "gpu").await;
         match loss {
             "restart" => ctx.server.restart(),
             _ => ctx.server.flushall(),
         }
         // The count is gone: 0 available, never set. The waiter queues again and waits.
-        let available = within(LIMIT, "available_permits", async {
-            loop {
-                match sem.available_permits().await {
-                    Ok(n) => break n,
-                    Err(e) if e.is_unavailable() => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("{e:?}"),
-                }
-            }
+        let available = retry("available_permits", Error::is_unavailable, || {
+            sem.available_permits()
         })
         .await;
         assert_eq!(available, 0, "after a {loss}");
@@ -334,17 +307,13 @@ async fn a_client_without_channel_rights_still_releases_and_counts_down_and_wait
     let options = RedsemOptions::default()
         .prefix("t")
         .server_checks(ServerChecks::Warn);
-    let limited = within(LIMIT, "connect", Redsem::connect_with(&url, options))
+    let limited = connect_with(&url, options)
         .await
         .expect("connect with a warning");
 
     let sem = quick_permits(&limited, "acl");
     sem.try_set_permits(0).await.expect("set");
-    let waiter = spawn_acquire(&sem, 1);
-    until("the waiter queued", || async {
-        queued(&server, "acl").await == 1
-    })
-    .await;
+    let waiter = queued_acquire(&server, &sem, "acl").await;
     let released = sem.release(1).await;
     println!("release by a user without channel rights: {released:?}");
     released.expect("applied, and answered");
@@ -373,16 +342,7 @@ async fn a_client_without_channel_rights_still_releases_and_counts_down_and_wait
 async fn a_drain_a_release_and_a_count_down_resent_on_a_cluster_are_applied_once() {
     // Issue 9 #3: the cluster client resends a request after a lost reply; a drain without a
     // request id then took twice and answered what the second took.
-    let cluster = RedisCluster::start_behind_proxies(3);
-    let urls = cluster.urls();
-    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let redsem = within(
-        LIMIT,
-        "cluster connect",
-        Redsem::connect_cluster_with(&seeds, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect");
+    let (cluster, redsem) = cluster_behind_proxies().await;
     let sem = redsem.permit_semaphore("resend").expect("semaphore");
     let latch = redsem.count_down_latch("resend").expect("latch");
     // Load every script on the nodes first, so each lost reply is the one of the real call.
@@ -451,11 +411,7 @@ async fn volatile_lru_eviction_never_takes_a_live_permit_queue_or_a_counting_lat
             PermitOptions::default().waiter_lease(Duration::from_secs(30)),
         )
         .expect("semaphore");
-    let waiter = spawn_acquire(&waiting, 1);
-    until("the waiter queued", || async {
-        queued(&server, "live").await == 1
-    })
-    .await;
+    let waiter = queued_acquire(&server, &waiting, "live").await;
     let latch = redsem.count_down_latch("live").expect("latch");
     latch.try_set_count(3).await.expect("set");
     latch.count_down().await.expect("count down");
@@ -506,20 +462,10 @@ async fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
     waiter.freeze(Duration::from_millis(1_500));
     tokio::time::sleep(Duration::from_millis(50)).await;
     sem.release(1).await.expect("release to the waiter");
-    within(
-        LIMIT,
+    retry(
         "another request takes the permit given back",
-        async {
-            loop {
-                match sem.try_acquire(1).await {
-                    Ok(()) => break,
-                    Err(e) if e.is_not_acquired() => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("{e:?}"),
-                }
-            }
-        },
+        Error::is_not_acquired,
+        || sem.try_acquire(1),
     )
     .await;
     // The waiter wakes up while the only permit is taken: it must not return.

@@ -1,9 +1,7 @@
 //! The scripts as a Redis Functions library: loaded once per server (and again after it lost
 //! it), side by side with other versions, and EVALSHA where functions are refused.
 
-use redsem::{Redsem, RedsemOptions};
-
-use crate::support::{LIMIT, TestContext, within};
+use crate::support::{LIMIT, TestContext, connect_url, cycle, within};
 
 /// The libraries on the server whose name starts with `redsem_`.
 async fn redsem_libraries(ctx: &TestContext) -> Vec<String> {
@@ -30,12 +28,7 @@ async fn operations_run_as_functions_of_one_library_loaded_once() {
     ctx.reset_stats().await;
     let sem = ctx.redsem.lease_semaphore("f", 2).expect("semaphore");
     for _ in 0..5 {
-        sem.try_acquire()
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
+        cycle(&sem).await.expect("acquire and release");
     }
     let latch = ctx.redsem.count_down_latch("f").expect("latch");
     latch.try_set_count(1).await.expect("set");
@@ -52,12 +45,7 @@ async fn operations_run_as_functions_of_one_library_loaded_once() {
 async fn a_server_that_lost_the_library_gets_it_again() {
     let ctx = TestContext::start().await;
     let sem = ctx.redsem.lease_semaphore("f", 1).expect("semaphore");
-    sem.try_acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("acquire and release");
     let mut conn = ctx.raw().await;
     let () = redis::cmd("FUNCTION")
         .arg("FLUSH")
@@ -65,12 +53,7 @@ async fn a_server_that_lost_the_library_gets_it_again() {
         .await
         .expect("FUNCTION FLUSH");
     assert!(redsem_libraries(&ctx).await.is_empty());
-    sem.try_acquire()
-        .await
-        .expect("after FUNCTION FLUSH")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("after FUNCTION FLUSH");
     assert_eq!(redsem_libraries(&ctx).await.len(), 1);
 }
 
@@ -89,8 +72,7 @@ async fn another_version_of_the_library_beside_it_changes_nothing() {
         .await
         .expect("load the other version");
     let sem = ctx.redsem.lease_semaphore("f", 1).expect("semaphore");
-    let permit = sem.try_acquire().await.expect("our own version ran");
-    permit.release().await.expect("release");
+    cycle(&sem).await.expect("our own version ran");
     assert_eq!(redsem_libraries(&ctx).await.len(), 2, "side by side");
     // And the other one is still there, untouched.
     let answer: redis::RedisResult<String> = redis::cmd("FCALL")
@@ -124,22 +106,11 @@ async fn a_user_refused_functions_runs_the_same_operations_by_evalsha() {
         .await
         .expect("ACL SETUSER");
     let url = format!("redis://nofunc:pw@127.0.0.1:{}/", ctx.server.port());
-    let redsem = within(
-        LIMIT,
-        "connect",
-        Redsem::connect_with(&url, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect");
+    let redsem = connect_url(&url).await;
     ctx.reset_stats().await;
     let sem = redsem.lease_semaphore("f", 1).expect("semaphore");
     for _ in 0..3 {
-        sem.try_acquire()
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
+        cycle(&sem).await.expect("acquire and release");
     }
     let waiter = {
         let sem = sem.clone();

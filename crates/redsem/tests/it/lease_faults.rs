@@ -4,26 +4,17 @@
 
 use std::time::Duration;
 
-use redsem::{Error, LeaseOptions, MAX_UNITS, Redsem, RedsemOptions};
-use redsem_test::{RedisCluster, RedisServer};
-use tokio::time::Instant;
-
-use crate::support::{Frozen, LIMIT, TestContext, short, until, within};
+use redsem::{Error, LeaseOptions, MAX_UNITS};
+use redsem_test::RedisServer;
 
 use crate::support::connect_url as connect;
+use crate::support::{
+    Frozen, LIMIT, TestContext, cluster_behind_proxies, cycle, retry, short, until, within,
+};
 
 /// Retry `try_acquire` while the connection comes back after a restart or failover.
 async fn try_acquire_soon(sem: &redsem::LeaseSemaphore) -> redsem::LeasePermit {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        match sem.try_acquire().await {
-            Ok(permit) => return permit,
-            Err(e) if e.is_unavailable() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("try_acquire: {e:?}"),
-        }
-    }
+    retry("try_acquire", Error::is_unavailable, || sem.try_acquire()).await
 }
 
 #[tokio::test]
@@ -118,24 +109,10 @@ async fn tokens_keep_increasing_across_a_failover_to_a_replica_that_missed_the_l
 async fn a_resent_acquire_and_release_on_a_cluster_are_applied_once() {
     // Issue 9 #3: the cluster client resends a request after a dropped connection; the
     // acquire was applied twice (one unit leaked for good), the release answered NotHeld.
-    let cluster = RedisCluster::start_behind_proxies(3);
-    let urls = cluster.urls();
-    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let redsem = within(
-        LIMIT,
-        "cluster connect",
-        Redsem::connect_cluster_with(&seeds, RedsemOptions::default().prefix("t")),
-    )
-    .await
-    .expect("connect");
+    let (cluster, redsem) = cluster_behind_proxies().await;
     let sem = redsem.lease_semaphore("resend", 1).expect("semaphore");
     // Load the scripts on that node first, so the lost reply is the one of the real call.
-    sem.try_acquire()
-        .await
-        .expect("warm")
-        .release()
-        .await
-        .expect("warm release");
+    cycle(&sem).await.expect("warm");
     let proxy = cluster.proxy_for_key("t:{lease:resend}:state");
 
     proxy.drop_reply_after(b"{lease:resend}");
@@ -155,10 +132,9 @@ async fn a_resent_acquire_and_release_on_a_cluster_are_applied_once() {
         .await
         .expect("the resent release answers as the first did");
     assert_eq!(proxy.triggered(), 2);
-    let again = within(LIMIT, "the unit is free", sem.try_acquire())
+    within(LIMIT, "the unit is free", cycle(&sem))
         .await
         .expect("nothing leaked");
-    again.release().await.expect("release");
 }
 
 #[tokio::test]
@@ -247,17 +223,11 @@ async fn a_stale_wake_up_never_becomes_a_permit() {
     waiter.freeze(Duration::from_millis(1_500));
     tokio::time::sleep(Duration::from_millis(50)).await;
     holder.release().await.expect("release");
-    let other = within(LIMIT, "another client takes the unit", async {
-        loop {
-            match sem.try_acquire().await {
-                Ok(p) => break p,
-                Err(e) if e.is_not_acquired() => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => panic!("{e:?}"),
-            }
-        }
-    })
+    let other = retry(
+        "another client takes the unit",
+        Error::is_not_acquired,
+        || sem.try_acquire(),
+    )
     .await;
     // The waiter wakes up while `other` holds the only unit: it must not return a permit.
     tokio::time::sleep(Duration::from_millis(1_800)).await;

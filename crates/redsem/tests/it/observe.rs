@@ -11,9 +11,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redsem::{MetricNames, PermitOptions, Redsem, RedsemOptions};
+use redsem::{MetricNames, PermitOptions, RedsemOptions};
 
-use crate::support::{LIMIT, RedisServer, TestContext, short, within};
+use crate::support::{LIMIT, RedisServer, TestContext, connect_with, cycle, short, within};
 
 /// Counters and histogram samples seen so far, by `metric{label=value,...}` (labels sorted).
 #[derive(Default)]
@@ -266,13 +266,7 @@ async fn names_outside_the_allow_list_share_one_label_value() {
     let options = RedsemOptions::default()
         .prefix("t")
         .metric_names(MetricNames::only(["obs-shown"]));
-    let redsem = within(
-        LIMIT,
-        "connect",
-        Redsem::connect_with(&server.url(), options),
-    )
-    .await
-    .expect("connect");
+    let redsem = connect_with(&server.url(), options).await.expect("connect");
     for name in ["obs-secret-1", "obs-secret-2"] {
         let lock = redsem.mutex(name).expect("mutex");
         let guard = within(LIMIT, "lock", lock.try_lock()).await.expect("lock");
@@ -458,8 +452,7 @@ async fn a_function_library_load_is_counted_as_a_script_reload() {
     let before = counter("redsem_script_reloads_total", &[]);
     // A fresh server has no library: the first call loads it.
     let sem = ctx.redsem.lease_semaphore("obs-reload", 1).expect("sem");
-    let permit = sem.try_acquire().await.expect("acquire");
-    permit.release().await.expect("release");
+    cycle(&sem).await.expect("acquire and release");
     // (Cumulative over the binary; other tests' fresh servers add to it too, but without a
     // count at every load it would stay where it was.)
     let after = counter("redsem_script_reloads_total", &[]);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redsem::{Redsem, RedsemOptions};
+use redsem::{Error, LeaseSemaphore, Redsem, RedsemOptions};
 pub(crate) use redsem_test::{RedisServer, within};
 
 /// Generous bound for any single wait in a test: a hang fails instead of stalling CI.
@@ -33,24 +33,14 @@ impl TestContext {
     }
 
     async fn connect_to(server: &RedisServer, prefix: &str) -> Redsem {
-        within(
-            LIMIT,
-            "connect",
-            Redsem::connect_with(&server.url(), RedsemOptions::default().prefix(prefix)),
-        )
-        .await
-        .expect("connect to the test server")
+        connect_with(&server.url(), RedsemOptions::default().prefix(prefix))
+            .await
+            .expect("connect to the test server")
     }
 
     /// A raw async connection for inspecting keys.
     pub(crate) async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        within(
-            LIMIT,
-            "raw connect",
-            self.server.client().get_multiplexed_async_connection(),
-        )
-        .await
-        .expect("raw connection")
+        raw_connection(&self.server).await
     }
 
     /// Every key on the server, sorted.
@@ -169,14 +159,84 @@ pub(crate) fn median(mut samples: Vec<Duration>) -> Duration {
 }
 
 /// A client with the prefix the tests use, connected to `url` (a server, a proxy).
-pub(crate) async fn connect_url(url: &str) -> redsem::Redsem {
+pub(crate) async fn connect_url(url: &str) -> Redsem {
+    connect_with(url, RedsemOptions::default().prefix("t"))
+        .await
+        .expect("connect")
+}
+
+/// `Redsem::connect_with`, bounded by [`LIMIT`].
+pub(crate) async fn connect_with(url: &str, options: RedsemOptions) -> redsem::Result<Redsem> {
+    within(LIMIT, "connect", Redsem::connect_with(url, options)).await
+}
+
+/// `Redsem::connect_cluster_with` seeded with `urls`, bounded by [`LIMIT`].
+pub(crate) async fn connect_cluster_with(
+    urls: &[String],
+    options: RedsemOptions,
+) -> redsem::Result<Redsem> {
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
     within(
         LIMIT,
-        "connect",
-        redsem::Redsem::connect_with(url, RedsemOptions::default().prefix("t")),
+        "cluster connect",
+        Redsem::connect_cluster_with(&seeds, options),
     )
     .await
-    .expect("connect")
+}
+
+/// A 3-master cluster whose nodes are reached through fault proxies, and a client (prefix `t`)
+/// seeded with every proxy.
+pub(crate) async fn cluster_behind_proxies() -> (redsem_test::RedisCluster, Redsem) {
+    let cluster = redsem_test::RedisCluster::start_behind_proxies(3);
+    let redsem = connect_cluster_with(&cluster.urls(), RedsemOptions::default().prefix("t"))
+        .await
+        .expect("connect");
+    (cluster, redsem)
+}
+
+/// A raw async connection to `server`, bounded by [`LIMIT`].
+pub(crate) async fn raw_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    within(
+        LIMIT,
+        "raw connect",
+        server.client().get_multiplexed_async_connection(),
+    )
+    .await
+    .expect("raw connection")
+}
+
+/// Requests queued on the permit semaphore `name` (prefix `t`): `ZCARD` of its queue.
+pub(crate) async fn queued(server: &RedisServer, name: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("t:{{permits:{name}}}:queue"))
+        .query_async(&mut raw_connection(server).await)
+        .await
+        .expect("ZCARD")
+}
+
+/// One grant of `sem` and its release: `try_acquire`, then `release`.
+pub(crate) async fn cycle(sem: &LeaseSemaphore) -> redsem::Result<()> {
+    sem.try_acquire().await?.release().await
+}
+
+/// Call `attempt` every 20 ms while it fails with an error `passing` accepts (`unavailable`
+/// while a server comes back, `not acquired` while a unit is taken); panics on any other
+/// error, and naming `what` after [`LIMIT`].
+pub(crate) async fn retry<T, F, Fut>(what: &str, passing: fn(&Error) -> bool, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redsem::Result<T>>,
+{
+    within(LIMIT, what, async {
+        loop {
+            match attempt().await {
+                Ok(done) => break done,
+                Err(e) if passing(&e) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    })
+    .await
 }
 
 /// A client living on a runtime of its own thread, which the test can freeze (the thread

@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
-use redsem::LeaseOptions;
+use redsem::{LeaseOptions, LeasePermit, LeaseSemaphore};
 use redsem_test::FaultProxy;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::support::{LIMIT, TestContext, until, within};
+use crate::support::connect_url as connect;
+use crate::support::{LIMIT, TestContext, cycle, queued, raw_connection, until, within};
 
 /// How far the local lease clock may lag the server's: a round trip and scheduling.
 const SLACK: Duration = Duration::from_millis(250);
@@ -60,39 +62,45 @@ async fn hand_over(lease: Duration, waiter_lease: Duration) -> (Duration, Durati
     (server, local)
 }
 
-#[tokio::test]
-async fn a_queued_grant_gets_the_lease_it_asked_for_with_a_short_lease() {
-    // Before: lease 600 ms, waiter lease 3 s gave a server lease of ~2.5 s and a local one
-    // of 85 ms (a false loss at 87 ms).
-    let lease = Duration::from_millis(600);
-    let (server, local) = hand_over(lease, Duration::from_secs(3)).await;
+/// A queued grant's lease on the server is the `lease` asked for, and the local one follows it.
+async fn a_queued_grant_gets_the_lease_it_asked_for(lease: Duration, waiter_lease: Duration) {
+    let (server, local) = hand_over(lease, waiter_lease).await;
     assert!(
         server <= lease && server + SLACK >= lease,
         "server {server:?}"
     );
     assert!(local + SLACK >= server, "local {local:?} server {server:?}");
+}
+
+#[tokio::test]
+async fn a_queued_grant_gets_the_lease_it_asked_for_with_a_short_lease() {
+    // Before: lease 600 ms, waiter lease 3 s gave a server lease of ~2.5 s and a local one
+    // of 85 ms (a false loss at 87 ms).
+    a_queued_grant_gets_the_lease_it_asked_for(Duration::from_millis(600), Duration::from_secs(3))
+        .await;
 }
 
 #[tokio::test]
 async fn a_queued_grant_gets_the_lease_it_asked_for_with_a_long_lease() {
     // Before: lease 2.4 s, waiter lease 600 ms gave a server lease of 487 ms.
-    let lease = Duration::from_millis(2_400);
-    let (server, local) = hand_over(lease, Duration::from_millis(600)).await;
-    assert!(
-        server <= lease && server + SLACK >= lease,
-        "server {server:?}"
-    );
-    assert!(local + SLACK >= server, "local {local:?} server {server:?}");
+    a_queued_grant_gets_the_lease_it_asked_for(
+        Duration::from_millis(2_400),
+        Duration::from_millis(600),
+    )
+    .await;
 }
 
-use crate::support::connect_url as connect;
-
-#[tokio::test]
-async fn a_waiter_rides_out_a_dropped_connection_and_keeps_its_place() {
-    // Before: acquire() failed with "broken pipe" 0.0 ms after the connection dropped.
-    let ctx = TestContext::start().await;
-    let proxy = FaultProxy::start(ctx.server.port());
-    let options = LeaseOptions::default().waiter_lease(Duration::from_secs(3));
+/// A lease semaphore of one unit held by `ctx`'s client, and a waiter for it (`b`) connected
+/// through `proxy`, queued.
+async fn lease_waiter(
+    ctx: &TestContext,
+    proxy: &FaultProxy,
+    options: &LeaseOptions,
+) -> (
+    LeaseSemaphore,
+    LeasePermit,
+    JoinHandle<redsem::Result<LeasePermit>>,
+) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 1, options.clone())
@@ -107,6 +115,39 @@ async fn a_waiter_rides_out_a_dropped_connection_and_keeps_its_place() {
         sem.status().await.expect("status").waiters.len() == 1
     })
     .await;
+    (sem, holder, b)
+}
+
+/// `proxy` refuses and drops its connections for `span`.
+async fn cut_off_for(proxy: &FaultProxy, span: Duration) {
+    proxy.set_refusing(true);
+    tokio::time::sleep(span).await;
+    proxy.set_refusing(false);
+}
+
+/// `proxy` refuses for good: the waiter behind it fails as unavailable, within [`LIMIT`].
+/// Returns how long after the cut it failed.
+async fn a_waiter_cut_off_for_good_fails_as_unavailable<T: std::fmt::Debug>(
+    proxy: &FaultProxy,
+    waiter: JoinHandle<redsem::Result<T>>,
+) -> Duration {
+    proxy.set_refusing(true);
+    let cut = Instant::now();
+    let err = within(LIMIT, "the waiter gives up", waiter)
+        .await
+        .expect("task")
+        .expect_err("unreachable for longer than the waiter lease");
+    assert!(err.is_unavailable(), "{err:?}");
+    cut.elapsed()
+}
+
+#[tokio::test]
+async fn a_waiter_rides_out_a_dropped_connection_and_keeps_its_place() {
+    // Before: acquire() failed with "broken pipe" 0.0 ms after the connection dropped.
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let options = LeaseOptions::default().waiter_lease(Duration::from_secs(3));
+    let (sem, holder, b) = lease_waiter(&ctx, &proxy, &options).await;
     let third = ctx.client().await;
     let sem_c = third
         .lease_semaphore_with("s", 1, options)
@@ -118,9 +159,7 @@ async fn a_waiter_rides_out_a_dropped_connection_and_keeps_its_place() {
     .await;
 
     // Cut b off for a second: its connections drop and new ones are refused.
-    proxy.set_refusing(true);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    proxy.set_refusing(false);
+    cut_off_for(&proxy, Duration::from_secs(1)).await;
     holder.release().await.expect("release");
     let b_permit = within(LIMIT, "b, first in line", b)
         .await
@@ -138,32 +177,9 @@ async fn a_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailable() {
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
     let options = LeaseOptions::default().waiter_lease(Duration::from_millis(600));
-    let sem = ctx
-        .redsem
-        .lease_semaphore_with("s", 1, options.clone())
-        .expect("semaphore");
-    let behind = connect(&proxy.url()).await;
-    let sem_b = behind
-        .lease_semaphore_with("s", 1, options)
-        .expect("semaphore");
-    let _holder = sem.try_acquire().await.expect("holder");
-    let b = tokio::spawn(async move { sem_b.acquire().await });
-    until("b queued", || async {
-        sem.status().await.expect("status").waiters.len() == 1
-    })
-    .await;
-    proxy.set_refusing(true);
-    let cut = Instant::now();
-    let err = within(LIMIT, "b gives up", b)
-        .await
-        .expect("task")
-        .expect_err("unreachable for longer than the waiter lease");
-    assert!(err.is_unavailable(), "{err:?}");
-    assert!(
-        cut.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        cut.elapsed()
-    );
+    let (_sem, _holder, b) = lease_waiter(&ctx, &proxy, &options).await;
+    let gave_up = a_waiter_cut_off_for_good_fails_as_unavailable(&proxy, b).await;
+    assert!(gave_up < Duration::from_secs(5), "{gave_up:?}");
 }
 
 #[tokio::test]
@@ -172,13 +188,7 @@ async fn a_client_whose_reconnection_was_refused_authentication_recovers() {
     // with AuthenticationFailed, also once the password was back.
     let server = redsem_test::RedisServer::start();
     // (Connected before the password is set, this connection stays authenticated.)
-    let mut admin = within(
-        LIMIT,
-        "admin",
-        server.client().get_multiplexed_async_connection(),
-    )
-    .await
-    .expect("admin");
+    let mut admin = raw_connection(&server).await;
     let () = redis::cmd("CONFIG")
         .arg(&["SET", "requirepass", "old"])
         .query_async(&mut admin)
@@ -187,12 +197,7 @@ async fn a_client_whose_reconnection_was_refused_authentication_recovers() {
     let url = format!("redis://:old@127.0.0.1:{}/", server.port());
     let redsem = connect(&url).await;
     let sem = redsem.lease_semaphore("s", 1).expect("semaphore");
-    sem.try_acquire()
-        .await
-        .expect("works")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("works");
     let rotate = admin.clone();
     let config_set = |password: &'static str| {
         let mut admin = rotate.clone();
@@ -233,12 +238,7 @@ async fn a_client_whose_reconnection_was_refused_authentication_recovers() {
         "recovered {:?} after the password was restored",
         back.elapsed()
     );
-    sem.try_acquire()
-        .await
-        .expect("works again")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("works again");
 }
 
 /// A permit semaphore with one permit taken, and a waiter for it connected through `proxy`.
@@ -246,10 +246,7 @@ async fn permit_waiter(
     ctx: &TestContext,
     proxy: &FaultProxy,
     waiter_lease: Duration,
-) -> (
-    redsem::PermitSemaphore,
-    tokio::task::JoinHandle<redsem::Result<()>>,
-) {
+) -> (redsem::PermitSemaphore, JoinHandle<redsem::Result<()>>) {
     let options = redsem::PermitOptions::default().waiter_lease(waiter_lease);
     let pool = ctx
         .redsem
@@ -260,8 +257,10 @@ async fn permit_waiter(
     let behind = connect(&proxy.url()).await;
     let waiting = behind.permit_semaphore_with("p", options).expect("permits");
     let task = tokio::spawn(async move { waiting.acquire(1).await });
-    // (The waiter is queued once it blocks further try_acquires of 0 available.)
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the waiter queued", || async {
+        queued(&ctx.server, "p").await == 1
+    })
+    .await;
     (pool, task)
 }
 
@@ -270,9 +269,7 @@ async fn a_permit_waiter_rides_out_a_dropped_connection() {
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
     let (pool, waiter) = permit_waiter(&ctx, &proxy, Duration::from_secs(3)).await;
-    proxy.set_refusing(true);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    proxy.set_refusing(false);
+    cut_off_for(&proxy, Duration::from_secs(1)).await;
     assert!(!waiter.is_finished(), "still waiting");
     pool.release(1).await.expect("release");
     within(LIMIT, "the waiter", waiter)
@@ -286,10 +283,5 @@ async fn a_permit_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailab
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
     let (_pool, waiter) = permit_waiter(&ctx, &proxy, Duration::from_millis(600)).await;
-    proxy.set_refusing(true);
-    let err = within(LIMIT, "the waiter gives up", waiter)
-        .await
-        .expect("task")
-        .expect_err("unreachable for longer than the waiter lease");
-    assert!(err.is_unavailable(), "{err:?}");
+    a_waiter_cut_off_for_good_fails_as_unavailable(&proxy, waiter).await;
 }
