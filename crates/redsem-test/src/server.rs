@@ -166,6 +166,9 @@ impl RedisServer {
     /// # Panics
     ///
     /// If `REPLICAOF NO ONE` fails or the role does not change within 10 s.
+    ///
+    /// Its `repl-diskless-sync-delay` is set to 0 afterwards, like a primary's in
+    /// [`start_replica_of`](Self::start_replica_of).
     pub fn promote(&self) {
         let () = self
             .query(redis::cmd("REPLICAOF").arg("NO").arg("ONE"))
@@ -174,7 +177,7 @@ impl RedisServer {
         loop {
             let info = self.info("replication");
             if field(&info, "role") == Some("master") {
-                return;
+                break;
             }
             if Instant::now() >= deadline {
                 self.fail(&format!(
@@ -183,6 +186,16 @@ impl RedisServer {
             }
             thread::sleep(POLL_INTERVAL);
         }
+        // A primary now: a server made its replica (the old primary coming back) syncs at once,
+        // as from start_replica_of's primary, not after the default 5 s.
+        let () = self
+            .query(
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("repl-diskless-sync-delay")
+                    .arg(0),
+            )
+            .unwrap_or_else(|e| self.fail(&format!("CONFIG SET after promotion failed: {e}")));
     }
 
     /// Delete every key of every database (`FLUSHALL SYNC`).
