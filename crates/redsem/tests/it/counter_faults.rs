@@ -119,12 +119,8 @@ fn is_state_lost(result: &redsem::Result<()>) -> bool {
 fn fail_over_in_place(primary: &RedisServer, replica: &RedisServer, proxy: &FaultProxy) {
     proxy.set_refusing(true);
     proxy.cut_all();
+    // (promote() also lets the old primary resync from it at once.)
     replica.promote();
-    // The old primary resyncs from it at once (the default waits 5 s for more replicas).
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "repl-diskless-sync-delay", "0"])
-        .query(&mut replica.connection())
-        .expect("CONFIG SET");
     let () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query(&mut replica.connection())
