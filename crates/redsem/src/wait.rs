@@ -37,7 +37,7 @@ impl Patience {
     }
 }
 
-/// How often a waiter tries again while Redis is unreachable.
+/// How often a waiter (and a permit's renewal) tries again while Redis is unreachable.
 pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment (on

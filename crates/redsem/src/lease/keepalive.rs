@@ -31,8 +31,9 @@ use super::permit::PermitState;
 use crate::clock;
 use crate::error::Result;
 
-/// After a failed renewal (Redis unreachable), try again this often, within the lease.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(50);
+/// After a failed renewal (Redis unreachable), try again this often, within the lease: as
+/// often as a waiter checks in through a connection loss.
+use crate::wait::RETRY_EVERY as RETRY_AFTER_ERROR;
 
 /// The keepalive of one `Redsem` (kept in its `Shared`).
 pub(crate) struct Keepalive {
