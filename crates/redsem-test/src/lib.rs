@@ -23,6 +23,9 @@
 //!   [`RedisCluster::proxy_for_key`] and [`RedisCluster::node_for_key`]. redis-rs's cluster
 //!   client resends a request whose reply was lost with its connection, so a script can run twice
 //!   for one call (`tests/cluster_proxies.rs` shows it).
+//! * Sentinel: [`RedisSentinels`], a primary with two replicas and three sentinels, with a
+//!   forced failover ([`RedisSentinels::failover`]) or a killed primary
+//!   ([`RedisSentinels::kill_primary`]).
 //!
 //! The binaries come from `$REDSEM_REDIS_SERVER` and `$REDSEM_REDIS_CLI`, or `redis-server`
 //! and `redis-cli` on the `PATH` (`apt-get install -y redis-server` installs both).
@@ -46,6 +49,7 @@
 mod cluster;
 mod port;
 mod proxy;
+mod sentinel;
 mod server;
 mod tls;
 
@@ -54,6 +58,7 @@ use std::time::{Duration, Instant};
 
 pub use cluster::RedisCluster;
 pub use proxy::FaultProxy;
+pub use sentinel::RedisSentinels;
 pub use server::RedisServer;
 pub use tls::TlsRedisServer;
 

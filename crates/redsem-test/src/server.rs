@@ -63,7 +63,8 @@ impl RedisServer {
     }
 
     /// Start a throwaway replica of `primary` (`--replicaof 127.0.0.1 <primary port>`), and wait
-    /// until its link to the primary is up and the initial sync is complete.
+    /// until its link to the primary is up, the initial sync is complete and the primary lists it
+    /// online.
     ///
     /// The replica is read-only; [`promote`](Self::promote) makes it a primary. It stays a replica
     /// across [`restart`](Self::restart) (and syncs again from scratch). The primary's
@@ -89,6 +90,14 @@ impl RedisServer {
             field(info, "role") == Some("slave")
                 && field(info, "master_link_status") == Some("up")
                 && field(info, "master_sync_in_progress") == Some("0")
+        });
+        // The replica reports its link up before the primary has its first acknowledgement and
+        // lists it `state=online` (until then `wait_bgsave`): wait for the primary's view too,
+        // or a WAIT or an INFO on the primary right after this call does not count it.
+        let listed = format!("port={},state=online", replica.port());
+        primary.wait_replication_state(primary, "listing the new replica online", |info| {
+            info.lines()
+                .any(|line| line.starts_with("slave") && line.contains(&listed))
         });
         replica
     }
@@ -313,8 +322,8 @@ impl RedisServer {
             };
             if Instant::now() >= deadline {
                 panic!(
-                    "replica on port {}: {what} did not complete within {REPLICATION_TIMEOUT:?}\n\
-                     replica INFO replication:\n{last}\n{}\nprimary on port {}:\n{}",
+                    "server on port {}: {what} did not complete within {REPLICATION_TIMEOUT:?}\n\
+                     its INFO replication:\n{last}\n{}\nprimary on port {}:\n{}",
                     self.port,
                     self.log_tail(),
                     primary.port(),
@@ -519,24 +528,20 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), String> {
         let stderr =
             fs::File::create(self.stderr_path()).expect("create the stderr file of redis-server");
-        let bin = binary("REDSEM_REDIS_SERVER", "redis-server");
-        let mut cmd = Command::new(&bin);
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(self.log_path())
-            .args(["--enable-debug-command", "yes", "--daemonize", "no"])
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
-        die_with_parent(&mut cmd);
-        let process = cmd
-            .spawn()
-            .unwrap_or_else(|e| spawn_failed(&bin, "REDSEM_REDIS_SERVER", &e));
+        let process = spawn_redis_server(
+            |cmd| {
+                cmd.arg("--port")
+                    .arg(self.port.to_string())
+                    .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(self.dir.path())
+                    .arg("--logfile")
+                    .arg(self.log_path())
+                    .args(["--enable-debug-command", "yes", "--daemonize", "no"])
+                    .args(&self.extra_args);
+            },
+            stderr,
+        );
         self.pid = process.id();
         self.process = Some(process);
         self.wait_ready()
@@ -592,6 +597,24 @@ impl Drop for RedisServer {
 /// The binary named by the environment variable `var`, or `default` from the `PATH`.
 pub(crate) fn binary(var: &str, default: &str) -> OsString {
     env::var_os(var).unwrap_or_else(|| default.into())
+}
+
+/// Spawn `redis-server` with the arguments `args` adds, stdout discarded and stderr to
+/// `stderr`, killed when the calling thread dies.
+///
+/// # Panics
+///
+/// If the binary cannot be run.
+pub(crate) fn spawn_redis_server(args: impl FnOnce(&mut Command), stderr: fs::File) -> Child {
+    let bin = binary("REDSEM_REDIS_SERVER", "redis-server");
+    let mut cmd = Command::new(&bin);
+    args(&mut cmd);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    die_with_parent(&mut cmd);
+    cmd.spawn()
+        .unwrap_or_else(|e| spawn_failed(&bin, "REDSEM_REDIS_SERVER", &e))
 }
 
 /// Panic because `bin` (configured by `$var`) could not be run.
