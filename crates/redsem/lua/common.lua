@@ -1,34 +1,279 @@
--- common: joined in front of every prelude (lease, permit, latch) at compile time.
+-- common: the runtime every operation runs on, joined in front of the preludes (lease,
+-- permit, latch). A prelude names its keys and record formats and hands start() its hooks;
+-- an operation file is one body given to run():
+--
+--   return run(function() ... return reply end, field, mode)
+--
+-- run() starts the call (begin() has named its keys), then around the body:
+--   load    hooks.load(field, mode) reads the primitive's state (and the hash field `field`,
+--           usually the caller's record) with the time; it answers whether there is state
+--           to settle. mode "bare": nothing is loaded (nor saved).
+--   settle  hooks.settle() drops what has expired and promotes waiters; skipped when load
+--           found nothing to settle, and with mode "unsettled".
+--   body    the operation itself, on the cached fields (field(), put()).
+--   save    hooks.save() (the primitive's counters and keep-alive), then the changed fields
+--           are written back in slices, the TTLs set by expire_at() given, and the wake-ups
+--           published, last, with pcall: a refused PUBLISH (an ACL without channel rights)
+--           costs a waiter one timer re-check, never a half-saved state.
+-- If one of our keys fails its first access (a foreign value, a missing right), the reply
+-- says so (caught()), and what was settled before is saved.
+--
+-- Keep-alive: while anyone holds or waits, none of a primitive's keys carries a TTL, so no
+-- volatile-* eviction policy can pick one (persist()). Once idle, its keys expire at a
+-- deadline kept in its hash, moved only when it comes within a margin of where it should
+-- be, so idle calls seldom touch TTLs (expire_at()). Each prelude names its idle time and
+-- margin (KEEP_IDLE_MS, KEEP_MARGIN_MS).
+--
+-- Cost: every redis.call costs about a microsecond, more than most commands themselves, so
+-- a call reads its fields once, changes them in Lua and writes them back together. The hot
+-- path also avoids what Lua makes slow: look-ups of the library functions it calls most
+-- (bound to locals below), closures and tables made per call, and numbers as arguments of
+-- redis.call (see digits()).
+
+-- The library functions the hot path calls most, as locals: reading a local costs a
+-- fraction of a global and a field look-up. A function library may not read them while it
+-- loads, so start() binds them at the first call (builtins() is defined before the locals,
+-- so its names are the globals). Only these few: every local the helpers capture makes a
+-- script (EVALSHA, which builds the helpers on every call) a little dearer.
+local function builtins()
+  return string.format, string.match, string.byte,
+    math.floor, math.max, math.min, redis.call, redis.pcall
+end
+local format, match, byte, floor, max, min, rcall, rpcall
+
+-- How long a request id is remembered, so that the same call resent after a lost reply
+-- (within seconds) is applied once and answered as the first one was.
+local REMEMBER_MS = 60000
+-- Redis scripts count in doubles: integers are exact within +-MAX_INT.
+local MAX_INT = 9007199254740991
+-- Field/value pairs per HSET, and half the names per HDEL (unpack() fails near 8000 values).
+local SLICE = 500
 
 -- A command on one of our keys. If it fails (a foreign value there), the script body stops
 -- before anything depending on that key is written; caught() turns that into a reply.
 local function call(key, ...)
-  local r = redis.pcall(...)
+  local r = rpcall(...)
   if type(r) == 'table' and r.err then
     error({ key = key, cause = r })
   end
   return r
 end
 
--- The reply for what pcall caught around a script body, and whether it is a WRONGTYPE.
+-- The reply for what pcall caught around a script body. `expected()` gives the type each of
+-- our keys should hold (built only here, on a failure).
 -- `result.key` names one of our keys: WRONGTYPE unless the failed command's key holds the
--- type `expected[key]` (then its own error is passed on); a body that raised the error itself
+-- type `expected()[key]` (then its own error is passed on); a body that raised the error itself
 -- (no cause) may name the type it wanted in `result.expected`. An expected 'integer' is a
 -- string holding a number, so any failure there is a WRONGTYPE. Other errors pass on as they are.
 local function caught(result, expected)
   if type(result) ~= 'table' then
-    return redis.error_reply(tostring(result)), false
+    return redis.error_reply(tostring(result))
   end
   if not result.key then
-    return result, false -- an error reply of a plain redis.call
+    return result -- an error reply of a plain redis.call
   end
   local key = result.key
   local actual = redis.call('TYPE', key)['ok']
-  local want = result.expected or expected[key]
+  local want = result.expected or expected()[key]
   if result.cause and actual == want then
-    return result.cause, false
+    return result.cause
   end
-  return { 'WRONGTYPE', key, actual, want }, true
+  return { 'WRONGTYPE', key, actual, want }
+end
+
+-- Per call (see start()): the primitive's hash of fields, the function that gives its keys'
+-- expected types and its hooks; S: the fields read or changed (false: absent, or to delete)
+-- and the call's own state (now, loaded, ...); dirty: the fields to write back; outbox:
+-- wake-ups to publish after everything is saved (channel, message, ...); expiring: TTLs to
+-- give after the write-back (key, deadline, ...). outbox and expiring are made when first
+-- used (most calls have none).
+local HASH, EXPECTED, HOOKS, S, dirty, outbox, expiring
+
+-- Start a call. (Loaded as a function library, these helpers outlive a call: nothing of one
+-- call may leak into the next.) `expected` is a function returning {key = type}, called only
+-- when a command on one of the keys fails; `state`, if given, is the fresh S (a prelude may
+-- size it for the fields it uses, sparing Lua the rehashes of a growing table).
+local function start(hash, expected, hooks, state)
+  if not rcall then
+    format, match, byte, floor, max, min, rcall, rpcall = builtins()
+  end
+  HASH, EXPECTED, HOOKS = hash, expected, hooks
+  S, dirty, outbox, expiring = state or {}, {}, nil, nil
+end
+
+-- Redis time, read once per call: S.now in ms, S.now_us in microseconds (exact in a double
+-- until the year 2255).
+local function clock()
+  if not S.now then
+    local t = rcall('TIME')
+    local s, us = tonumber(t[1]), tonumber(t[2])
+    S.now, S.now_us = s * 1000 + floor(us / 1000), s * 1000000 + us
+  end
+  return S.now
+end
+
+-- A field of the hash, read once per call (false if absent).
+local function field(name)
+  if S[name] == nil then
+    S[name] = call(HASH, 'HGET', HASH, name)
+  end
+  return S[name]
+end
+
+-- Change a field (false deletes it); written back by save().
+local function put(name, value)
+  S[name] = value
+  dirty[name] = true
+end
+
+-- The text of numbers from 0 to 255 (most counts), kept once formatted: a function library
+-- formats each once, a script (EVALSHA, a fresh state per call) the few it meets.
+local TEXT = {}
+
+-- Integers go out with %d: Lua would print 16 digits as 1.79e+15.
+local function text(value)
+  if type(value) == 'number' then
+    local t = TEXT[value]
+    if not t then
+      t = format('%d', value)
+      if value >= 0 and value < 256 then
+        TEXT[value] = t
+      end
+    end
+    return t
+  end
+  return value
+end
+
+-- A number as an argument of redis.call. Redis prints a Lua number with %.17g, which costs
+-- more than a short command itself (a 16-digit number about 0.4 us); an integer of up to 17
+-- digits prints the same with %d in Lua, at a fraction of that. (-0 stays a number: Redis
+-- prints it "-0".)
+local function digits(value)
+  if value == 0 then
+    return 1 / value > 0 and '0' or value
+  elseif value % 1 == 0 and value > -1e17 and value < 1e17 then
+    return format('%d', value)
+  end
+  return value
+end
+
+-- The integer stored at `key` (nil if absent), within +-MAX_INT; with `natural`, not below
+-- 0. Any other value there is foreign.
+local function read_integer(key, natural)
+  local raw = call(key, 'GET', key)
+  if raw and (not string.match(raw, natural and '^%d+$' or '^-?%d+$') or math.abs(tonumber(raw)) > MAX_INT) then
+    error({ key = key })
+  end
+  return tonumber(raw)
+end
+
+-- Remember the id `name` in the zset `key` until REMEMBER_MS from now. With `once`, a name
+-- remembered and not past its time is left as it is, and the answer is false (applied
+-- already); otherwise it is the forget-at.
+local function remember_id(key, name, once)
+  local forget = clock() + REMEMBER_MS
+  if not once then
+    call(key, 'ZADD', key, forget, name)
+  elseif call(key, 'ZADD', key, 'NX', forget, name) == 0 then
+    if tonumber(redis.call('ZSCORE', key, name)) > S.now then
+      return false
+    end
+    -- Past its time, but not forgotten yet.
+    redis.call('ZADD', key, forget, name)
+  end
+  return forget
+end
+
+-- Whether the id `name` is remembered in the zset `key` (and not past its time).
+local function remembered(key, name)
+  local forget = call(key, 'ZSCORE', key, name)
+  return forget and tonumber(forget) > clock() or false
+end
+
+-- Take the TTL off `keys` (the primitive is live).
+local function persist(keys)
+  for _, key in ipairs(keys) do
+    redis.call('PERSIST', key)
+  end
+end
+
+-- Make `keys` expire at `at` (ms of Redis time), once the fields are written back (the
+-- write-back may create the hash).
+local function expire_at(at, keys)
+  expiring = expiring or {}
+  for _, key in ipairs(keys) do
+    expiring[#expiring + 1] = key
+    expiring[#expiring + 1] = at
+  end
+end
+
+-- Publish `message` on `channel` once everything is saved.
+local function wake(channel, message)
+  outbox = outbox or {}
+  outbox[#outbox + 1] = channel
+  outbox[#outbox + 1] = message
+end
+
+-- The last thing every call does: the primitive's own part (if it loaded), the changed
+-- fields written back in slices, the TTLs, then the wake-ups.
+local function save()
+  if S.loaded then
+    HOOKS.save()
+  end
+  -- (Sized for the usual write-back of up to six fields.)
+  local args, n, gone = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 0, nil
+  for name in pairs(dirty) do
+    local value = S[name]
+    if value then
+      args[n + 1] = name
+      args[n + 2] = text(value)
+      n = n + 2
+    else
+      gone = gone or {}
+      gone[#gone + 1] = name
+    end
+  end
+  for i = 1, n, 2 * SLICE do
+    rcall('HSET', HASH, unpack(args, i, min(i + 2 * SLICE - 1, n)))
+  end
+  if gone then
+    for i = 1, #gone, 2 * SLICE do
+      rcall('HDEL', HASH, unpack(gone, i, min(i + 2 * SLICE - 1, #gone)))
+    end
+  end
+  if expiring then
+    for i = 1, #expiring, 2 do
+      rcall('PEXPIREAT', expiring[i], expiring[i + 1])
+    end
+  end
+  if outbox then
+    for i = 1, #outbox, 2 do
+      rpcall('PUBLISH', outbox[i], outbox[i + 1])
+    end
+  end
+end
+
+-- Load, settle and the body, under run()'s pcall (a function of its own: no closure per call).
+local function settled(body, name, mode)
+  if mode ~= 'bare' and HOOKS.load and HOOKS.load(name, mode) and mode ~= 'unsettled' then
+    HOOKS.settle()
+  end
+  return body()
+end
+
+-- Run an operation's body: load, settle, the body, save (see the top of this file).
+local function run(body, name, mode)
+  local ok, result = pcall(settled, body, name, mode)
+  if ok then
+    save()
+    return result
+  end
+  local reply = caught(result, EXPECTED)
+  if S.loaded and type(result) == 'table' and result.key then
+    save()
+  end
+  return reply
 end
 
 ---------------------------------------------------------------------------------------

@@ -10,14 +10,12 @@
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local rid, channel = ARGV[1], ARGV[2]
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local count = read_count()
   if not count then
     -- Nothing to count: a repeat of a call that opened it, or not counting at all.
-    local applied = call(APPLIED, 'ZSCORE', APPLIED, rid)
+    local applied = remembered(APPLIED, rid)
     call(DONE, 'GET', DONE)
-    if applied and tonumber(applied) > now then
+    if applied then
       return { 'REPEATED', 0 }
     end
     return { 'ABSENT' }
@@ -26,14 +24,14 @@ return run(function()
     -- It opens: the done marker is written below.
     call(DONE, 'GET', DONE)
   end
-  if remember(rid, now) then
+  if not remember(rid) then
     return { 'REPEATED', count }
   end
   if count <= 1 then
     redis.call('DEL', COUNT)
     redis.call('SET', DONE, '1', 'PX', DONE_MS)
-    redis.call('PEXPIRE', APPLIED, REMEMBER_MS)
-    redis.pcall('PUBLISH', channel, 'opened')
+    expire_at(S.now + REMEMBER_MS, { APPLIED })
+    wake(channel, 'opened')
     return { 'COUNTED', 0 }
   end
   return { 'COUNTED', redis.call('DECR', COUNT) }

@@ -12,7 +12,7 @@ return run(function()
   redis.call('DEL', COUNT, DONE, APPLIED)
   if count then
     redis.call('SET', DONE, 'deleted', 'PX', DONE_MS)
-    redis.pcall('PUBLISH', ARGV[1], 'opened')
+    wake(ARGV[1], 'opened')
     return { 'DELETED', 1 }
   end
   return { 'DELETED', 0 }

@@ -7,22 +7,19 @@
 -- Returns: {"SET"} | {"EXISTS", count} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local rid = ARGV[1]
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local count = read_count()
   if count then
-    local applied = call(APPLIED, 'ZSCORE', APPLIED, rid)
-    if applied and tonumber(applied) > now then
+    if remembered(APPLIED, rid) then
       return { 'SET' }
     end
     return { 'EXISTS', count }
   end
   local done = call(DONE, 'GET', DONE)
-  if remember(rid, now) then
+  if not remember(rid) then
     return { 'SET' }
   end
   redis.call('SET', COUNT, ARGV[2])
-  redis.call('PERSIST', APPLIED)
+  persist({ APPLIED })
   if done then
     redis.call('DEL', DONE)
   end

@@ -13,18 +13,13 @@
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
 --        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
+if tonumber(ARGV[3]) > MAX_UNITS then
+  return { 'TOOMANY', MAX_UNITS }
+end
 return run(function()
   local id, cap, k, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local label, exclusive, mode = ARGV[5], ARGV[6] == '1', ARGV[7]
   local waiter_lease, channel = tonumber(ARGV[8]), ARGV[9]
-  if k > MAX_UNITS then
-    return { 'TOOMANY', MAX_UNITS }
-  end
-  load(id)
-  if S.cap then
-    settle()
-  end
-
   local mine = record(id)
   if mine and mine.x then
     return { 'GONE' }
@@ -50,13 +45,10 @@ return run(function()
     return { 'LABEL', label }
   end
 
-  local function fits()
-    return S.qlen == 0 and S.used + k <= cap
-  end
-  if not fits() and check() then
+  if not (S.qlen == 0 and S.used + k <= cap) and check() then
     promote()
   end
-  if fits() then
+  if S.qlen == 0 and S.used + k <= cap then
     local token, slots = grant(id, k, label, lease, S.now + lease)
     label_add(label, 1)
     return { 'GRANTED', token, slots }
@@ -72,5 +64,6 @@ return run(function()
   put('qlen', position + 1)
   put('r:' .. id, waiter_record(k, S.now, lease, waiter_lease, channel, label))
   label_add(label, 1)
-  return { 'QUEUED', position, recheck_ms(id, waiter_lease) }
-end)
+  -- Queued behind others (their tickets are lower): not the head.
+  return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
+end, 'r:' .. ARGV[1])

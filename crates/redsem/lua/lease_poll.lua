@@ -9,11 +9,9 @@
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local id, lease, waiter_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-  load(id)
   if not S.cap then
     return { 'GONE' }
   end
-  settle()
 
   local r = record(id)
   if not r or r.x then
@@ -34,4 +32,4 @@ return run(function()
     return { 'GRANTED', r.t, r.s }
   end
   return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
-end)
+end, 'r:' .. ARGV[1])

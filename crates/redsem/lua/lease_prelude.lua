@@ -1,6 +1,6 @@
 ---------------------------------------------------------------------------------------
--- lease_prelude: shared by every lease_*.lua script; joined in front of each one at
--- compile time, so every script sees the same KEYS layout and helpers.
+-- lease_prelude: the lease semaphore's keys, records and rules, after common.lua and in front
+-- of every lease_*.lua operation, so every operation sees the same KEYS layout and helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
 --   1 leases  ZSET    id -> ms of Redis time: the lease end of every holder and waiter
@@ -27,9 +27,7 @@
 --     client sends lease_tidy a moment later, which sets it if the semaphore is still idle.
 --   * Every key is first touched by a read, or by a write that fails before changing it (a
 --     foreign type, a missing ACL right), and the body writes nothing but through call();
---     run() saves what was settled before such a failure. State fields are written back in
---     slices (unpack() has a limit) and messages are published last, after everything is
---     saved, with pcall: a refused PUBLISH (ACL) costs the waiter a timer, not the state.
+--     run() saves what was settled before such a failure (see common.lua).
 --   * The work of one script is bounded by MAX_UNITS, WORK_BUDGET and SETTLE_BATCH, never
 --     by the numbers it is given.
 --   * The counters (used, nh, qlen, nt), labels and the slot bitmap are rebuilt from the
@@ -43,9 +41,6 @@ local LEASES, QUEUE, STATE, SLOTS
 local KEEP_IDLE_MS = 3600000
 -- Move the idle deadline only when it comes closer than this.
 local KEEP_MARGIN_MS = 60000
--- How long a released or withdrawn id is remembered, so a resent request answers as the
--- first one did (a resend comes within seconds).
-local REMEMBER_MS = 60000
 -- The most units one request may take (the client checks this too).
 local MAX_UNITS = 4096
 -- Units one script may grant to or take from others (promote, settle), beyond its own
@@ -53,146 +48,70 @@ local MAX_UNITS = 4096
 local WORK_BUDGET = 4096
 -- Expired entries dropped by one script at most.
 local SETTLE_BATCH = 256
--- Field/value pairs per HSET (unpack() fails near 8000 values).
-local SLICE = 500
 -- Tombstones are dropped in batches, once the first one is this late, at most this many.
 local PRUNE_LAG_MS = 2000
 local PRUNE_BATCH = 4000
 -- "No lease ends before": nothing is known to end (a double, exact).
 local NEVER = 4503599627370496
 
--- Per-call state (see begin()): the keys' expected types; the cached state fields (S), the
--- ones to write back or delete; S.handed: grants made to waiters on the caller's own channel
--- S.mine, returned instead of published; wake-ups to publish after everything is saved
--- (channel, message, channel, message, ...); the units left for others (WORK_BUDGET).
-local EXPECTED, S, dirty, removed, outbox, budget
-
--- Start a call: its keys and a fresh per-call state. (Loaded as a function library, this
--- file's helpers outlive a call: nothing of one call may leak into the next.)
-local function begin(keys)
-  LEASES, QUEUE, STATE, SLOTS = keys[1], keys[2], keys[3], keys[4]
-  EXPECTED = { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
-  S, dirty, removed, outbox, budget = { handed = {} }, {}, {}, {}, WORK_BUDGET
-end
-
-local function put(name, value)
-  S[name] = value
-  dirty[name] = true
-  removed[name] = nil
-end
-
-local function del(name)
-  S[name] = false
-  dirty[name] = nil
-  removed[name] = true
-end
-
-local function field(name)
-  if S[name] == nil then
-    S[name] = call(STATE, 'HGET', STATE, name)
-  end
-  return S[name]
-end
-
--- Redis time, read once per script: S.now in ms, S.now_us in microseconds (exact in a
--- double until the year 2255).
-local function clock()
-  local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  S.now, S.now_us = s * 1000 + math.floor(us / 1000), s * 1000000 + us
-  return S.now
-end
-
--- Integers go out with %d: Lua would print 16 digits as 1.79e+15.
-local function text(value)
-  if type(value) == 'number' then
-    return string.format('%d', value)
-  end
-  return value
-end
+-- Per call (see begin()), beside common's S: S.mine, the caller's wake channel, and
+-- S.handed, the grants made to waiters on it (returned instead of published; nil if none); S.defer_idle:
+-- leave the idle TTL to lease_tidy; the units left for others (WORK_BUDGET).
+local budget
 
 -- Nobody holds or waits, and the keys lack their idle TTL (or it ends soon).
 local function needs_idle_ttl()
   return S.used == 0 and S.qlen == 0 and S.idle < S.now + KEEP_MARGIN_MS
 end
 
--- Write back the changed fields (in slices), give the keys the TTL the state calls for, and
--- publish the wake-ups. The last thing every script does. (A release defers the idle TTL to
--- lease_tidy: S.defer_idle.)
-local function save()
-  local expire = false
-  if S.cap then
-    if (S.used > 0 or S.qlen > 0) and S.idle > 0 then
-      -- Live state carries no TTL. (The slot bitmap and the queue never get one.)
-      redis.call('PERSIST', STATE)
-      redis.call('PERSIST', LEASES)
-      put('idle', 0)
-    elseif needs_idle_ttl() and not S.defer_idle then
-      put('idle', S.now + KEEP_IDLE_MS)
-      expire = true
-      -- The bitmap has no bit left: it goes (not a foreign value: BITCOUNT would fail).
-      if redis.pcall('BITCOUNT', SLOTS) == 0 then
-        redis.call('DEL', SLOTS)
-      end
+-- Give the keys the TTL the state calls for (common's save() then writes the fields back).
+-- A release defers the idle TTL to lease_tidy: S.defer_idle.
+local function keep()
+  if not S.cap then
+    return
+  end
+  if (S.used > 0 or S.qlen > 0) and S.idle > 0 then
+    -- Live state carries no TTL. (The slot bitmap and the queue never get one.)
+    persist({ STATE, LEASES })
+    put('idle', 0)
+  elseif needs_idle_ttl() and not S.defer_idle then
+    put('idle', S.now + KEEP_IDLE_MS)
+    expire_at(S.idle, { STATE, LEASES })
+    -- The bitmap has no bit left: it goes (not a foreign value: BITCOUNT would fail).
+    if redis.pcall('BITCOUNT', SLOTS) == 0 then
+      redis.call('DEL', SLOTS)
     end
   end
-  local args = {}
-  for name in pairs(dirty) do
-    args[#args + 1] = name
-    args[#args + 1] = text(S[name])
-  end
-  for i = 1, #args, 2 * SLICE do
-    redis.call('HSET', STATE, unpack(args, i, math.min(i + 2 * SLICE - 1, #args)))
-  end
-  local gone = {}
-  for name in pairs(removed) do
-    gone[#gone + 1] = name
-  end
-  for i = 1, #gone, SLICE do
-    redis.call('HDEL', STATE, unpack(gone, i, math.min(i + SLICE - 1, #gone)))
-  end
-  if expire then
-    -- After the HSET: the state may have been created just now.
-    redis.call('PEXPIREAT', STATE, S.idle)
-    redis.call('PEXPIREAT', LEASES, S.idle)
-  end
-  for i = 1, #outbox, 2 do
-    redis.pcall('PUBLISH', outbox[i], outbox[i + 1])
-  end
 end
 
--- Run a script body and save what it changed. If one of our keys fails its first access (a
--- foreign value, a missing right), the reply says so, and what was settled before is saved.
-local function run(body)
-  local ok, result = pcall(body)
-  if ok then
-    save()
-    return result
-  end
-  local reply = caught(result, EXPECTED)
-  if S.loaded and type(result) == 'table' and result.key then
-    save()
-  end
-  return reply
-end
+-- The counts below 256 most fields hold, by their text, kept once converted: a look-up
+-- instead of a conversion (a function library converts each once, a script the few it meets).
+local SMALL = {}
 
 local function count(value)
-  if value == false or value == nil then
+  local n = SMALL[value]
+  if n then
+    return n
+  end
+  n = tonumber(value) -- (nil for false: an absent field)
+  if n and n >= 0 and n == floor(n) then
+    if n < 256 and type(value) == 'string' and #value < 4 then
+      SMALL[value] = n
+    end
+    return n
+  elseif value == false or value == nil then
     return 0
   end
-  local n = tonumber(value)
-  if not n or n < 0 or n ~= math.floor(n) then
-    error({ key = STATE, expected = 'hash of a semaphore (a count field is not a count)' })
-  end
-  return n
+  error({ key = STATE, expected = 'hash of a semaphore (a count field is not a count)' })
 end
 
 local repair
 
--- Read the state fields (and the record of `id`, if given), and the time.
-local function load(id)
+-- Read the state fields (and the field `name`, the caller's record, if given), and the time;
+-- true if there is a state to settle.
+local function load(name)
   local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
-    'tnext', 'r:' .. (id or ''))
+    'tnext', name or 'r:')
   clock()
   if r[1] then
     S.cap = count(r[1])
@@ -200,8 +119,8 @@ local function load(id)
   S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
   S.tok, S.nh, S.nt = count(r[6]), count(r[7]), count(r[8])
   S.next, S.tnext = count(r[9]), count(r[10])
-  if id then
-    S['r:' .. id] = r[11]
+  if name then
+    S[name] = r[11]
   end
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
@@ -218,6 +137,7 @@ local function load(id)
     repair() -- counters missing (a state from an older version) or disagreeing
   end
   S.loaded = true
+  return S.cap ~= nil
 end
 
 -- Store a capacity; a new state starts with every counter at 0.
@@ -237,7 +157,7 @@ local function label_add(label, delta)
     if n > 0 then
       put(name, n)
     else
-      del(name)
+      put(name, false)
     end
   end
 end
@@ -256,7 +176,10 @@ local function runs(slots)
 end
 
 local function holder_record(token, k, at, lease, slots, label)
-  return string.format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, runs(slots), label)
+  if #slots == 1 then
+    return format('h|%d|%d|%d|%d|%d|%s', token, k, at, lease, slots[1], label)
+  end
+  return format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, runs(slots), label)
 end
 
 local function waiter_record(k, since, lease, waiter_lease, channel, label)
@@ -265,15 +188,22 @@ end
 
 -- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
 -- wl, c, l}, tombstone {x = "R" | "D"}; nil if none or unreadable.
+local H, W, X = 104, 119, 120 -- the bytes of 'h', 'w', 'x'
 local function parse(raw)
   if not raw then
     return nil
   end
-  local kind = string.sub(raw, 1, 1)
-  if kind == 'h' then
-    local t, k, a, lease, slots, label = string.match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,%-]*)|(.*)$')
+  local kind = byte(raw, 1)
+  if kind == H then
+    local t, k, a, lease, slots, label = match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,%-]*)|(.*)$')
     if not t then
       return nil
+    end
+    local one = tonumber(slots) -- a single slot (the usual case): no runs to split
+    if one then
+      return {
+        h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = { one }, l = label,
+      }
     end
     local s = {}
     for run in string.gmatch(slots, '[%d%-]+') do
@@ -284,7 +214,7 @@ local function parse(raw)
       end
     end
     return { h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = s, l = label }
-  elseif kind == 'w' then
+  elseif kind == W then
     local k, since, lease, wl, clen, rest = string.match(raw, '^w|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
     if not k then
       return nil
@@ -294,7 +224,7 @@ local function parse(raw)
       k = tonumber(k), w = tonumber(since), lease = tonumber(lease), wl = tonumber(wl),
       c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1),
     }
-  elseif kind == 'x' then
+  elseif kind == X then
     return { x = string.sub(raw, 3) }
   end
   return nil
@@ -307,14 +237,14 @@ end
 -- The next fencing token: larger than the last one, and than every token handed out before
 -- the last moment the server clock passed (so a lost state does not send tokens back).
 local function next_token()
-  local token = math.max(S.tok + 1, S.now_us)
+  local token = max(S.tok + 1, S.now_us)
   put('tok', token)
   return token
 end
 
 -- Set the lease end of a holder or waiter; `next` keeps the earliest one known.
 local function add_lease(id, ends)
-  local added = call(LEASES, 'ZADD', LEASES, ends, id)
+  local added = call(LEASES, 'ZADD', LEASES, digits(ends), id)
   if S.next == 0 or ends < S.next then
     put('next', ends)
   end
@@ -323,19 +253,20 @@ end
 
 -- Set (bit 1) or clear (bit 0) the n slot bits from `first`: whole bytes with one SETRANGE,
 -- the bits of partial bytes one by one (at most 14 SETBITs).
+local BIT = { [0] = '0', [1] = '1' } -- (as text: see digits())
 local function set_run(first, n, bit)
   local i, stop = first, first + n
   while i < stop and i % 8 ~= 0 do
-    call(SLOTS, 'SETBIT', SLOTS, i, bit)
+    call(SLOTS, 'SETBIT', SLOTS, digits(i), BIT[bit])
     i = i + 1
   end
-  local bytes = math.floor((stop - i) / 8)
+  local bytes = floor((stop - i) / 8)
   if bytes > 0 then
     call(SLOTS, 'SETRANGE', SLOTS, i / 8, string.rep(bit == 1 and '\255' or '\0', bytes))
     i = i + bytes * 8
   end
   while i < stop do
-    call(SLOTS, 'SETBIT', SLOTS, i, bit)
+    call(SLOTS, 'SETBIT', SLOTS, digits(i), BIT[bit])
     i = i + 1
   end
 end
@@ -354,12 +285,20 @@ end
 -- Each unit takes the lowest free slot. Past the end of the bitmap every slot is free, so
 -- the units that land there take one run: a grant costs a few commands per hole it fills,
 -- not per unit.
+-- One unit (the usual request) needs no STRLEN: it takes the first clear bit, which BITPOS
+-- finds past the end of the bitmap too (no end given), with one SETBIT either way.
 local function grant(id, k, label, lease, expires)
   local slots, from, free_from = {}, 0, 0
-  if S.used > 0 then
-    free_from = call(SLOTS, 'STRLEN', SLOTS) * 8
-  end
   local i = 1
+  if S.used > 0 then
+    if k == 1 then
+      local s = call(SLOTS, 'BITPOS', SLOTS, '0')
+      rcall('SETBIT', SLOTS, digits(s), '1')
+      slots[1], i = s, 2
+    else
+      free_from = call(SLOTS, 'STRLEN', SLOTS) * 8
+    end
+  end
   while i <= k do
     local s = free_from
     if s > 0 then
@@ -372,9 +311,9 @@ local function grant(id, k, label, lease, expires)
       end
       break
     end
-    redis.call('SETBIT', SLOTS, s, 1)
+    rcall('SETBIT', SLOTS, digits(s), '1')
     slots[i] = s
-    from = math.floor(s / 8)
+    from = floor(s / 8)
     i = i + 1
   end
   local token = next_token()
@@ -388,7 +327,7 @@ end
 -- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn).
 local function bury(id, outcome)
   local forget = S.now + REMEMBER_MS
-  call(LEASES, 'ZADD', LEASES, -forget, id)
+  call(LEASES, 'ZADD', LEASES, digits(-forget), id)
   put('r:' .. id, 'x|' .. outcome)
   put('nt', S.nt + 1)
   if S.tnext == 0 then
@@ -398,17 +337,38 @@ end
 
 local function drop_holder(id, r)
   set_slots(r.s, 0)
-  del('r:' .. id)
-  put('used', math.max(S.used - r.k, 0))
-  put('nh', math.max(S.nh - 1, 0))
+  put('r:' .. id, false)
+  put('used', max(S.used - r.k, 0))
+  put('nh', max(S.nh - 1, 0))
   label_add(r.l, -1)
 end
 
 local function drop_waiter(id, r)
   call(QUEUE, 'ZREM', QUEUE, id)
-  del('r:' .. id)
+  put('r:' .. id, false)
   put('qlen', math.max(S.qlen - 1, 0))
   label_add(r.l, -1)
+end
+
+-- The first two ids of the queue, with their records read (one HMGET for those this call
+-- has not read yet, instead of an HGET each as record() would).
+local function peek()
+  local ids = call(QUEUE, 'ZRANGE', QUEUE, 0, 1)
+  local names, n = {}, 0
+  for i = 1, #ids do
+    local name = 'r:' .. ids[i]
+    if S[name] == nil then
+      n = n + 1
+      names[n] = name
+    end
+  end
+  if n > 0 then
+    local raws = call(STATE, 'HMGET', STATE, unpack(names, 1, n))
+    for i = 1, n do
+      S[names[i]] = raws[i]
+    end
+  end
+  return ids
 end
 
 -- Grant, in arrival order, every waiter at the head of the queue that now fits, and wake
@@ -418,13 +378,21 @@ end
 -- never later than here. Stops at the first waiter that does not fit, so a large request is
 -- never overtaken by smaller ones behind it, and when WORK_BUDGET is spent.
 -- A waiter asking for more than the capacity is dropped and woken to learn it.
+-- The queue is read two ids at a time (see peek()): every step that goes on removes the
+-- head, so the second id is the next head, and a release that grants one waiter looks at
+-- the next one without reading the queue again.
 local function promote()
+  local heads, at = nil, 1
   while S.qlen > 0 and budget > 0 do
-    local head = call(QUEUE, 'ZRANGE', QUEUE, 0, 0)[1]
+    if not (heads and heads[at]) then
+      heads, at = peek(), 1
+    end
+    local head = heads[at]
     if not head then
       repair() -- qlen says someone waits, the queue is empty
       return
     end
+    at = at + 1
     local w = record(head)
     if not w or w.h or w.x then
       redis.call('ZREM', QUEUE, head)
@@ -432,8 +400,7 @@ local function promote()
     elseif w.k > S.cap then
       drop_waiter(head, w)
       redis.call('ZREM', LEASES, head)
-      outbox[#outbox + 1] = w.c
-      outbox[#outbox + 1] = head
+      wake(w.c, head)
     elseif S.used + w.k > S.cap then
       return
     else
@@ -446,10 +413,10 @@ local function promote()
         math.max(S.now - checked_in, 0))
       if w.c == S.mine then
         -- A waiter of the caller's own process: handed over with the reply, no PUBLISH.
+        S.handed = S.handed or {}
         S.handed[#S.handed + 1] = grant_msg
       else
-        outbox[#outbox + 1] = w.c
-        outbox[#outbox + 1] = grant_msg
+        wake(w.c, grant_msg)
       end
     end
   end
@@ -479,13 +446,25 @@ local function prune()
   end
 end
 
+-- The settle's promote, for work an earlier script left (its budget spent, or a step it
+-- could not finish). Not while every unit is held: then no waiter fits, and what promote()
+-- would still do at the head (drop a waiter larger than a shrunk capacity, or an entry
+-- without its waiter record) waits until units are free, when the next promote() reaches
+-- it. (Every script that frees units promotes before it ends, so a contended call does not
+-- read the queue head for nothing.)
+local function promote_left()
+  if S.used < S.cap then
+    promote()
+  end
+end
+
 -- Drop expired holders and waiters (at most SETTLE_BATCH, and holders only while the budget
 -- lasts: the rest stay counted until a later script), then promote. Skipped while `next`
 -- says no lease can have ended yet.
 local function settle()
   prune()
   if S.next > S.now then
-    promote()
+    promote_left()
     return
   end
   local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, 0, S.now, 'LIMIT', 0, SETTLE_BATCH)
@@ -514,13 +493,14 @@ local function settle()
   end
   local first = redis.call('ZRANGEBYSCORE', LEASES, 0, '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2]
   put('next', first and tonumber(first) or NEVER)
-  promote()
+  promote_left()
 end
 
 -- When to look again without a wake-up: the head waiter also when the first lease ends.
-local function recheck_ms(id, waiter_lease)
+-- `behind`: the caller knows the waiter is not at the head (no ZRANK).
+local function recheck_ms(id, waiter_lease, behind)
   local wait = math.floor(waiter_lease / 3)
-  if S.next > 0 and redis.call('ZRANK', QUEUE, id) == 0 then
+  if S.next > 0 and not behind and redis.call('ZRANK', QUEUE, id) == 0 then
     wait = math.min(wait, S.next - S.now + 1)
   end
   return math.max(wait, 1)
@@ -560,7 +540,7 @@ repair = function()
   for i = 1, #all, 2 do
     local name, raw = all[i], all[i + 1]
     if string.sub(name, 1, 6) == 'label:' then
-      del(name)
+      put(name, false)
     elseif string.sub(name, 1, 2) == 'r:' then
       local id = string.sub(name, 3)
       local r = parse(raw)
@@ -580,7 +560,7 @@ repair = function()
         nq, keep[id] = nq + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
       else
-        del(name)
+        put(name, false)
       end
     end
   end
@@ -604,12 +584,25 @@ repair = function()
   put('qlen', nq)
   put('nt', nt)
   -- Keys of older versions carried TTLs while live; none do now.
-  for _, key in ipairs({ LEASES, QUEUE, STATE }) do
-    redis.call('PERSIST', key)
-  end
-  del('keep')
+  persist({ LEASES, QUEUE, STATE })
+  put('keep', false)
   put('idle', 0)
   put('next', 0) -- unknown: the next settle looks
   put('tnext', nt > 0 and S.now - PRUNE_LAG_MS or 0)
 end
 
+
+-- Start a call: its keys, a fresh per-call state and the hooks run() calls.
+local HOOKS = { load = load, settle = settle, save = keep }
+local function expected()
+  return { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
+end
+local function begin(keys)
+  LEASES, QUEUE, STATE, SLOTS = keys[1], keys[2], keys[3], keys[4]
+  -- S, sized for the fields every call sets (and the caller's record).
+  start(STATE, expected, HOOKS, {
+    now = nil, now_us = nil, loaded = nil, cap = nil, used = nil, qlen = nil, seq = nil, idle = nil,
+    tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
+  })
+  budget = WORK_BUDGET
+end

@@ -4,11 +4,9 @@
 -- Returns: {"OK"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local id, lease = ARGV[1], tonumber(ARGV[2])
-  load(id)
   if not S.cap then
     return { 'NOTHELD' }
   end
-  settle()
   local r = record(id)
   if not (r and r.h) then
     return { 'NOTHELD' }
@@ -17,4 +15,4 @@ return run(function()
     check() -- its lease entry was missing
   end
   return { 'OK' }
-end)
+end, 'r:' .. ARGV[1])

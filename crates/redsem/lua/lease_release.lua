@@ -7,14 +7,12 @@
 -- ARGV[1] permit or request id   ARGV[2] the caller's wake channel
 -- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), {"id|token|slots|delay", ...}}
 --        | {"WRONGTYPE", key, actual, expected}
+S.mine, S.defer_idle = ARGV[2], true
 return run(function()
   local id = ARGV[1]
-  S.mine, S.defer_idle = ARGV[2], true
-  load(id)
   if not S.cap then
     return { 'NOTHELD', 0, {} }
   end
-  settle()
   local r = record(id)
   local outcome = 'NOTHELD'
   if r and r.x then
@@ -29,5 +27,5 @@ return run(function()
     outcome = 'DEQUEUED'
   end
   promote()
-  return { outcome, needs_idle_ttl() and 1 or 0, S.handed }
-end)
+  return { outcome, needs_idle_ttl() and 1 or 0, S.handed or {} }
+end, 'r:' .. ARGV[1])

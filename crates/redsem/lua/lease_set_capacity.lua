@@ -5,11 +5,7 @@
 -- Returns: {"OK", previous capacity (-1 if none)} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local cap = tonumber(ARGV[1])
-  load()
   local old = S.cap or -1
-  if S.cap then
-    settle()
-  end
   set_cap(cap)
   promote()
   return { 'OK', old }

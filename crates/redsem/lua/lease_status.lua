@@ -7,11 +7,9 @@
 --           {{id, label, k, waiting for ms}, ...}}                         (queue order)
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
-  load()
   if not S.cap then
     return { 'STATUS', -1, 0, {}, {} }
   end
-  settle()
   check()
 
   local holders = {}

@@ -5,6 +5,5 @@
 -- ARGV: none
 -- Returns: {"OK"} | {"WRONGTYPE", key, actual, expected}
 return run(function()
-  load()
   return { 'OK' }
-end)
+end, nil, 'unsettled')

@@ -22,7 +22,7 @@ return run(function()
   if position == 0 and count >= k then
     remember(name)
     add(-k)
-    set(name, 'c|' .. ARGV[2])
+    put(name, 'c|' .. ARGV[2])
     return { 'GRANTED' }
   end
   if mode ~= 'wait' then
@@ -31,21 +31,12 @@ return run(function()
 
   -- Each write is counted in records as soon as it is made, so a foreign value found at the
   -- next key leaves nothing uncounted.
-  local deadline = S.now + lease
-  local added = call(WAITERS, 'ZADD', WAITERS, deadline, id)
-  if S.wlen == 0 then
-    S.fresh_waiters = true
-    set('wnext', deadline)
-  elseif not S.wnext or deadline < S.wnext then
-    set('wnext', deadline)
-  end
-  set('wlen', S.wlen + added)
-  S.need = math.max(S.need, deadline)
+  local reply = queued(id, lease, position)
   local ticket = call(META, 'HINCRBY', META, 'seq', 1)
   S.fresh_meta = ticket == 1
   call(QUEUE, 'ZADD', QUEUE, ticket, id)
   S.fresh_queue = position == 0
-  set('qlen', position + 1)
-  set(name, string.format('w|%d|%d|%s', k, S.now, channel))
-  return { 'QUEUED', position, math.max(math.floor(lease / 3), 1) }
+  put('qlen', position + 1)
+  put(name, string.format('w|%d|%d|%s', k, S.now, channel))
+  return reply
 end, name)

@@ -15,10 +15,10 @@ return run(function()
     end
     return { 'REPEATED', S.count or 0 }
   end
-  if S.unread and math.abs(delta) <= MAX_ABS then
+  if S.unread and math.abs(delta) <= MAX_INT then
     -- Nobody waits and no grant is given back: add first, look after.
     local count = call(COUNT, 'INCRBY', COUNT, ARGV[2])
-    if math.abs(count) <= MAX_ABS then
+    if math.abs(count) <= MAX_INT then
       S.count, S.unread = count, false
       return { 'ADDED', count }
     end
@@ -27,16 +27,16 @@ return run(function()
     read_count()
   end
   local count = S.count or 0
-  if math.abs(count + delta) > MAX_ABS then
+  if math.abs(count + delta) > MAX_INT then
     -- Nothing changes, so the id is not remembered either.
     redis.call('ZREM', APPLIED, name)
     if S.fresh_applied then
       S.fresh_applied, S.need = false, 0
-      set('prune', false)
+      put('prune', false)
     end
     return { 'RANGE', count }
   end
-  if math.abs(delta) > MAX_ABS then
+  if math.abs(delta) > MAX_INT then
     -- Not exact as a double: let Redis add the digits.
     redis.call('INCRBY', COUNT, ARGV[2])
     S.count = count + delta

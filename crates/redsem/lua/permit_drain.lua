@@ -13,12 +13,12 @@ return run(function()
   local count = S.count or 0
   remember(name)
   if count <= 0 then
-    set(name, 'd|0')
+    put(name, 'd|0')
     return { 'DRAINED', 0 }
   end
   -- Exactly 0, whatever was given back on the way.
   redis.call('SET', COUNT, 0)
   S.count, S.taken, S.create_count = 0, 0, false
-  set(name, string.format('d|%d', count))
+  put(name, string.format('d|%d', count))
   return { 'DRAINED', count }
 end, name)

@@ -1,5 +1,6 @@
--- permit_prelude: shared by every permit_*.lua script; joined in front of each one at
--- compile time, so every script sees the same KEYS layout and helpers.
+-- permit_prelude: the permit semaphore's keys, records and rules, after common.lua and in
+-- front of every permit_*.lua operation, so every operation sees the same KEYS layout and
+-- helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
 --   1 count    STRING available permits, may be negative, within +-(2^53 - 1); absent until
@@ -20,59 +21,42 @@
 --                     remembered at least REMEMBER_MS, so that a call repeated with the same id
 --                     is applied once
 --
--- Expiry: while anyone waits (live), no key carries a TTL, so no volatile-* eviction policy
--- can pick one. Once idle, keys 2-6 (remembered ids, the ticket counter) expire an idle
--- minute after the latest forget-at; the count never does.
+-- Expiry (keep-alive, see common.lua): while anyone waits (live), no key carries a TTL. Once
+-- idle, keys 2-6 (remembered ids, the ticket counter) expire KEEP_IDLE_MS after the latest
+-- forget-at or deadline; the count never does.
 --
 -- Failures: a script validates before its first write (a foreign value is found at the first
--- access of its key; run() then saves what was settled before and answers WRONGTYPE), writes
--- the records back in slices, and publishes wake-ups only after everything is saved, with
--- redis.pcall: a refused PUBLISH (an ACL without channel rights) costs the waiter one timer
--- re-check, never a half-written state.
+-- access of its key; run() then saves what was settled before and answers WRONGTYPE).
 --
 -- Work per call is bounded whatever the numbers given: at most MAX_STEPS queue heads are
 -- granted or dropped per call (the next one in line is then woken, and its own poll admits
--- the next ones), at most 1000 expired waiters dropped and 256 ids forgotten.
+-- the next ones), at most EXPIRE_BATCH expired waiters dropped and PRUNE_BATCH ids forgotten.
 --
 -- Lost state: if records vanish while the queue or waiters remain, qlen and wlen are rebuilt
 -- from them (entries without a record are dropped); a waiter whose record or queue entry
 -- vanished is told GONE and queues again. Nothing is granted that the count does not hold.
 --
--- Cost: every redis.call costs about a microsecond, more than most commands themselves, and
--- Lua builds every helper below again on each call, so there are few of both. A script
--- reads the fields of records once (HMGET), changes them in Lua (set), and writes them back
--- with one HSET/HDEL, and the count with one INCRBY, at the end. The bookkeeping keys'
--- lives are extended about twice a minute while idle, not on every call.
+-- Cost: a call reads the fields of records once (HMGET), changes them in Lua (put), and
+-- writes them back together, and the count with one INCRBY, at the end. The bookkeeping
+-- keys' lives are extended about twice a minute while idle, not on every call.
 local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED
 
--- How long an applied id is remembered at least (a retry comes within seconds).
-local REMEMBER_MS = 60000
 -- Forgetting is batched: an id is forgotten up to this much later than REMEMBER_MS.
 local PRUNE_EVERY_MS = 10000
--- Redis scripts count in doubles: counts stay within +-(2^53 - 1).
-local MAX_ABS = 9007199254740991
+-- Ids forgotten, and expired waiters dropped, per call at most.
+local PRUNE_BATCH = 256
+local EXPIRE_BATCH = 1000
 -- Queue heads granted (or dropped) per call at most; the rest are admitted by later calls.
 local MAX_STEPS = 100
+-- Idle bookkeeping is kept this long after the latest forget-at or deadline; the deadline
+-- moves when one comes within KEEP_MARGIN_MS of it.
+local KEEP_IDLE_MS = 60000
+local KEEP_MARGIN_MS = 30000
 
--- S: the time (now), the fields of records read or changed, the count (nil if absent), the
--- permits taken by this call (taken, written back as one INCRBY), the latest deadline this
--- call set (need: keep must cover it), the keys it created (fresh_*: they get keep), the
--- queue heads promote() handled (steps), and the wake-ups to publish at the end (wake).
--- dirty: the fields of records to write back (a value, or false to delete).
-local S, dirty
-
--- Start a call: its keys and a fresh per-call state. (Loaded as a function library, this
--- file's helpers outlive a call: nothing of one call may leak into the next.)
-local function begin(keys)
-  COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
-  S, dirty = { taken = 0, need = 0, steps = 0, wake = {} }, {}
-end
-
-
-local function set(name, value)
-  S[name] = value
-  dirty[name] = value
-end
+-- Per call, beside common's S: the count (nil if absent; unread: not read yet), the permits
+-- taken by this call (taken, written back as one INCRBY; create_count: INCRBY even if 0),
+-- the latest deadline this call set (need: keep must cover it), the keys it created
+-- (fresh_*: they get keep), and the queue heads promote() handled (steps).
 
 -- A record's state, permits (a number, and as written) and wake channel.
 local function parse(raw)
@@ -83,22 +67,16 @@ local function parse(raw)
   return st, tonumber(k) or 0, channel, k
 end
 
--- Remember `name` (r:<id> or m:<id>) for REMEMBER_MS from now. With `once`, a name
--- remembered already is left as it is, and the answer is false.
+-- Remember `name` (r:<id> or m:<id>) in applied (see remember_id()), and schedule its
+-- forgetting. With `once`, a name remembered already is left as it is: false.
 local function remember(name, once)
-  local forget = S.now + REMEMBER_MS
-  if not once then
-    call(APPLIED, 'ZADD', APPLIED, forget, name)
-  elseif call(APPLIED, 'ZADD', APPLIED, 'NX', forget, name) == 0 then
-    if tonumber(redis.call('ZSCORE', APPLIED, name)) > S.now then
-      return false
-    end
-    -- Past its time, but not forgotten yet.
-    redis.call('ZADD', APPLIED, forget, name)
+  local forget = remember_id(APPLIED, name, once)
+  if not forget then
+    return false
   end
   if not S.prune then
     S.fresh_applied = true
-    set('prune', forget + PRUNE_EVERY_MS)
+    put('prune', forget + PRUNE_EVERY_MS)
   end
   if forget > S.need then
     S.need = forget
@@ -108,11 +86,7 @@ end
 
 -- Read the count (nil if absent).
 local function read_count()
-  local count = call(COUNT, 'GET', COUNT)
-  if count and (not string.match(count, '^-?%d+$') or math.abs(tonumber(count)) > MAX_ABS) then
-    error({ key = COUNT })
-  end
-  S.count, S.unread = tonumber(count), false
+  S.count, S.unread = read_integer(COUNT), false
   return S.count
 end
 
@@ -124,41 +98,56 @@ local function add(delta)
 end
 
 -- Hand permits, in arrival order, to every waiter at the head of the queue that now fits,
--- and wake exactly those (one message each on their client's channel, sent by run() once
--- the state is saved). Stops at the first waiter that does not fit, so a large request is
--- never overtaken by smaller ones behind it, and after MAX_STEPS heads: then the next head
--- that fits is woken without a grant, and its poll admits the next ones. Entries without a
+-- and wake exactly those (one message each on their client's channel, sent once the state
+-- is saved). Stops at the first waiter that does not fit, so a large request is never
+-- overtaken by smaller ones behind it, and after MAX_STEPS heads: then the next head that
+-- fits is woken without a grant, and its poll admits the next ones. Entries without a
 -- record (lost) are dropped. A granted waiter keeps its waiter lease until it collects.
 local function promote()
   while S.qlen > 0 do
     local head = call(QUEUE, 'ZRANGE', QUEUE, 0, 0)[1]
     if not head then
-      set('qlen', 0)
+      put('qlen', 0)
       return
     end
     local name = 'r:' .. head
-    if S[name] == nil then
-      S[name] = redis.call('HGET', RECORDS, name)
-    end
-    local st, k, channel, digits = parse(S[name])
+    local st, k, channel, digits = parse(field(name))
     if st == 'w' and k > (S.count or 0) then
       return
     end
     if S.steps >= MAX_STEPS then
       if st == 'w' then
-        S.wake[#S.wake + 1] = { channel, head }
+        wake(channel, head)
       end
       return
     end
     S.steps = S.steps + 1
     redis.call('ZREM', QUEUE, head)
-    set('qlen', S.qlen - 1)
+    put('qlen', S.qlen - 1)
     if st == 'w' then
       add(-k)
-      set(name, 'g|' .. digits)
-      S.wake[#S.wake + 1] = { channel, head }
+      put(name, 'g|' .. digits)
+      wake(channel, head)
     end
   end
+end
+
+-- Start or renew the waiter lease of `id`, `lease` ms from now (not ZADD XX: an entry that
+-- vanished is put back), counted in records at once; the QUEUED reply at `position`.
+local function queued(id, lease, position)
+  local deadline = S.now + lease
+  local added = call(WAITERS, 'ZADD', WAITERS, deadline, id)
+  if S.wlen == 0 then
+    S.fresh_waiters = true
+  end
+  if S.wlen == 0 or not S.wnext or deadline < S.wnext then
+    put('wnext', deadline)
+  end
+  if added == 1 then
+    put('wlen', S.wlen + 1)
+  end
+  S.need = math.max(S.need, deadline)
+  return { 'QUEUED', position, math.max(math.floor(lease / 3), 1) }
 end
 
 -- A request that already has a record checks in: collect a grant, renew a wait, or learn
@@ -168,164 +157,128 @@ local function check_in(id, lease)
   local st = parse(S[name])
   if st == 'g' then
     remember(name)
-    set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
-    set(name, 'c' .. string.sub(S[name], 2))
+    put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+    put(name, 'c' .. string.sub(S[name], 2))
   elseif st == 'w' then
     local position = call(QUEUE, 'ZRANK', QUEUE, id)
     if not position then
       -- Its place in the queue is lost (the queue vanished): it queues again.
-      set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
-      set(name, false)
+      put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+      put(name, false)
       return { 'GONE' }
     end
-    local deadline = S.now + lease
-    -- (Not XX: a waiters entry that vanished is put back.)
-    if call(WAITERS, 'ZADD', WAITERS, deadline, id) == 1 then
-      set('wlen', S.wlen + 1)
-    end
-    if not S.wnext or deadline < S.wnext then
-      set('wnext', deadline)
-    end
-    if deadline > S.need then
-      S.need = deadline
-    end
-    return { 'QUEUED', position, math.max(math.floor(lease / 3), 1) }
+    return queued(id, lease, position)
   elseif st ~= 'c' then
     return { 'GONE' }
   end
   return { 'GRANTED' }
 end
 
--- Run a script body and write back what it changed; a foreign value at one of our keys
--- becomes a WRONGTYPE reply (after saving what was settled before it was found).
---
--- Before the body (unless `mode` is "bare"): read the time, the fields of records (and the
--- field `name`, if given) and the count (with mode "lazy", only if this needs it: else
--- S.unread is set); then forget ids remembered long enough, drop waiters whose lease ended
--- (giving back what was granted to them and never collected), and hand what is available
--- to the queue.
---
--- After it: save, then publish the wake-ups. While anyone waits, no key has a TTL (a key
--- that had one loses it when the first waiter comes). Once idle, keep every bookkeeping key
--- until an idle minute after the latest deadline (`keep`): when a new deadline comes within
--- half a minute of keep, keep moves and every key gets it (PEXPIREAT); a key created by this
--- call gets the current keep.
-local function run(body, name, mode)
-  if mode == 'bare' then
-    local ok, result = pcall(body)
-    if ok then
-      return result
-    end
-    return (caught(result, {
-      [COUNT] = 'integer', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
-    }))
+-- Read the time, the fields of records (and the field `name`, if given) and the count (with
+-- mode "lazy", only if this call needs it: else S.unread is set). True if there is
+-- bookkeeping to settle.
+local function load(name, mode)
+  local now = clock()
+  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', name or 'keep')
+  -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
+  S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
+  S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
+  S.qlen = r[5] and r[5] ~= '0' and tonumber(r[5]) or 0
+  S.wnext = r[4] and tonumber(r[4])
+  S.live = r[6]
+  S.loaded = true
+  if name then
+    S[name] = r[7]
   end
-  local ok, result = pcall(function()
-    local t = redis.call('TIME')
-    local now = t[1] * 1000 + math.floor(t[2] / 1000)
-    S.now = now
-    local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', name or 'keep')
-    -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
-    S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
-    S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
-    S.qlen = r[5] and r[5] ~= '0' and tonumber(r[5]) or 0
-    S.wnext = r[4] and tonumber(r[4])
-    S.live = r[6]
-    if name then
-      S[name] = r[7]
+  if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
+    read_count()
+  else
+    S.unread = true
+  end
+
+  if S.keep == 0 then
+    -- No bookkeeping: check every other key once (rare, so the cost does not matter), so
+    -- that nothing is written next to a foreign value. Later calls find a foreign value
+    -- at its first access instead.
+    local queued = call(QUEUE, 'ZCARD', QUEUE)
+    local waiting = call(WAITERS, 'ZCARD', WAITERS)
+    call(META, 'HLEN', META)
+    call(APPLIED, 'ZCARD', APPLIED)
+    if queued == 0 and waiting == 0 then
+      return false
     end
-    if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
-      read_count()
+    -- The records vanished and the queue did not (lost state): rebuild the counters from
+    -- the queue and waiters; promote drops the entries that have no record.
+    put('qlen', queued)
+    put('wlen', waiting)
+    S.wnext = now
+  end
+  return true
+end
+
+-- Forget ids remembered long enough, drop waiters whose lease ended (giving back what was
+-- granted to them and never collected), and hand what is available to the queue.
+local function settle()
+  local now = S.now
+  if S.prune and now >= S.prune then
+    local due = call(APPLIED, 'ZRANGEBYSCORE', APPLIED, '-inf', now, 'LIMIT', 0, PRUNE_BATCH)
+    if #due > 0 then
+      redis.call('ZREMRANGEBYRANK', APPLIED, 0, #due - 1)
+      for _, remembered in ipairs(due) do
+        if string.sub(remembered, 1, 2) == 'r:' then
+          put(remembered, false)
+        end
+      end
+    end
+    if #due == PRUNE_BATCH then
+      put('prune', now)
     else
-      S.unread = true
-    end
-
-    if S.keep == 0 then
-      -- No bookkeeping: check every other key once (rare, so the cost does not matter), so
-      -- that nothing is written next to a foreign value. Later calls find a foreign value
-      -- at its first access instead.
-      local queued = call(QUEUE, 'ZCARD', QUEUE)
-      local waiting = call(WAITERS, 'ZCARD', WAITERS)
-      call(META, 'HLEN', META)
-      call(APPLIED, 'ZCARD', APPLIED)
-      if queued == 0 and waiting == 0 then
-        return body()
-      end
-      -- The records vanished and the queue did not (lost state): rebuild the counters from
-      -- the queue and waiters; promote drops the entries that have no record.
-      set('qlen', queued)
-      set('wlen', waiting)
-      S.wnext = now
-    end
-
-    if S.prune and now >= S.prune then
-      local batch = 256
-      local due = call(APPLIED, 'ZRANGEBYSCORE', APPLIED, '-inf', now, 'LIMIT', 0, batch)
-      if #due > 0 then
-        redis.call('ZREMRANGEBYRANK', APPLIED, 0, #due - 1)
-        for _, remembered in ipairs(due) do
-          if string.sub(remembered, 1, 2) == 'r:' then
-            set(remembered, false)
-          end
-        end
-      end
-      if #due == batch then
-        set('prune', now)
-      else
-        local first = redis.call('ZRANGE', APPLIED, 0, 0, 'WITHSCORES')[2]
-        set('prune', first and tonumber(first) + PRUNE_EVERY_MS or false)
-      end
-    end
-
-    if S.wlen > 0 and now >= (S.wnext or 0) then
-      local batch = 1000
-      local ids = call(WAITERS, 'ZRANGEBYSCORE', WAITERS, '-inf', now, 'LIMIT', 0, batch)
-      if #ids > 0 then
-        redis.call('ZREMRANGEBYRANK', WAITERS, 0, #ids - 1)
-        local names, queued = {}, {}
-        for i, id in ipairs(ids) do
-          names[i] = 'r:' .. id
-        end
-        local raws = redis.call('HMGET', RECORDS, unpack(names))
-        for i, id in ipairs(ids) do
-          local st, k = parse(raws[i])
-          if st == 'w' then
-            queued[#queued + 1] = id
-          elseif st == 'g' then
-            add(k)
-          end
-          set(names[i], false)
-        end
-        if #queued > 0 then
-          set('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, unpack(queued)), 0))
-        end
-        set('wlen', math.max(S.wlen - #ids, 0))
-      end
-      local first = S.wlen > 0 and redis.call('ZRANGE', WAITERS, 0, 0, 'WITHSCORES')[2]
-      if #ids == batch then
-        first = now -- more are due
-      end
-      set('wnext', first and tonumber(first) or false)
-      if not first then
-        set('wlen', 0)
-      end
-    end
-    promote()
-    return body()
-  end)
-
-  local reply = result
-  if not ok then
-    local foreign
-    reply, foreign = caught(result, {
-      [COUNT] = 'integer', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
-    })
-    if not foreign or not S.wlen then
-      -- (Found before the records were read: nothing to save.)
-      return reply
+      local first = redis.call('ZRANGE', APPLIED, 0, 0, 'WITHSCORES')[2]
+      put('prune', first and tonumber(first) + PRUNE_EVERY_MS or false)
     end
   end
 
+  if S.wlen > 0 and now >= (S.wnext or 0) then
+    local ids = call(WAITERS, 'ZRANGEBYSCORE', WAITERS, '-inf', now, 'LIMIT', 0, EXPIRE_BATCH)
+    if #ids > 0 then
+      redis.call('ZREMRANGEBYRANK', WAITERS, 0, #ids - 1)
+      local names, queued = {}, {}
+      for i, id in ipairs(ids) do
+        names[i] = 'r:' .. id
+      end
+      local raws = redis.call('HMGET', RECORDS, unpack(names))
+      for i, id in ipairs(ids) do
+        local st, k = parse(raws[i])
+        if st == 'w' then
+          queued[#queued + 1] = id
+        elseif st == 'g' then
+          add(k)
+        end
+        put(names[i], false)
+      end
+      if #queued > 0 then
+        put('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, unpack(queued)), 0))
+      end
+      put('wlen', math.max(S.wlen - #ids, 0))
+    end
+    local first = S.wlen > 0 and redis.call('ZRANGE', WAITERS, 0, 0, 'WITHSCORES')[2]
+    if #ids == EXPIRE_BATCH then
+      first = now -- more are due
+    end
+    put('wnext', first and tonumber(first) or false)
+    if not first then
+      put('wlen', 0)
+    end
+  end
+  promote()
+end
+
+-- The count taken or given by this call (one INCRBY), then keep-alive: live, no key has a
+-- TTL (a key that had one loses it when the first waiter comes). Once idle, every
+-- bookkeeping key is kept until KEEP_IDLE_MS after the latest deadline (`keep`): when a new
+-- deadline comes within KEEP_MARGIN_MS of keep, keep moves and every key gets it; a key
+-- created by this call gets the current keep.
+local function keep()
   if S.taken ~= 0 or S.create_count then
     redis.call('INCRBY', COUNT, string.format('%d', -S.taken))
   end
@@ -333,71 +286,47 @@ local function run(body, name, mode)
   if need == 0 and S.keep == 0 and next(dirty) then
     need = S.now
   end
-  local expire_records = false
+  local bookkeeping = { QUEUE, WAITERS, META, APPLIED, RECORDS }
   if S.wlen > 0 or S.qlen > 0 then
     -- Live: nothing may expire (keep still marks that there is bookkeeping).
     if not S.live then
-      set('live', '1')
-      for _, key in ipairs({ QUEUE, WAITERS, RECORDS, META, APPLIED }) do
-        redis.call('PERSIST', key)
-      end
+      put('live', '1')
+      persist(bookkeeping)
     end
-    if need + 30000 > S.keep then
-      set('keep', need + 60000)
+    if need + KEEP_MARGIN_MS > S.keep then
+      put('keep', need + KEEP_IDLE_MS)
     end
   elseif S.live then
-    -- The last waiter left: idle from now on, kept an idle minute after every forget-at.
-    set('live', false)
-    set('keep', math.max(need, S.now + REMEMBER_MS) + 60000)
-    for _, key in ipairs({ QUEUE, WAITERS, META, APPLIED }) do
-      redis.call('PEXPIREAT', key, S.keep)
-    end
-    expire_records = true
-  elseif need > 0 and need + 30000 > S.keep then
-    set('keep', need + 60000)
-    for _, key in ipairs({ QUEUE, WAITERS, META, APPLIED }) do
-      redis.call('PEXPIREAT', key, S.keep)
-    end
-    expire_records = true
+    -- The last waiter left: idle from now on, kept an idle while after every forget-at.
+    put('live', false)
+    put('keep', math.max(need, S.now + REMEMBER_MS) + KEEP_IDLE_MS)
+    expire_at(S.keep, bookkeeping)
+  elseif need > 0 and need + KEEP_MARGIN_MS > S.keep then
+    put('keep', need + KEEP_IDLE_MS)
+    expire_at(S.keep, bookkeeping)
   else
-    if S.fresh_queue then
-      redis.call('PEXPIREAT', QUEUE, S.keep)
+    local fresh = {}
+    for key, created in pairs({ [QUEUE] = S.fresh_queue, [WAITERS] = S.fresh_waiters, [META] = S.fresh_meta,
+      [APPLIED] = S.fresh_applied }) do
+      if created then
+        fresh[#fresh + 1] = key
+      end
     end
-    if S.fresh_waiters then
-      redis.call('PEXPIREAT', WAITERS, S.keep)
-    end
-    if S.fresh_meta then
-      redis.call('PEXPIREAT', META, S.keep)
-    end
-    if S.fresh_applied then
-      redis.call('PEXPIREAT', APPLIED, S.keep)
-    end
+    expire_at(S.keep, fresh)
   end
-  local args, gone = {}, {}
-  for field, value in pairs(dirty) do
-    if value then
-      args[#args + 1] = field
-      args[#args + 1] = value
-    else
-      gone[#gone + 1] = field
-    end
-  end
-  -- (In slices: unpack has a limit.)
-  for i = 1, #args, 1000 do
-    redis.call('HSET', RECORDS, unpack(args, i, math.min(i + 999, #args)))
-  end
-  if expire_records then
-    -- After the HSET: records may have been created just now.
-    redis.call('PEXPIREAT', RECORDS, S.keep)
-  end
-  for i = 1, #gone, 1000 do
-    redis.call('HDEL', RECORDS, unpack(gone, i, math.min(i + 999, #gone)))
-  end
-  -- Last, once everything is saved; a refused PUBLISH changes nothing.
-  for _, wake in ipairs(S.wake) do
-    redis.pcall('PUBLISH', wake[1], wake[2])
-  end
-  return reply
+end
+
+-- Start a call: its keys, a fresh per-call state and the hooks run() calls.
+local HOOKS = { load = load, settle = settle, save = keep }
+local function expected()
+  return {
+    [COUNT] = 'integer', [QUEUE] = 'zset', [WAITERS] = 'zset', [RECORDS] = 'hash', [META] = 'hash', [APPLIED] = 'zset',
+  }
+end
+local function begin(keys)
+  COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  start(RECORDS, expected, HOOKS)
+  S.taken, S.need, S.steps = 0, 0, 0
 end
 
 ---------------------------------------------------------------------------------------

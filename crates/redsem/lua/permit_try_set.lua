@@ -6,8 +6,7 @@
 -- Returns: {"SET"} | {"EXISTS", available} | {"WRONGTYPE", key, actual, expected}
 return run(function()
   local name = 'm:' .. ARGV[1]
-  local applied = call(APPLIED, 'ZSCORE', APPLIED, name)
-  if applied and tonumber(applied) > S.now then
+  if remembered(APPLIED, name) then
     return { 'SET' }
   end
   if S.count then

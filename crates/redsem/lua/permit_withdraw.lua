@@ -14,16 +14,16 @@ return run(function()
   remember(name)
   local result = { 'UNKNOWN' }
   if st == 'w' then
-    set('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, id), 0))
+    put('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, id), 0))
     result = { 'WITHDRAWN' }
   elseif st == 'g' or st == 'c' then
     add(k)
     result = { 'RETURNED', k }
   end
   if st == 'w' or st == 'g' then
-    set('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+    put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
   end
-  set(name, 'x')
+  put(name, 'x')
   promote()
   return result
 end, name)

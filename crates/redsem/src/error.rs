@@ -126,6 +126,30 @@ pub enum Error {
         /// What is wrong and what to change.
         problem: String,
     },
+    /// With [`RedsemOptions::replica_acks`](crate::RedsemOptions::replica_acks), the `WAIT`
+    /// sent with a change found fewer replicas than asked for holding it when its timeout ran
+    /// out. The change was applied on the primary, but a failover may lose it.
+    ///
+    /// What that means depends on the call:
+    ///
+    /// * **A grant** (`acquire`, `try_acquire`, a queued request granted): it was given back
+    ///   at once (with the same request id: a release applied at most once), so nothing is
+    ///   held and nobody else is kept waiting for it.
+    /// * **A renewal**: the lease was extended on the primary, but the holder does not count
+    ///   on it; the permit's local validity is not moved and the keepalive tries again. If no
+    ///   renewal is acknowledged before the lease runs out, the permit is reported lost.
+    /// * **A release** (or another change: a count-down, added permits, a new capacity): it
+    ///   is in force on the primary, and waiters may already have been granted what it freed;
+    ///   only a failover to a replica that never received it can undo it. Do not send it
+    ///   again to make sure: a release or count-down resent with a new request id would be
+    ///   applied twice.
+    #[error("change acknowledged by {acked} of the {wanted} replicas asked for")]
+    NotReplicated {
+        /// Replicas that acknowledged the change within the timeout.
+        acked: usize,
+        /// Replicas asked for.
+        wanted: usize,
+    },
     /// A script answered in a shape redsem does not understand (a bug or a foreign script).
     #[error("unexpected reply from {script}: {detail}")]
     Protocol {
@@ -164,6 +188,12 @@ impl Error {
     /// True for [`Error::InvalidArgument`].
     pub fn is_invalid_argument(&self) -> bool {
         matches!(self, Error::InvalidArgument(_))
+    }
+
+    /// True for [`Error::NotReplicated`]: a change the primary applied, not acknowledged by
+    /// enough replicas in time.
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self, Error::NotReplicated { .. })
     }
 }
 

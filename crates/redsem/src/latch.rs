@@ -12,8 +12,10 @@ use crate::error::{Error, Result, invalid};
 use crate::keys::LatchKeys;
 use crate::observe::{Attempt, Meter, op_span};
 use crate::permits::MAX_PERMITS;
+use crate::retry::retry_once;
 use crate::script::{self, RawLatchState};
 use crate::types::PermitId;
+use crate::wait;
 
 /// How long an opened latch is reported as [`LatchState::Done`] (then as
 /// [`LatchState::NeverSet`]).
@@ -132,49 +134,10 @@ struct LatchInner {
     meter: Meter,
 }
 
-impl Redsem {
-    /// A countdown latch named `name`, with default options.
-    ///
-    /// Makes no round trip.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
-    /// let latch = redsem.count_down_latch("migration-done")?;
-    /// latch.wait().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name.
-    pub fn count_down_latch(&self, name: &str) -> Result<CountDownLatch> {
-        self.count_down_latch_with(name, LatchOptions::default())
-    }
-
-    /// A countdown latch named `name`, with `options`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
-    /// use std::time::Duration;
-    /// let options = redsem::LatchOptions::default().recheck(Duration::from_millis(200));
-    /// let latch = redsem.count_down_latch_with("migration-done", options)?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name or a re-check interval under 10 ms.
-    pub fn count_down_latch_with(
-        &self,
-        name: &str,
-        options: LatchOptions,
-    ) -> Result<CountDownLatch> {
+impl CountDownLatch {
+    /// A handle on the latch `name` of `redsem` (see [`Redsem::count_down_latch_with`]); no
+    /// round trip.
+    pub(crate) fn new(redsem: &Redsem, name: &str, options: LatchOptions) -> Result<Self> {
         if name.is_empty() {
             return Err(invalid("the latch name must not be empty"));
         }
@@ -186,11 +149,11 @@ impl Redsem {
         }
         Ok(CountDownLatch {
             inner: Arc::new(LatchInner {
-                redsem: self.clone(),
+                redsem: redsem.clone(),
                 name: name.to_owned(),
-                keys: LatchKeys::new(self.prefix(), name),
+                keys: LatchKeys::new(redsem.prefix(), name),
                 options,
-                meter: Meter::new("latch", name, &self.shared.metric_names),
+                meter: Meter::new("latch", name, &redsem.shared.metric_names),
             }),
         })
     }
@@ -244,7 +207,7 @@ impl CountDownLatch {
         let request = PermitId::random();
         let span = op_span!(inner.meter, "redsem.latch.try_set");
         span.record("units", count);
-        script::retry_once("try_set_count", || async {
+        retry_once("try_set_count", || async {
             script::latch_try_set(
                 &mut inner.redsem.conn(),
                 &inner.keys,
@@ -283,7 +246,7 @@ impl CountDownLatch {
     pub async fn count_down(&self) -> Result<()> {
         let inner = &self.inner;
         let request = PermitId::random();
-        script::retry_once("count_down", || async {
+        retry_once("count_down", || async {
             script::latch_count_down(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
         })
         .instrument(op_span!(inner.meter, "redsem.latch.count_down"))
@@ -451,7 +414,7 @@ impl CountDownLatch {
 
     async fn raw_state(&self) -> Result<RawLatchState> {
         let inner = &self.inner;
-        script::retry_once("state", || async {
+        retry_once("state", || async {
             script::latch_state(&mut inner.redsem.conn(), &inner.keys).await
         })
         .await
@@ -511,20 +474,8 @@ impl CountDownLatch {
                 }
                 Err(err) => return Err(err),
             }
-            let mut nap = inner.options.recheck;
-            if let Some(deadline) = deadline {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(Error::Timeout {
-                        name: inner.name.clone(),
-                        waited: now - started,
-                    });
-                }
-                nap = nap.min(deadline - now);
-            }
-            tokio::select! {
-                () = opened => {}
-                () = tokio::time::sleep(nap) => {}
+            if !wait::nap(opened, inner.options.recheck, deadline).await {
+                return Err(wait::timeout(&inner.name, started));
             }
         }
     }

@@ -85,19 +85,24 @@ mod client;
 mod clock;
 mod conn;
 mod error;
+mod factory;
+mod keepalive;
 mod keys;
 mod latch;
+#[cfg(test)]
+mod layers;
 mod lease;
 mod mutex;
 mod notify;
 mod observe;
 mod permits;
+mod retry;
 mod script;
 mod types;
+mod url;
 mod wait;
-mod withdraw;
 
-pub use client::{Redsem, RedsemOptions, ServerChecks, ServerFinding, Verdict};
+pub use client::{Redsem, RedsemOptions, ReplicaAcks, ServerChecks, ServerFinding, Verdict};
 pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{
@@ -109,6 +114,7 @@ pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
 pub use types::{FencingToken, PermitId};
+pub use url::{ConnectTarget, TargetHosts};
 
 /// The version of this crate, as in its `Cargo.toml` (`"0.1.0"`).
 ///

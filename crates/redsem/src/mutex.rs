@@ -27,6 +27,7 @@ pub struct Mutex {
 
 /// A held [`Mutex`]: a [`LeasePermit`] (its methods are reachable through `Deref`).
 #[must_use = "dropping a MutexGuard unlocks the mutex"]
+#[clippy::has_significant_drop]
 #[derive(Debug)]
 pub struct MutexGuard {
     permit: LeasePermit,

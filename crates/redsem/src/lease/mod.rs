@@ -1,136 +1,30 @@
 //! The fair lease semaphore: `LeaseSemaphore` hands out `LeasePermit`s.
 
-pub(crate) mod keepalive;
+mod options;
 mod permit;
+mod request;
 mod status;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::Instrument as _;
 
+pub use options::LeaseOptions;
 pub use permit::LeasePermit;
 pub use status::{Holder, Status, Waiter};
 
 use crate::client::Redsem;
-use crate::clock;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::observe::{Attempt, Meter, op_span};
-use crate::script::{self, Acquire, Release, Request};
+use crate::script::{self, Acquire, Release};
 use crate::types::PermitId;
-use crate::wait::{Patience, check_in};
-use crate::withdraw::{Queue, Withdraw};
+use crate::wait::{self, Patience, Queue};
+use request::LeaseRequest;
 
-/// The shortest lease (and waiter lease) accepted: renewing every third of it must be possible.
-pub const MIN_LEASE: Duration = Duration::from_millis(30);
-/// The most units one request may take at once ([`LeaseSemaphore::acquire_many`]): a grant
-/// costs Redis a few commands per unit, so this bounds the time one script can take.
-pub const MAX_UNITS: u32 = 4096;
-/// The longest lease accepted.
-pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Options of a [`LeaseSemaphore`].
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// let options = redsem::LeaseOptions::default()
-///     .lease(Duration::from_secs(10))
-///     .label("worker-7");
-/// assert_eq!(options.lease, Duration::from_secs(10));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LeaseOptions {
-    /// How long a permit lives without renewal (default 30 s). The keepalive renews it every
-    /// third of this.
-    pub lease: Duration,
-    /// How long a queued request keeps its place without checking in (default 10 s). A waiter
-    /// checks in every third of it; a crashed waiter stops blocking the queue after this.
-    pub waiter_lease: Duration,
-    /// A label recorded with each permit (a host name, an IP, a job id); shown by `status`.
-    pub label: Option<String>,
-    /// At most one live permit or queued request per label (default off): a second request of
-    /// the same label gets [`Error::AlreadyHeld`].
-    pub one_per_label: bool,
-    /// Renew permits in the background (default on). Without it a permit lives one lease
-    /// unless [`LeasePermit::refresh`] is called.
-    pub keepalive: bool,
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        LeaseOptions {
-            lease: Duration::from_secs(30),
-            waiter_lease: Duration::from_secs(10),
-            label: None,
-            one_per_label: false,
-            keepalive: true,
-        }
-    }
-}
-
-impl LeaseOptions {
-    /// Set the lease duration.
-    #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Set the waiter lease duration.
-    #[must_use]
-    pub fn waiter_lease(mut self, waiter_lease: Duration) -> Self {
-        self.waiter_lease = waiter_lease;
-        self
-    }
-
-    /// Set the holder label.
-    #[must_use]
-    pub fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// Allow at most one live permit per label.
-    #[must_use]
-    pub fn one_per_label(mut self, on: bool) -> Self {
-        self.one_per_label = on;
-        self
-    }
-
-    /// Turn the background renewal on or off.
-    #[must_use]
-    pub fn keepalive(mut self, on: bool) -> Self {
-        self.keepalive = on;
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        for (what, d) in [("lease", self.lease), ("waiter lease", self.waiter_lease)] {
-            if d < MIN_LEASE {
-                return Err(invalid(format!(
-                    "{what} {d:?} is too short to renew; the minimum is {MIN_LEASE:?}"
-                )));
-            }
-            if d > MAX_LEASE {
-                return Err(invalid(format!(
-                    "{what} {d:?} is longer than the maximum {MAX_LEASE:?}"
-                )));
-            }
-        }
-        if self.label.as_deref() == Some("") {
-            return Err(invalid(
-                "the label must not be empty (use None for no label)",
-            ));
-        }
-        Ok(())
-    }
-}
+pub use crate::types::{MAX_LEASE, MAX_UNITS, MIN_LEASE};
 
 /// A fair, counting semaphore shared through Redis, whose permits are leases.
 ///
@@ -241,8 +135,10 @@ impl LeaseSemaphore {
     ///
     /// # Cancel safety
     ///
-    /// If the future is dropped after the request was sent, a unit granted meanwhile stays held
-    /// until its lease ends (nothing renews it).
+    /// Cancel safe, as [`PermitSemaphore::try_acquire`](crate::PermitSemaphore::try_acquire):
+    /// if the future is dropped (or fails to hear the answer) after the request was sent, a
+    /// unit granted meanwhile is released in the background (tracked by
+    /// [`Redsem::flush`](crate::Redsem::flush)); if that cannot be sent, the lease runs out.
     pub async fn try_acquire(&self) -> Result<LeasePermit> {
         self.request(1, Patience::None).await
     }
@@ -588,149 +484,26 @@ impl LeaseSemaphore {
                 capacity.min(MAX_UNITS)
             )));
         }
-        let mut id = PermitId::random();
-        tracing::Span::current().record("id", id.as_str());
-        let started = Instant::now();
-        let options = &self.inner.options;
-        // Each call names the request it is for: `Request { id, ..req }`.
-        let mut req = Request {
-            id: "",
+        let request = LeaseRequest {
+            sem: self,
             capacity,
             units,
-            lease: options.lease,
-            label: options.label.as_deref().unwrap_or(""),
-            one_per_label: options.one_per_label,
-            wait: false,
-            waiter_lease: options.waiter_lease,
-            channel: &self.inner.redsem.shared.wake_channel,
         };
-        let mut conn = self.inner.redsem.conn();
-
-        if let Patience::None = patience {
-            let sent = clock::now();
-            let req = Request {
-                id: id.as_str(),
-                ..req
-            };
-            return match script::lease_acquire(&mut conn, &self.inner.keys, &req).await? {
-                Acquire::Granted { token, slots } => Ok(self.permit(id, token, slots, sent)),
-                Acquire::Busy { in_use, waiters } => Err(Error::NoPermit {
-                    name: self.inner.name.clone(),
-                    capacity,
-                    in_use,
-                    waiters,
-                }),
-                other => Err(self.refusal(other, capacity)),
-            };
-        }
-
-        req.wait = true;
-        let deadline = patience.deadline();
-        let notifier = self.inner.redsem.notifier().await;
-        let mut mailbox = notifier.register(id.as_str()).await;
-        let mut withdraw = Withdraw::new(self.inner.clone(), id.clone());
-        // When the last check-in the server answered was sent.
-        let keys = &self.inner.keys;
-        let first = Request {
-            id: id.as_str(),
-            ..req
-        };
-        let (mut reply, mut sent) = check_in(clock::now(), options.waiter_lease, deadline, || {
-            let mut conn = conn.clone();
-            async move { script::lease_acquire(&mut conn, keys, &first).await }
+        let won = wait::acquire(&request, patience, |position| {
+            attempt.queued();
+            progress(position);
         })
         .await?;
-        loop {
-            match reply {
-                Acquire::Granted { token, slots } => {
-                    withdraw.disarm();
-                    return Ok(self.permit(id, token, slots, sent));
-                }
-                Acquire::Queued { position, recheck } => {
-                    attempt.queued();
-                    progress(position);
-                    let mut nap = recheck;
-                    if let Patience::Until(deadline) = patience {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            withdraw.now().await?;
-                            return Err(Error::Timeout {
-                                name: self.inner.name.clone(),
-                                waited: now - started,
-                            });
-                        }
-                        nap = nap.min(deadline - now);
-                    }
-                    tokio::select! {
-                        () = mailbox.woken() => {}
-                        () = tokio::time::sleep(nap) => {}
-                    }
-                    let news = mailbox.news();
-                    if let Some(grant) = news.as_deref().and_then(Grant::parse)
-                        && sent + grant.delay + options.lease > clock::now()
-                    {
-                        // Handed over with the wake-up. The server started the lease `delay`
-                        // after our last check-in, which it received after `sent`. (A grant
-                        // whose lease may have run out while we stalled is checked by a poll.)
-                        withdraw.disarm();
-                        let valid_until = sent + grant.delay + options.lease;
-                        return Ok(LeasePermit::start(
-                            self.inner.clone(),
-                            id,
-                            grant.token,
-                            grant.slots,
-                            valid_until,
-                        ));
-                    }
-                    let polled = id.as_str();
-                    (reply, sent) = check_in(sent, options.waiter_lease, deadline, || {
-                        let mut conn = conn.clone();
-                        async move {
-                            script::lease_poll(
-                                &mut conn,
-                                keys,
-                                polled,
-                                options.lease,
-                                options.waiter_lease,
-                            )
-                            .await
-                        }
-                    })
-                    .await?;
-                }
-                Acquire::Gone => {
-                    // Our place was dropped (we did not check in within the waiter lease, the
-                    // capacity shrank below our request, or the server lost its state): queue
-                    // again under a new id, so that no message meant for the old place (a
-                    // grant that ran out while we stalled) can be taken for the new one.
-                    tracing::warn!(semaphore = %self.inner.name, id = %id, "queued request was dropped; queuing again");
-                    withdraw.disarm();
-                    id = PermitId::random();
-                    tracing::Span::current().record("id", id.as_str());
-                    mailbox = notifier.register(id.as_str()).await;
-                    withdraw = Withdraw::new(self.inner.clone(), id.clone());
-                    let again = Request {
-                        id: id.as_str(),
-                        ..req
-                    };
-                    (reply, sent) = check_in(clock::now(), options.waiter_lease, deadline, || {
-                        let mut conn = conn.clone();
-                        async move { script::lease_acquire(&mut conn, keys, &again).await }
-                    })
-                    .await?;
-                }
-                other => {
-                    withdraw.disarm();
-                    return Err(self.refusal(other, capacity));
-                }
-            }
-        }
-    }
-
-    /// A permit whose grant (or last renewal) was sent at `sent`.
-    fn permit(&self, id: PermitId, token: u64, slots: Vec<u32>, sent: Duration) -> LeasePermit {
-        let valid_until = sent + self.inner.options.lease;
-        LeasePermit::start(self.inner.clone(), id, token, slots, valid_until)
+        // The server started the lease `delay` after the check-in it answered, which it
+        // received after `sent`.
+        let valid_until = won.sent + won.grant.delay + self.inner.options.lease;
+        Ok(LeasePermit::start(
+            self.inner.clone(),
+            won.id,
+            won.grant.token,
+            won.grant.slots,
+            valid_until,
+        ))
     }
 
     fn refusal(&self, reply: Acquire, requested: u32) -> Error {
@@ -758,14 +531,17 @@ impl LeaseSemaphore {
 
 impl SemInner {
     pub(crate) async fn release(&self, id: &str) -> Result<Release> {
+        self.release_on(&mut self.redsem.conn(), id).await
+    }
+
+    /// [`release`](Self::release) on `conn` (with or without replica acknowledgements).
+    async fn release_on(
+        &self,
+        conn: &mut impl crate::script::Scripting,
+        id: &str,
+    ) -> Result<Release> {
         let shared = &self.redsem.shared;
-        let released = script::lease_release(
-            &mut self.redsem.conn(),
-            &self.keys,
-            id,
-            &shared.wake_channel,
-        )
-        .await?;
+        let released = script::lease_release(conn, &self.keys, id, &shared.wake_channel).await?;
         if !released.handed.is_empty() {
             // Our own waiters: handed over here, no pub/sub hop.
             let notifier = self.redsem.notifier().await;
@@ -787,37 +563,6 @@ impl SemInner {
     }
 }
 
-/// The grant in a wake-up message, after `<id>|`: `token|slot,slot|delay ms` (the delay from
-/// the waiter's last check-in to the grant, both in server time).
-#[derive(Debug, PartialEq, Eq)]
-struct Grant {
-    token: u64,
-    slots: Vec<u32>,
-    delay: Duration,
-}
-
-impl Grant {
-    fn parse(news: &str) -> Option<Grant> {
-        let mut parts = news.split('|');
-        let token = parts.next()?.parse().ok()?;
-        let slots = parts
-            .next()?
-            .split(',')
-            .map(str::parse)
-            .collect::<std::result::Result<Vec<u32>, _>>()
-            .ok()?;
-        let delay = Duration::from_millis(parts.next()?.parse().ok()?);
-        if parts.next().is_some() {
-            return None;
-        }
-        Some(Grant {
-            token,
-            slots,
-            delay,
-        })
-    }
-}
-
 impl Queue for SemInner {
     fn redsem(&self) -> &Redsem {
         &self.redsem
@@ -828,26 +573,8 @@ impl Queue for SemInner {
     }
 
     async fn withdraw(&self, id: &str) -> Result<()> {
-        self.release(id).await.map(drop)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grants_are_read_from_wake_up_messages() {
-        assert_eq!(
-            Grant::parse("1790000000000001|0,3|12"),
-            Some(Grant {
-                token: 1_790_000_000_000_001,
-                slots: vec![0, 3],
-                delay: Duration::from_millis(12),
-            })
-        );
-        for bad in ["", "5", "5|0", "5|x|1", "5|0|-1", "5|0|1|2", "x|0|1"] {
-            assert_eq!(Grant::parse(bad), None, "{bad:?}");
-        }
+        self.release_on(&mut self.redsem.conn_unacked(), id)
+            .await
+            .map(drop)
     }
 }

@@ -1,19 +1,20 @@
 //! `LeasePermit`: a held lease and its loss signal. Its renewals and its loss timer are in
-//! the `Redsem`'s keepalive (`super::keepalive`).
+//! the `Redsem`'s keepalive (`crate::keepalive`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::SemInner;
-use super::keepalive::Keepalive;
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::keepalive::{Keepalive, Renewable};
 use crate::observe::Renewal;
 use crate::script::{self, Release};
 use crate::types::{FencingToken, PermitId};
@@ -40,6 +41,7 @@ use crate::types::{FencingToken, PermitId};
 /// # }
 /// ```
 #[must_use = "dropping a LeasePermit releases it"]
+#[clippy::has_significant_drop]
 pub struct LeasePermit {
     state: Arc<PermitState>,
     /// Released or forgotten: nothing left for `Drop` to do.
@@ -71,27 +73,6 @@ pub(super) struct PermitState {
 impl PermitState {
     pub(super) fn valid_until(&self) -> Duration {
         *self.valid_until.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn lease(&self) -> Duration {
-        self.sem.options.lease
-    }
-
-    pub(super) fn ticket(&self) -> u64 {
-        self.ticket
-    }
-
-    pub(super) fn semaphore(&self) -> &str {
-        &self.sem.name
-    }
-
-    pub(super) fn id(&self) -> &PermitId {
-        &self.id
-    }
-
-    /// Resolves when the permit is lost, released or dropped.
-    pub(super) async fn gone(&self) {
-        self.lost.cancelled().await;
     }
 
     fn keepalive(&self) -> &Keepalive {
@@ -151,6 +132,40 @@ impl PermitState {
             self.renewed(sent);
         }
         Ok(held.then_some(sent))
+    }
+}
+
+impl Renewable for PermitState {
+    fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    fn lease(&self) -> Duration {
+        self.sem.options.lease
+    }
+
+    fn valid_until(&self) -> Duration {
+        PermitState::valid_until(self)
+    }
+
+    fn semaphore(&self) -> &str {
+        &self.sem.name
+    }
+
+    fn id(&self) -> &PermitId {
+        &self.id
+    }
+
+    fn lose(&self, why: &str) {
+        PermitState::lose(self, why);
+    }
+
+    fn gone(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.lost.cancelled())
+    }
+
+    fn refresh(&self) -> BoxFuture<'_, Result<Option<Duration>>> {
+        Box::pin(PermitState::refresh(self))
     }
 }
 

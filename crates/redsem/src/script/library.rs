@@ -14,12 +14,21 @@
 //! sent again. If the server refuses functions (Redis before 7, an ACL without `FCALL` or
 //! `FUNCTION`), the call goes by `EVALSHA` (reloading the script on `NOSCRIPT`), and a
 //! [`Scripting`] connection that can remember it goes straight there from then on.
+//!
+//! A call that changes state goes by [`Call::invoke_acked`], which sends a `WAIT` with it
+//! where the connection asks for replica acknowledgements (see `acks`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, OnceLock};
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs};
+use redis::{
+    ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs,
+};
+
+use super::acks::{Acked, Sent, send, shortfall};
+use crate::error::Result;
+use crate::types::ReplicaAcks;
 
 const COMMON: &str = include_str!("../../lua/common.lua");
 
@@ -51,7 +60,9 @@ pub(crate) struct Op {
     function: OnceLock<String>,
 }
 
-/// `Op`s as statics, one per `lua/<name>.lua` operation file.
+/// `Op`s as statics, one per `lua/<name>.lua` operation file: the one place an operation is
+/// declared. A test (`tests.rs`) checks that every operation file is here exactly once and
+/// starts with its header.
 macro_rules! ops {
     ($($konst:ident = $primitive:ident $name:literal;)*) => {
         $(
@@ -156,6 +167,11 @@ pub(crate) trait Scripting: ConnectionLike + Send {
     fn functions_refused(&self) -> Option<&AtomicBool> {
         None
     }
+
+    /// The replica acknowledgements each change waits for; `None`: no `WAIT`.
+    fn replica_acks(&self) -> Option<ReplicaAcks> {
+        None
+    }
 }
 
 impl Scripting for redis::aio::MultiplexedConnection {}
@@ -183,11 +199,33 @@ impl Call {
     }
 
     /// Run it: `FCALL`, loading the library if the server lacks it, or `EVALSHA` where
-    /// functions are refused.
+    /// functions are refused. Sends no `WAIT`: for reads (and housekeeping).
     pub(crate) async fn invoke_async<T: FromRedisValue>(
         &self,
         conn: &mut impl Scripting,
     ) -> RedisResult<T> {
+        let sent = self.run(conn, None).await;
+        redis::from_redis_value(sent.reply?).map_err(Into::into)
+    }
+
+    /// Run a call that changes state, as [`invoke_async`](Self::invoke_async), with `WAIT` in
+    /// the same round trip when the connection asks for replica acknowledgements.
+    ///
+    /// # Errors
+    ///
+    /// The script's failure; a shortfall of acknowledgements is not an error here but
+    /// [`Acked::unconfirmed`], for the caller to act on (give a grant back) first.
+    pub(crate) async fn invoke_acked(&self, conn: &mut impl Scripting) -> Result<Acked> {
+        let acks = conn.replica_acks();
+        let sent = self.run(conn, acks).await;
+        let reply = sent.reply?;
+        Ok(Acked {
+            reply,
+            unconfirmed: acks.and_then(|acks| shortfall(acks, sent.wait)),
+        })
+    }
+
+    async fn run(&self, conn: &mut impl Scripting, acks: Option<ReplicaAcks>) -> Sent {
         let refused = conn
             .functions_refused()
             .is_some_and(|r| r.load(Ordering::Relaxed));
@@ -198,8 +236,8 @@ impl Call {
             for arg in &self.args {
                 fcall.arg(arg);
             }
-            let mut outcome = fcall.query_async(conn).await;
-            if matches!(&outcome, Err(e) if unknown_function(e)) {
+            let mut sent = send(conn, &fcall, acks).await;
+            if matches!(&sent.reply, Err(e) if unknown_function(e)) {
                 crate::observe::script_reloaded();
                 let loaded: RedisResult<()> = redis::cmd("FUNCTION")
                     .arg("LOAD")
@@ -207,29 +245,57 @@ impl Call {
                     .arg(&LIBRARY.source)
                     .query_async(conn)
                     .await;
-                outcome = match loaded {
-                    Ok(()) => fcall.query_async(conn).await,
-                    Err(e) => Err(e),
+                sent = match loaded {
+                    Ok(()) => send(conn, &fcall, acks).await,
+                    Err(e) => Sent {
+                        reply: Err(e),
+                        wait: None,
+                    },
                 };
             }
-            match outcome {
-                Err(e) if functions_unusable(&e) => {
+            match &sent.reply {
+                Err(e) if functions_unusable(e) => {
                     tracing::debug!(error = %e, "redis refuses functions; running scripts by EVALSHA");
                     if let Some(refused) = conn.functions_refused() {
                         refused.store(true, Ordering::Relaxed);
                     }
                 }
-                other => return other,
+                _ => return sent,
             }
         }
-        let mut invocation = self.op.script().prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key);
+        let script = self.op.script();
+        if acks.is_none() {
+            let mut invocation = script.prepare_invoke();
+            for key in &self.keys {
+                invocation.key(key);
+            }
+            for arg in &self.args {
+                invocation.arg(arg);
+            }
+            return Sent {
+                reply: invocation.invoke_async(conn).await,
+                wait: None,
+            };
         }
+        let keys: Vec<&Vec<u8>> = self.keys.iter().flatten().collect();
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(keys.len()).arg(&keys);
         for arg in &self.args {
-            invocation.arg(arg);
+            evalsha.arg(arg);
         }
-        invocation.invoke_async(conn).await
+        let sent = send(conn, &evalsha, acks).await;
+        match &sent.reply {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match script.load_async(conn).await {
+                    Ok(_) => send(conn, &evalsha, acks).await,
+                    Err(e) => Sent {
+                        reply: Err(e),
+                        wait: None,
+                    },
+                }
+            }
+            _ => sent,
+        }
     }
 }
 
@@ -249,3 +315,6 @@ fn functions_unusable(err: &RedisError) -> bool {
         || text.contains("error compiling")
         || text.contains("error registering")
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,24 +3,17 @@
 
 use std::time::Duration;
 
-use redsem::Redsem;
-use redsem_test::RedisCluster;
-
 use crate::support::*;
-
-async fn connect(cluster: &RedisCluster) -> Redsem {
-    let urls = cluster.urls();
-    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
-    within(LIMIT, "cluster connect", Redsem::connect_cluster(&seeds))
-        .await
-        .expect("connect to the cluster")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_semaphores_work_on_every_node_of_a_cluster() {
-    let cluster = RedisCluster::start(3);
-    let a = connect(&cluster).await;
-    let b = connect(&cluster).await;
+    let ctx = TestContext::on_cluster(
+        "it::cluster::lease_semaphores_work_on_every_node_of_a_cluster",
+        false,
+    )
+    .await;
+    let a = &ctx.redsem;
+    let b = ctx.client().await;
     // Names spread over the three nodes.
     let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
     for name in &names {

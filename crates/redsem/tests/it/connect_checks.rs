@@ -278,3 +278,35 @@ async fn the_pubsub_connection_comes_back_quickly_however_often_it_was_lost() {
     );
     waiter.abort();
 }
+
+/// A replica acknowledgement timeout as long as the response timeout would report calls whose
+/// replicas were slow as failed although the primary applied them: refused before connecting,
+/// on every way in (one server, cluster and sentinel URLs).
+#[tokio::test]
+async fn an_ack_timeout_not_shorter_than_the_response_timeout_is_refused() {
+    let ctx = TestContext::start().await;
+    let url = ctx.server.url();
+    let too_long = RedsemOptions::default()
+        .response_timeout(Duration::from_secs(1))
+        .replica_acks(1, Duration::from_secs(1));
+    for target in [
+        url.clone(),
+        url.replacen("redis://", "redis+cluster://", 1),
+        format!("redis+sentinel://127.0.0.1:{}/mymaster", ctx.server.port()),
+    ] {
+        let refused = Redsem::connect_with(&target, too_long.clone()).await;
+        match refused {
+            Err(Error::InvalidArgument(why)) => assert!(
+                why.contains("shorter than the response timeout"),
+                "{target}: {why}"
+            ),
+            other => panic!("{target}: {other:?}"),
+        }
+    }
+    let fine = RedsemOptions::default()
+        .response_timeout(Duration::from_secs(1))
+        .replica_acks(1, Duration::from_millis(200));
+    connect(&url, fine)
+        .await
+        .expect("a shorter ack timeout connects");
+}

@@ -1,7 +1,7 @@
 //! The scripts as a Redis Functions library: loaded once per server (and again after it lost
 //! it), side by side with other versions, and EVALSHA where functions are refused.
 
-use crate::support::{LIMIT, TestContext, connect_url, cycle, within};
+use crate::support::{LIMIT, TestContext, connect_url, cycle, no_functions_user, within};
 
 /// The libraries on the server whose name starts with `redsem_`.
 async fn redsem_libraries(ctx: &TestContext) -> Vec<String> {
@@ -90,18 +90,7 @@ async fn another_version_of_the_library_beside_it_changes_nothing() {
 async fn a_user_refused_functions_runs_the_same_operations_by_evalsha() {
     let ctx = TestContext::start().await;
     let mut conn = ctx.raw().await;
-    let () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "nofunc",
-            "on",
-            ">pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-fcall",
-            "-function",
-        ])
+    let () = no_functions_user()
         .query_async(&mut conn)
         .await
         .expect("ACL SETUSER");

@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use crate::support::*;
 
-fn channel(ctx: &TestContext, name: &str) -> String {
+fn channel(ctx: &TestContext<Topology>, name: &str) -> String {
     format!("{}:{{latch:{name}}}:opened", ctx.prefix)
 }
 
-async fn until_subscribed(ctx: &TestContext, name: &str, n: u64) {
+async fn until_subscribed(ctx: &TestContext<Topology>, name: &str, n: u64) {
     let channel = channel(ctx, name);
     until("waiters to subscribe", || async {
         ctx.subscribers(&channel).await == n
@@ -34,16 +34,20 @@ async fn state(latch: &CountDownLatch) -> LatchState {
     within(LIMIT, "state", latch.state()).await.expect("state")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_waiters_in_separate_clients_all_wake_after_the_third_count_down() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    four_waiters_in_separate_clients_all_wake_after_the_third_count_down,
+    multi_thread
+);
+async fn four_waiters_in_separate_clients_all_wake_after_the_third_count_down(
+    ctx: &TestContext<Topology>,
+) {
     let latch = ctx.redsem.count_down_latch("three").expect("latch");
     assert!(latch.try_set_count(3).await.expect("set"));
     let mut waiters = Vec::new();
     for _ in 0..4 {
         waiters.push(spawn_wait(&ctx.client().await, "three"));
     }
-    until_subscribed(&ctx, "three", 4).await;
+    until_subscribed(ctx, "three", 4).await;
 
     latch.count_down().await.expect("first");
     latch.count_down().await.expect("second");
@@ -65,9 +69,8 @@ async fn four_waiters_in_separate_clients_all_wake_after_the_third_count_down() 
     assert_eq!(state(&latch).await, LatchState::Done);
 }
 
-#[tokio::test]
-async fn wait_timeout_on_a_latch_that_never_reaches_zero_times_out() {
-    let ctx = TestContext::start().await;
+both_topologies!(wait_timeout_on_a_latch_that_never_reaches_zero_times_out);
+async fn wait_timeout_on_a_latch_that_never_reaches_zero_times_out(ctx: &TestContext<Topology>) {
     let latch = ctx.redsem.count_down_latch("stuck").expect("latch");
     latch.try_set_count(2).await.expect("set");
     latch.count_down().await.expect("count down");
@@ -86,13 +89,16 @@ async fn wait_timeout_on_a_latch_that_never_reaches_zero_times_out() {
     assert_eq!(state(&latch).await, LatchState::Counting(1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_ends_after_the_pubsub_connection_is_killed() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    a_wait_ends_after_the_pubsub_connection_is_killed,
+    multi_thread,
+    node_wide
+);
+async fn a_wait_ends_after_the_pubsub_connection_is_killed(ctx: &TestContext<Topology>) {
     let latch = ctx.redsem.count_down_latch("killed").expect("latch");
     latch.try_set_count(1).await.expect("set");
     let waiter = spawn_wait(&ctx.client().await, "killed");
-    until_subscribed(&ctx, "killed", 1).await;
+    until_subscribed(ctx, "killed", 1).await;
     assert!(ctx.kill_clients("pubsub").await >= 1);
     let before = Instant::now();
     latch.count_down().await.expect("count down");
@@ -103,9 +109,8 @@ async fn a_wait_ends_after_the_pubsub_connection_is_killed() {
     );
 }
 
-#[tokio::test]
-async fn a_lost_message_costs_one_recheck_interval() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_lost_message_costs_one_recheck_interval);
+async fn a_lost_message_costs_one_recheck_interval(ctx: &TestContext<Topology>) {
     let options = LatchOptions::default().recheck(Duration::from_millis(200));
     let latch = ctx
         .client()
@@ -114,7 +119,7 @@ async fn a_lost_message_costs_one_recheck_interval() {
         .expect("latch");
     latch.try_set_count(1).await.expect("set");
     let waiter = tokio::spawn(async move { latch.wait().await });
-    until_subscribed(&ctx, "lost", 1).await;
+    until_subscribed(ctx, "lost", 1).await;
     // It opens as latch_count_down opens it, but no message is published.
     let mut conn = ctx.raw().await;
     let () = redis::pipe()
@@ -133,9 +138,8 @@ async fn a_lost_message_costs_one_recheck_interval() {
     println!("latch wait without a message: {:?}", deleted.elapsed());
 }
 
-#[tokio::test]
-async fn state_tells_never_set_from_done() {
-    let ctx = TestContext::start().await;
+both_topologies!(state_tells_never_set_from_done);
+async fn state_tells_never_set_from_done(ctx: &TestContext<Topology>) {
     let latch = ctx.redsem.count_down_latch("states").expect("latch");
     assert_eq!(state(&latch).await, LatchState::NeverSet);
     assert_eq!(latch.count().await.expect("count"), 0);
@@ -186,21 +190,24 @@ async fn state_tells_never_set_from_done() {
     );
 }
 
-#[tokio::test]
-async fn delete_wakes_the_waiters() {
-    let ctx = TestContext::start().await;
+both_topologies!(delete_wakes_the_waiters);
+async fn delete_wakes_the_waiters(ctx: &TestContext<Topology>) {
     let latch = ctx.redsem.count_down_latch("deleted").expect("latch");
     latch.try_set_count(5).await.expect("set");
     let waiter = spawn_wait(&ctx.client().await, "deleted");
-    until_subscribed(&ctx, "deleted", 1).await;
+    until_subscribed(ctx, "deleted", 1).await;
     assert!(latch.delete().await.expect("delete"));
     within(LIMIT, "the waiter", waiter).await.expect("task");
     assert_eq!(state(&latch).await, LatchState::NeverSet);
 }
 
-#[tokio::test]
-async fn a_count_down_after_a_dropped_connection_is_retried_and_applied_once() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    a_count_down_after_a_dropped_connection_is_retried_and_applied_once,
+    node_wide
+);
+async fn a_count_down_after_a_dropped_connection_is_retried_and_applied_once(
+    ctx: &TestContext<Topology>,
+) {
     let latch = ctx.redsem.count_down_latch("retry").expect("latch");
     latch.try_set_count(4).await.expect("set");
     for left in (1..4).rev() {
@@ -212,10 +219,9 @@ async fn a_count_down_after_a_dropped_connection_is_retried_and_applied_once() {
     }
 }
 
-#[tokio::test]
-async fn a_count_down_costs_one_round_trip() {
+both_topologies!(a_count_down_costs_one_round_trip, node_wide);
+async fn a_count_down_costs_one_round_trip(ctx: &TestContext<Topology>) {
     const N: u64 = 100;
-    let ctx = TestContext::start().await;
     let latch = ctx.redsem.count_down_latch("trips").expect("latch");
     latch.try_set_count(N + 1).await.expect("set");
     latch.count_down().await.expect("warm up");
@@ -232,15 +238,17 @@ async fn a_count_down_costs_one_round_trip() {
     assert_eq!(latch.count().await.expect("count"), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wake_up_after_the_last_count_down_median_of_fifty() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    wake_up_after_the_last_count_down_median_of_fifty,
+    multi_thread
+);
+async fn wake_up_after_the_last_count_down_median_of_fifty(ctx: &TestContext<Topology>) {
     let latch = ctx.redsem.count_down_latch("median").expect("latch");
     let other = ctx.client().await;
     let (tx, mut woke) = mpsc::unbounded_channel();
     let mut samples = Vec::new();
     for _ in 0..50 {
-        until_subscribed(&ctx, "median", 0).await;
+        until_subscribed(ctx, "median", 0).await;
         latch.try_set_count(1).await.expect("set");
         let waiting = other.count_down_latch("median").expect("latch");
         let tx = tx.clone();
@@ -248,7 +256,7 @@ async fn wake_up_after_the_last_count_down_median_of_fifty() {
             waiting.wait().await.expect("wait");
             let _ = tx.send(Instant::now());
         });
-        until_subscribed(&ctx, "median", 1).await;
+        until_subscribed(ctx, "median", 1).await;
         let before = Instant::now();
         latch.count_down().await.expect("count down");
         let at = within(LIMIT, "the waiter", woke.recv())

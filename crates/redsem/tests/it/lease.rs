@@ -14,9 +14,13 @@ use crate::support::*;
 /// How late a timer may fire on a busy 2-core machine before a test calls it a failure.
 const SCHEDULING_SLACK: Duration = Duration::from_millis(100);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn never_more_than_capacity_holders_with_32_tasks_over_two_clients() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    never_more_than_capacity_holders_with_32_tasks_over_two_clients,
+    multi_thread
+);
+async fn never_more_than_capacity_holders_with_32_tasks_over_two_clients(
+    ctx: &TestContext<Topology>,
+) {
     let clients = [ctx.redsem.clone(), ctx.client().await];
     const CAPACITY: u32 = 3;
     let live = Arc::new(AtomicU32::new(0));
@@ -61,9 +65,8 @@ async fn never_more_than_capacity_holders_with_32_tasks_over_two_clients() {
     assert_eq!(tokens.len(), 32 * 5, "every grant has its own token");
 }
 
-#[tokio::test]
-async fn tokens_strictly_increase_and_live_slots_are_distinct() {
-    let ctx = TestContext::start().await;
+both_topologies!(tokens_strictly_increase_and_live_slots_are_distinct);
+async fn tokens_strictly_increase_and_live_slots_are_distinct(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("s", 4).expect("semaphore");
     let mut last = 0;
     let mut held = Vec::new();
@@ -93,9 +96,8 @@ async fn tokens_strictly_increase_and_live_slots_are_distinct() {
     }
 }
 
-#[tokio::test]
-async fn try_acquire_reports_no_permit_with_the_numbers() {
-    let ctx = TestContext::start().await;
+both_topologies!(try_acquire_reports_no_permit_with_the_numbers);
+async fn try_acquire_reports_no_permit_with_the_numbers(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
     let _held = sem.try_acquire().await.expect("first");
     match sem.try_acquire().await {
@@ -109,9 +111,8 @@ async fn try_acquire_reports_no_permit_with_the_numbers() {
     }
 }
 
-#[tokio::test]
-async fn a_crashed_holder_is_reclaimed_within_the_lease() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_crashed_holder_is_reclaimed_within_the_lease);
+async fn a_crashed_holder_is_reclaimed_within_the_lease(ctx: &TestContext<Topology>) {
     let lease = Duration::from_millis(400);
     {
         let doomed = ctx.client().await;
@@ -136,9 +137,8 @@ async fn a_crashed_holder_is_reclaimed_within_the_lease() {
     permit.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn keepalive_keeps_a_permit_for_many_leases() {
-    let ctx = TestContext::start().await;
+both_topologies!(keepalive_keeps_a_permit_for_many_leases);
+async fn keepalive_keeps_a_permit_for_many_leases(ctx: &TestContext<Topology>) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 1, short(150))
@@ -153,9 +153,8 @@ async fn keepalive_keeps_a_permit_for_many_leases() {
     permit.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn lost_fires_before_the_lease_ends_when_renewals_stop() {
-    let ctx = TestContext::start().await;
+both_topologies!(lost_fires_before_the_lease_ends_when_renewals_stop);
+async fn lost_fires_before_the_lease_ends_when_renewals_stop(ctx: &TestContext<Topology>) {
     let options = short(300).keepalive(false);
     let sem = ctx
         .redsem
@@ -214,9 +213,8 @@ async fn lost_fires_before_the_lease_ends_when_the_server_stalls() {
     }
 }
 
-#[tokio::test]
-async fn refresh_release_and_not_held() {
-    let ctx = TestContext::start().await;
+both_topologies!(refresh_release_and_not_held);
+async fn refresh_release_and_not_held(ctx: &TestContext<Topology>) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 2, short(5_000))
@@ -241,9 +239,10 @@ async fn refresh_release_and_not_held() {
     }
 }
 
-#[tokio::test]
-async fn forget_leaves_the_permit_until_its_lease_ends_and_by_id_ops_work() {
-    let ctx = TestContext::start().await;
+both_topologies!(forget_leaves_the_permit_until_its_lease_ends_and_by_id_ops_work);
+async fn forget_leaves_the_permit_until_its_lease_ends_and_by_id_ops_work(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 1, short(300))
@@ -257,17 +256,11 @@ async fn forget_leaves_the_permit_until_its_lease_ends_and_by_id_ops_work() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(sem.try_acquire().await.is_err(), "refreshed by id: held");
     sem.release_id(&id).await.expect("release by id");
-    sem.try_acquire()
-        .await
-        .expect("free after release by id")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("free after release by id");
 }
 
-#[tokio::test]
-async fn dropping_a_permit_releases_it() {
-    let ctx = TestContext::start().await;
+both_topologies!(dropping_a_permit_releases_it);
+async fn dropping_a_permit_releases_it(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
     let first = sem.try_acquire().await.expect("acquire");
     let token = first.token();
@@ -285,9 +278,8 @@ async fn dropping_a_permit_releases_it() {
     again.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn status_shows_holders_with_labels_tokens_slots_and_time_left() {
-    let ctx = TestContext::start().await;
+both_topologies!(status_shows_holders_with_labels_tokens_slots_and_time_left);
+async fn status_shows_holders_with_labels_tokens_slots_and_time_left(ctx: &TestContext<Topology>) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 3, LeaseOptions::default().label("host-1"))
@@ -310,9 +302,8 @@ async fn status_shows_holders_with_labels_tokens_slots_and_time_left() {
     );
 }
 
-#[tokio::test]
-async fn one_permit_per_label_gives_already_held() {
-    let ctx = TestContext::start().await;
+both_topologies!(one_permit_per_label_gives_already_held);
+async fn one_permit_per_label_gives_already_held(ctx: &TestContext<Topology>) {
     let options = LeaseOptions::default()
         .label("10.1.2.3")
         .one_per_label(true);
@@ -328,17 +319,11 @@ async fn one_permit_per_label_gives_already_held() {
         }
     }
     first.release().await.expect("release");
-    sem.try_acquire()
-        .await
-        .expect("free for the label again")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("free for the label again");
 }
 
-#[tokio::test]
-async fn a_different_capacity_while_in_use_is_a_conflict_naming_both() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_different_capacity_while_in_use_is_a_conflict_naming_both);
+async fn a_different_capacity_while_in_use_is_a_conflict_naming_both(ctx: &TestContext<Topology>) {
     let two = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
     let three = ctx.redsem.lease_semaphore("s", 3).expect("semaphore");
     let held = two.try_acquire().await.expect("acquire");
@@ -367,7 +352,7 @@ async fn a_different_capacity_while_in_use_is_a_conflict_naming_both() {
     more.release().await.expect("release");
 }
 
-async fn dump_all(ctx: &TestContext) -> Vec<(String, Vec<u8>)> {
+async fn dump_all(ctx: &TestContext<Topology>) -> Vec<(String, Vec<u8>)> {
     let mut conn = ctx.raw().await;
     let mut out = Vec::new();
     for key in ctx.keys().await {
@@ -381,12 +366,11 @@ async fn dump_all(ctx: &TestContext) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-#[tokio::test]
-async fn bad_input_gets_typed_errors_and_leaves_state_untouched() {
-    let ctx = TestContext::start().await;
+both_topologies!(bad_input_gets_typed_errors_and_leaves_state_untouched);
+async fn bad_input_gets_typed_errors_and_leaves_state_untouched(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
     let held = sem.try_acquire().await.expect("acquire");
-    let before = dump_all(&ctx).await;
+    let before = dump_all(ctx).await;
 
     let r = &ctx.redsem;
     let invalid = |e: Error| assert!(e.is_invalid_argument(), "{e:?}");
@@ -414,36 +398,33 @@ async fn bad_input_gets_typed_errors_and_leaves_state_untouched() {
             .expect_err("lease 0"),
     );
     invalid(
-        Redsem::connect_with(&ctx.server.url(), RedsemOptions::default().prefix(""))
+        ctx.connect_with(RedsemOptions::default().prefix(""))
             .await
             .expect_err("empty prefix"),
     );
     invalid(Redsem::connect("not a url").await.expect_err("bad url"));
 
-    assert_eq!(dump_all(&ctx).await, before, "stored state untouched");
+    assert_eq!(dump_all(ctx).await, before, "stored state untouched");
     held.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn a_foreign_key_gives_wrong_type_and_is_not_overwritten() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_foreign_key_gives_wrong_type_and_is_not_overwritten);
+async fn a_foreign_key_gives_wrong_type_and_is_not_overwritten(ctx: &TestContext<Topology>) {
+    let leases = format!("{}:{{lease:s}}:leases", ctx.prefix);
     let mut conn = ctx.raw().await;
-    let _: () = conn
-        .set("t:{lease:s}:leases", "not ours")
-        .await
-        .expect("set");
+    let _: () = conn.set(&leases, "not ours").await.expect("set");
     let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
     match sem.try_acquire().await {
         Err(Error::WrongType { key, actual, .. }) => {
-            assert_eq!(key, "t:{lease:s}:leases");
+            assert_eq!(key, leases);
             assert_eq!(actual, "string");
         }
         other => panic!("expected WrongType, got {other:?}"),
     }
     assert!(matches!(sem.status().await, Err(Error::WrongType { .. })));
-    let value: String = conn.get("t:{lease:s}:leases").await.expect("get");
+    let value: String = conn.get(&leases).await.expect("get");
     assert_eq!(value, "not ours");
-    assert_eq!(ctx.keys().await, vec!["t:{lease:s}:leases".to_owned()]);
+    assert_eq!(ctx.keys().await, vec![leases]);
 }
 
 #[tokio::test]
@@ -459,12 +440,7 @@ async fn scripts_reload_after_script_flush_and_after_a_restart() {
         .query_async(&mut conn)
         .await
         .expect("flush");
-    sem.try_acquire()
-        .await
-        .expect("after SCRIPT FLUSH")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("after SCRIPT FLUSH");
 
     ctx.server.restart();
     // The first command after a restart may see the dropped connection; the manager reconnects.
@@ -494,9 +470,11 @@ async fn an_unreachable_server_is_unavailable() {
     assert!(err.is_unavailable(), "{err:?}");
 }
 
-#[tokio::test]
-async fn one_round_trip_per_try_acquire_refresh_and_release() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    one_round_trip_per_try_acquire_refresh_and_release,
+    node_wide
+);
+async fn one_round_trip_per_try_acquire_refresh_and_release(ctx: &TestContext<Topology>) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 1, LeaseOptions::default().keepalive(false))
@@ -505,43 +483,21 @@ async fn one_round_trip_per_try_acquire_refresh_and_release() {
     let warm = sem.try_acquire().await.expect("warm");
     warm.refresh().await.expect("warm refresh");
     warm.release().await.expect("warm release");
-    let mut conn = ctx.raw().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("reset");
+    ctx.reset_stats().await;
     // Commands run inside a script are counted too, so count what only a client sends.
-    let mut measure = async |what: &str| {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO");
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut conn)
-            .await
-            .expect("reset");
-        let calls = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:calls=")))
-                .and_then(|r| r.split(',').next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let inside: u64 = info
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_fcall"))
-            .filter(|l| !l.starts_with("cmdstat_evalsha") && !l.starts_with("cmdstat_function"))
-            .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
+    let measure = async |what: &str| {
+        let stats = ctx.command_stats().await;
+        ctx.reset_stats().await;
+        let calls = |name: &str| stats.get(name).copied().unwrap_or(0);
+        // Sent by clients: the calls, and the connections and questions of the inspection.
+        let sent = [
+            "fcall", "evalsha", "eval", "script", "function", "info", "config", "client", "hello",
+            "cluster", "ping",
+        ];
+        let inside: u64 = stats
+            .iter()
+            .filter(|(name, _)| !sent.contains(&name.split('|').next().unwrap_or(name)))
+            .map(|(_, calls)| calls)
             .sum();
         println!(
             "{what}: {} FCALL round trip(s); the function ran {inside} commands inside",
@@ -639,12 +595,7 @@ async fn connects_with_a_password_a_user_and_a_database_number() {
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         let sem = redsem.lease_semaphore("db3", 1).expect("semaphore");
-        sem.try_acquire()
-            .await
-            .expect("acquire")
-            .release()
-            .await
-            .expect("release");
+        cycle(&sem).await.expect("acquire and release");
     }
     let _: () = redis::cmd("SELECT")
         .arg(3)

@@ -262,3 +262,35 @@ async fn requests_above_max_units_are_refused_and_max_units_is_granted() {
     assert_eq!(permit.slots().len(), MAX_UNITS as usize);
     permit.release().await.expect("release");
 }
+
+/// With `appendonly yes` and `appendfsync always` a restart loses nothing: the holder keeps
+/// its permit (its renewals find it), the capacity stays taken, and the next grant's token is
+/// larger. The README's "Safety by deployment" row for one server with AOF.
+#[tokio::test]
+async fn with_aof_always_a_restart_loses_no_grant() {
+    let mut server = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let redsem = connect(&server.url()).await;
+    let sem = redsem
+        .lease_semaphore_with("aof", 2, short(1500))
+        .expect("semaphore");
+    let holder = sem.try_acquire().await.expect("first");
+    let token = holder.token();
+    server.restart();
+    // Over two leases the keepalive renews it against the restarted server.
+    tokio::select! {
+        () = holder.lost() => panic!("the holder lost its permit across a restart with AOF"),
+        () = tokio::time::sleep(Duration::from_secs(3)) => {}
+    }
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.in_use, 1, "{status:?}");
+    assert_eq!(status.holders[0].token, token, "{status:?}");
+    let second = try_acquire_soon(&sem).await;
+    assert!(second.token() > token, "{token} -> {}", second.token());
+    let refused = sem.try_acquire().await;
+    assert!(
+        matches!(refused, Err(Error::NoPermit { .. })),
+        "a third unit of two: {refused:?}"
+    );
+    second.release().await.expect("release");
+    holder.release().await.expect("release");
+}

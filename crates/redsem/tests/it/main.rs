@@ -1,7 +1,12 @@
 //! Integration tests of the redsem library against throwaway `redis-server` processes
 //! (one per test, from `redsem-test`). One binary, one module per topic.
+//!
+//! The tests that do not depend on the topology are written once and run twice
+//! (`support::both_topologies!`): as `<name>::single` on a server of their own and as
+//! `<name>::cluster` on a 3-master cluster that the binary starts once and shares, each test
+//! under a prefix of its own.
 
-/// Shared helpers: `TestContext`, `within`.
+/// Shared helpers: `TestContext`, `both_topologies!`, `within`.
 mod support;
 
 /// Lease semaphore: grants, tokens, slots, renewals, release, status, bad input.
@@ -45,3 +50,9 @@ mod observe;
 
 /// A release's local hand-off through a lost reply, and the idle TTL after flush.
 mod release_faults;
+
+/// Replica acknowledgements: WAIT with every change, grants given back when not acknowledged.
+mod acks;
+
+/// Through Sentinels: the URL form, connect_sentinel, and load across a forced failover.
+mod sentinel;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::support::*;
 
 /// Requests queued on semaphore `name` (read from its queue key).
-async fn queued(ctx: &TestContext, name: &str) -> u64 {
+async fn queued(ctx: &TestContext<Topology>, name: &str) -> u64 {
     let mut conn = ctx.raw().await;
     redis::cmd("ZCARD")
         .arg(format!("{}:{{permits:{name}}}:queue", ctx.prefix))
@@ -21,7 +21,7 @@ async fn queued(ctx: &TestContext, name: &str) -> u64 {
         .expect("ZCARD")
 }
 
-async fn until_queued(ctx: &TestContext, name: &str, n: u64) {
+async fn until_queued(ctx: &TestContext<Topology>, name: &str, n: u64) {
     until("requests to queue", || async {
         queued(ctx, name).await == n
     })
@@ -47,16 +47,15 @@ async fn joined(task: JoinHandle<redsem::Result<()>>, what: &str) {
         .expect("acquired");
 }
 
-#[tokio::test]
-async fn a_blocking_acquire_is_woken_by_a_release_from_another_client() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_blocking_acquire_is_woken_by_a_release_from_another_client);
+async fn a_blocking_acquire_is_woken_by_a_release_from_another_client(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("wake").expect("semaphore");
     assert!(sem.try_set_permits(1).await.expect("set"));
     sem.acquire(1).await.expect("take the only permit");
 
     let other = ctx.client().await;
     let waiter = spawn_acquire(&other, "wake", 1);
-    until_queued(&ctx, "wake", 1).await;
+    until_queued(ctx, "wake", 1).await;
     assert!(!waiter.is_finished());
 
     let released = Instant::now();
@@ -67,12 +66,13 @@ async fn a_blocking_acquire_is_woken_by_a_release_from_another_client() {
         released.elapsed()
     );
     assert_eq!(available(&sem).await, 0);
-    assert_eq!(queued(&ctx, "wake").await, 0);
+    assert_eq!(queued(ctx, "wake").await, 0);
 }
 
-#[tokio::test]
-async fn acquire_of_four_returns_as_soon_as_four_are_free_and_not_before() {
-    let ctx = TestContext::start().await;
+both_topologies!(acquire_of_four_returns_as_soon_as_four_are_free_and_not_before);
+async fn acquire_of_four_returns_as_soon_as_four_are_free_and_not_before(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx.redsem.permit_semaphore("four").expect("semaphore");
     sem.try_set_permits(5).await.expect("set");
     sem.try_acquire(3).await.expect("take three");
@@ -80,7 +80,7 @@ async fn acquire_of_four_returns_as_soon_as_four_are_free_and_not_before() {
 
     let other = ctx.client().await;
     let waiter = spawn_acquire(&other, "four", 4);
-    until_queued(&ctx, "four", 1).await;
+    until_queued(ctx, "four", 1).await;
 
     sem.release(1).await.expect("first release");
     assert_eq!(available(&sem).await, 3, "the waiter took nothing yet");
@@ -97,9 +97,8 @@ async fn acquire_of_four_returns_as_soon_as_four_are_free_and_not_before() {
     assert_eq!(available(&sem).await, 0);
 }
 
-#[tokio::test]
-async fn add_permits_can_take_the_count_below_zero() {
-    let ctx = TestContext::start().await;
+both_topologies!(add_permits_can_take_the_count_below_zero);
+async fn add_permits_can_take_the_count_below_zero(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("neg").expect("semaphore");
     sem.add_permits(-5).await.expect("add -5");
     assert_eq!(available(&sem).await, -5);
@@ -121,9 +120,8 @@ async fn add_permits_can_take_the_count_below_zero() {
     );
 }
 
-#[tokio::test]
-async fn drain_takes_every_available_permit() {
-    let ctx = TestContext::start().await;
+both_topologies!(drain_takes_every_available_permit);
+async fn drain_takes_every_available_permit(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("drain").expect("semaphore");
     assert_eq!(sem.drain_permits().await.expect("drain"), 0);
     sem.try_set_permits(7).await.expect("set");
@@ -136,9 +134,8 @@ async fn drain_takes_every_available_permit() {
     assert_eq!(available(&sem).await, -2, "a negative count is left alone");
 }
 
-#[tokio::test]
-async fn try_set_permits_succeeds_only_while_never_set() {
-    let ctx = TestContext::start().await;
+both_topologies!(try_set_permits_succeeds_only_while_never_set);
+async fn try_set_permits_succeeds_only_while_never_set(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("once").expect("semaphore");
     assert!(sem.try_set_permits(2).await.expect("first"));
     assert!(!sem.try_set_permits(9).await.expect("second"));
@@ -153,12 +150,11 @@ async fn try_set_permits_succeeds_only_while_never_set() {
     assert_eq!(available(&sem).await, 4);
 }
 
-#[tokio::test]
-async fn an_acquire_on_a_semaphore_never_set_waits_until_it_is_set() {
-    let ctx = TestContext::start().await;
+both_topologies!(an_acquire_on_a_semaphore_never_set_waits_until_it_is_set);
+async fn an_acquire_on_a_semaphore_never_set_waits_until_it_is_set(ctx: &TestContext<Topology>) {
     let other = ctx.client().await;
     let waiter = spawn_acquire(&other, "later", 2);
-    until_queued(&ctx, "later", 1).await;
+    until_queued(ctx, "later", 1).await;
     let sem = ctx.redsem.permit_semaphore("later").expect("semaphore");
     let set = Instant::now();
     assert!(sem.try_set_permits(3).await.expect("set"));
@@ -167,11 +163,13 @@ async fn an_acquire_on_a_semaphore_never_set_waits_until_it_is_set() {
     assert_eq!(available(&sem).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixteen_clients_keep_a_non_atomic_counter_exact() {
+both_topologies!(
+    sixteen_clients_keep_a_non_atomic_counter_exact,
+    multi_thread
+);
+async fn sixteen_clients_keep_a_non_atomic_counter_exact(ctx: &TestContext<Topology>) {
     const CLIENTS: usize = 16;
     const ROUNDS: u64 = 100;
-    let ctx = TestContext::start().await;
     ctx.redsem
         .permit_semaphore("counter")
         .expect("semaphore")
@@ -215,12 +213,11 @@ async fn sixteen_clients_keep_a_non_atomic_counter_exact() {
     );
     let sem = ctx.redsem.permit_semaphore("counter").expect("semaphore");
     assert_eq!(available(&sem).await, 1);
-    assert_eq!(queued(&ctx, "counter").await, 0);
+    assert_eq!(queued(ctx, "counter").await, 0);
 }
 
-#[tokio::test]
-async fn permit_waiters_are_served_first_in_first_out() {
-    let ctx = TestContext::start().await;
+both_topologies!(permit_waiters_are_served_first_in_first_out);
+async fn permit_waiters_are_served_first_in_first_out(ctx: &TestContext<Topology>) {
     let clients = [ctx.redsem.clone(), ctx.client().await, ctx.client().await];
     let sem = ctx.redsem.permit_semaphore("fifo").expect("semaphore");
     sem.try_set_permits(0).await.expect("set");
@@ -234,7 +231,7 @@ async fn permit_waiters_are_served_first_in_first_out() {
             mine.acquire(1).await.expect("acquire");
             let _ = done_tx.send(i);
         });
-        until_queued(&ctx, "fifo", i + 1).await;
+        until_queued(ctx, "fifo", i + 1).await;
     }
     for expected in 0..6 {
         sem.release(1).await.expect("release");
@@ -246,9 +243,9 @@ async fn permit_waiters_are_served_first_in_first_out() {
 
     // A large request at the head is not overtaken by a small one behind it.
     let big = spawn_acquire(&clients[1], "fifo", 2);
-    until_queued(&ctx, "fifo", 1).await;
+    until_queued(ctx, "fifo", 1).await;
     let small = spawn_acquire(&clients[2], "fifo", 1);
-    until_queued(&ctx, "fifo", 2).await;
+    until_queued(ctx, "fifo", 2).await;
     sem.release(1).await.expect("release one");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!big.is_finished() && !small.is_finished());
@@ -267,9 +264,8 @@ async fn permit_waiters_are_served_first_in_first_out() {
     joined(small, "the small request").await;
 }
 
-#[tokio::test]
-async fn a_cancelled_waiter_takes_nothing() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_cancelled_waiter_takes_nothing);
+async fn a_cancelled_waiter_takes_nothing(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("cancel").expect("semaphore");
     sem.try_set_permits(0).await.expect("set");
 
@@ -280,7 +276,7 @@ async fn a_cancelled_waiter_takes_nothing() {
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(started.elapsed() >= Duration::from_millis(200));
-    assert_eq!(queued(&ctx, "cancel").await, 0);
+    assert_eq!(queued(ctx, "cancel").await, 0);
 
     // Dropped around the moment of the grant: either it returned (and holds the permit), or it
     // was cancelled and the permit comes back.
@@ -289,7 +285,7 @@ async fn a_cancelled_waiter_takes_nothing() {
     let mut returned = 0;
     for round in 0..20u64 {
         let waiter = spawn_acquire(&other, "cancel", 1);
-        until_queued(&ctx, "cancel", 1).await;
+        until_queued(ctx, "cancel", 1).await;
         sem.release(1).await.expect("release");
         if round % 2 == 1 {
             tokio::time::sleep(Duration::from_micros(300 * round)).await;
@@ -308,7 +304,7 @@ async fn a_cancelled_waiter_takes_nothing() {
             Err(e) => panic!("task failed: {e}"),
         };
         until("the permit to settle", || async {
-            available(&sem).await == expected && queued(&ctx, "cancel").await == 0
+            available(&sem).await == expected && queued(ctx, "cancel").await == 0
         })
         .await;
         if expected == 1 {
@@ -319,9 +315,8 @@ async fn a_cancelled_waiter_takes_nothing() {
     println!("20 aborted acquires: {cancelled} cancelled, {returned} had returned");
 }
 
-#[tokio::test]
-async fn a_lost_wake_up_costs_one_recheck_only() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_lost_wake_up_costs_one_recheck_only);
+async fn a_lost_wake_up_costs_one_recheck_only(ctx: &TestContext<Topology>) {
     let other = ctx.client().await;
     // Waiter lease 300 ms: the waiter re-checks every 100 ms.
     let options = PermitOptions::default().waiter_lease(Duration::from_millis(300));
@@ -330,7 +325,7 @@ async fn a_lost_wake_up_costs_one_recheck_only() {
         .expect("semaphore");
     sem.try_set_permits(0).await.expect("set");
     let waiter = tokio::spawn(async move { sem.acquire(1).await });
-    until_queued(&ctx, "lost", 1).await;
+    until_queued(ctx, "lost", 1).await;
     // Add a permit behind redsem's back: nobody is handed it, nobody is told.
     let mut conn = ctx.raw().await;
     let () = redis::cmd("INCRBY")
@@ -347,14 +342,17 @@ async fn a_lost_wake_up_costs_one_recheck_only() {
     println!("acquire without a wake-up message: {:?}", added.elapsed());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_is_served_after_the_pubsub_connection_is_killed() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    a_waiter_is_served_after_the_pubsub_connection_is_killed,
+    multi_thread,
+    node_wide
+);
+async fn a_waiter_is_served_after_the_pubsub_connection_is_killed(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("killed").expect("semaphore");
     sem.try_set_permits(0).await.expect("set");
     let other = ctx.client().await;
     let waiter = spawn_acquire(&other, "killed", 1);
-    until_queued(&ctx, "killed", 1).await;
+    until_queued(ctx, "killed", 1).await;
     assert!(ctx.kill_clients("pubsub").await >= 1);
     let released = Instant::now();
     sem.release(1).await.expect("release");
@@ -366,9 +364,13 @@ async fn a_waiter_is_served_after_the_pubsub_connection_is_killed() {
     assert_eq!(available(&sem).await, 0);
 }
 
-#[tokio::test]
-async fn a_release_after_a_dropped_connection_is_retried_and_applied_once() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    a_release_after_a_dropped_connection_is_retried_and_applied_once,
+    node_wide
+);
+async fn a_release_after_a_dropped_connection_is_retried_and_applied_once(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx.redsem.permit_semaphore("retry").expect("semaphore");
     sem.try_set_permits(0).await.expect("set");
     for round in 1..=5 {
@@ -386,10 +388,12 @@ async fn a_release_after_a_dropped_connection_is_retried_and_applied_once() {
     assert_eq!(available(&sem).await, 0);
 }
 
-#[tokio::test]
-async fn acquire_release_and_try_acquire_cost_one_round_trip_each() {
+both_topologies!(
+    acquire_release_and_try_acquire_cost_one_round_trip_each,
+    node_wide
+);
+async fn acquire_release_and_try_acquire_cost_one_round_trip_each(ctx: &TestContext<Topology>) {
     const N: u32 = 100;
-    let ctx = TestContext::start().await;
     let sem = ctx.redsem.permit_semaphore("trips").expect("semaphore");
     sem.try_set_permits(N).await.expect("set");
     // Load the scripts and start the pub/sub side first.
@@ -418,9 +422,8 @@ async fn acquire_release_and_try_acquire_cost_one_round_trip_each() {
     assert_eq!(script_calls("failed try_acquire").await, u64::from(N));
 }
 
-#[tokio::test]
-async fn bad_input_is_refused_and_foreign_values_are_left_alone() {
-    let ctx = TestContext::start().await;
+both_topologies!(bad_input_is_refused_and_foreign_values_are_left_alone);
+async fn bad_input_is_refused_and_foreign_values_are_left_alone(ctx: &TestContext<Topology>) {
     assert!(
         ctx.redsem
             .permit_semaphore("")
@@ -474,9 +477,8 @@ async fn bad_input_is_refused_and_foreign_values_are_left_alone() {
     assert_eq!(value, "lots");
 }
 
-#[tokio::test]
-async fn delete_removes_every_key_and_waiters_queue_again() {
-    let ctx = TestContext::start().await;
+both_topologies!(delete_removes_every_key_and_waiters_queue_again);
+async fn delete_removes_every_key_and_waiters_queue_again(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.permit_semaphore("gone").expect("semaphore");
     sem.try_set_permits(1).await.expect("set");
     sem.acquire(1).await.expect("take");
@@ -500,9 +502,9 @@ async fn delete_removes_every_key_and_waiters_queue_again() {
         .permit_semaphore_with("gone", options)
         .expect("semaphore");
     let waiter = tokio::spawn(async move { waiting.acquire(1).await });
-    until_queued(&ctx, "gone", 1).await;
+    until_queued(ctx, "gone", 1).await;
     sem.delete().await.expect("delete under the waiter");
-    until_queued(&ctx, "gone", 1).await;
+    until_queued(ctx, "gone", 1).await;
     sem.try_set_permits(1).await.expect("set again");
     joined(waiter, "the re-queued waiter").await;
 }

@@ -8,7 +8,7 @@ use redis::AsyncCommands;
 use redsem::LeaseOptions;
 use redsem_test::FaultProxy;
 
-use crate::support::{LIMIT, TestContext, connect_url, until, within};
+use crate::support::{LIMIT, TestContext, connect_url, cycle, until, within};
 
 #[tokio::test]
 async fn a_grant_handed_back_in_a_lost_release_reply_still_reaches_its_waiter() {
@@ -60,12 +60,7 @@ async fn state_ttl(ctx: &TestContext) -> i64 {
 async fn flush_gives_an_idle_semaphore_its_ttl_at_once() {
     let ctx = TestContext::start().await;
     let sem = ctx.redsem.lease_semaphore("idle", 1).expect("semaphore");
-    sem.try_acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("acquire and release");
     within(LIMIT, "flush", ctx.redsem.flush()).await;
     let ttl = state_ttl(&ctx).await;
     assert!(ttl > 3_500_000, "idle keys expire within the hour: {ttl}");
@@ -79,12 +74,7 @@ async fn an_idle_semaphore_gets_its_ttl_without_flush_too() {
     let ctx = TestContext::start().await;
     let other = ctx.client().await;
     let sem = other.lease_semaphore("idle", 1).expect("semaphore");
-    sem.try_acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
+    cycle(&sem).await.expect("acquire and release");
     // The client goes away (without flush); its pending tidy still runs, a second later.
     drop(sem);
     drop(other);

@@ -1,18 +1,26 @@
 //! Helpers shared by the integration tests.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use redsem::{Error, LeaseSemaphore, Redsem, RedsemOptions};
 pub(crate) use redsem_test::{RedisServer, within};
 
+mod topology;
+pub(crate) use topology::{Topology, both_topologies};
+
 /// Generous bound for any single wait in a test: a hang fails instead of stalling CI.
 pub(crate) const LIMIT: Duration = Duration::from_secs(10);
 
 /// A throwaway server plus a connected client with a per-test prefix.
-pub(crate) struct TestContext {
-    pub(crate) server: RedisServer,
+///
+/// `S` is where the test runs: a [`RedisServer`] of its own, or, for a test written once for both
+/// topologies ([`both_topologies!`]), a [`Topology`].
+pub(crate) struct TestContext<S = RedisServer> {
     pub(crate) redsem: Redsem,
     pub(crate) prefix: String,
+    /// Dropped last: the client goes before its servers (or its hold on the shared cluster).
+    pub(crate) server: S,
 }
 
 impl TestContext {
@@ -21,9 +29,9 @@ impl TestContext {
         let prefix = "t".to_owned();
         let redsem = Self::connect_to(&server, &prefix).await;
         TestContext {
-            server,
             redsem,
             prefix,
+            server,
         }
     }
 
@@ -42,53 +50,122 @@ impl TestContext {
     pub(crate) async fn raw(&self) -> redis::aio::MultiplexedConnection {
         raw_connection(&self.server).await
     }
+}
 
-    /// Every key on the server, sorted.
+/// The servers under a test: its one server, or every node of a cluster.
+pub(crate) trait Nodes {
+    fn nodes(&self) -> &[RedisServer];
+}
+
+impl Nodes for RedisServer {
+    fn nodes(&self) -> &[RedisServer] {
+        std::slice::from_ref(self)
+    }
+}
+
+/// Node-wide questions, asked of every node (the answers summed), each through a connection of
+/// its own.
+impl<S: Nodes> TestContext<S> {
+    /// The replies of every node to `cmd`, each asked through a connection of its own.
+    async fn ask_each_node<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Vec<T> {
+        let mut replies = Vec::new();
+        for node in self.server.nodes() {
+            let reply = cmd
+                .query_async(&mut raw_connection(node).await)
+                .await
+                .unwrap_or_else(|e| panic!("{cmd:?} on the node at port {}: {e}", node.port()));
+            replies.push(reply);
+        }
+        replies
+    }
+
+    /// Every key under the test's prefix, sorted.
     pub(crate) async fn keys(&self) -> Vec<String> {
-        let mut conn = self.raw().await;
-        let mut keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .expect("KEYS");
+        let mine = format!("{}:", self.prefix);
+        let replies: Vec<Vec<String>> = self.ask_each_node(redis::cmd("KEYS").arg("*")).await;
+        let mut keys: Vec<String> = replies
+            .into_iter()
+            .flatten()
+            .filter(|key| key.starts_with(&mine))
+            .collect();
         keys.sort();
         keys
     }
 
-    /// Script calls the server ran: `FCALL` (the function library), `EVALSHA` and `EVAL`.
+    /// Script calls the servers ran: `FCALL` (the function library), `EVALSHA` and `EVAL`.
     pub(crate) async fn script_calls(&self) -> u64 {
-        self.command_calls("fcall").await
-            + self.command_calls("evalsha").await
-            + self.command_calls("eval").await
+        let stats = self.command_stats().await;
+        ["fcall", "evalsha", "eval"]
+            .iter()
+            .filter_map(|command| stats.get(*command))
+            .sum()
     }
 
-    /// `calls` of each `INFO commandstats` entry, e.g. `("evalsha", 3)`.
+    /// `calls` of an `INFO commandstats` entry (e.g. `evalsha`, `function|load`).
     pub(crate) async fn command_calls(&self, command: &str) -> u64 {
-        let mut conn = self.raw().await;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut conn)
-            .await
-            .expect("INFO commandstats");
-        let needle = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|line| line.strip_prefix(&needle))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
+        let stats = self.command_stats().await;
+        stats.get(command).copied().unwrap_or(0)
     }
 
-    /// The number of connected clients of a given type ("normal" or "pubsub").
+    /// `calls` of every `INFO commandstats` entry, by command (`get`, `function|load`).
+    pub(crate) async fn command_stats(&self) -> BTreeMap<String, u64> {
+        let replies: Vec<String> = self
+            .ask_each_node(redis::cmd("INFO").arg("commandstats"))
+            .await;
+        let mut stats = BTreeMap::new();
+        for line in replies.iter().flat_map(|info| info.lines()) {
+            let entry = line
+                .strip_prefix("cmdstat_")
+                .and_then(|rest| rest.split_once(":calls="))
+                .and_then(|(name, rest)| {
+                    Some((name, rest.split(',').next()?.parse::<u64>().ok()?))
+                });
+            if let Some((name, calls)) = entry {
+                *stats.entry(name.to_owned()).or_insert(0) += calls;
+            }
+        }
+        stats
+    }
+
+    /// The number of connected clients of a type ("normal" or "pubsub"); "normal" counts the
+    /// inspecting connection (one per node).
     pub(crate) async fn clients_of_type(&self, kind: &str) -> usize {
-        let mut conn = self.raw().await;
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
+        let lists: Vec<String> = self
+            .ask_each_node(redis::cmd("CLIENT").arg("LIST").arg("TYPE").arg(kind))
+            .await;
+        lists
+            .iter()
+            .flat_map(|list| list.lines())
+            .filter(|line| !line.trim().is_empty())
+            .count()
+    }
+
+    /// Subscribers of `channel` (`PUBSUB NUMSUB`).
+    pub(crate) async fn subscribers(&self, channel: &str) -> u64 {
+        let replies: Vec<(String, u64)> = self
+            .ask_each_node(redis::cmd("PUBSUB").arg("NUMSUB").arg(channel))
+            .await;
+        replies.iter().map(|(_, n)| n).sum()
+    }
+
+    /// `CLIENT KILL TYPE <kind> SKIPME yes`: drops every connection of that type ("normal",
+    /// "pubsub") except the one sending the command. Returns how many were killed.
+    pub(crate) async fn kill_clients(&self, kind: &str) -> u64 {
+        let mut kill = redis::cmd("CLIENT");
+        kill.arg("KILL")
             .arg("TYPE")
             .arg(kind)
-            .query_async(&mut conn)
-            .await
-            .expect("CLIENT LIST");
-        list.lines().filter(|l| !l.trim().is_empty()).count()
+            .arg("SKIPME")
+            .arg("yes");
+        let killed: Vec<u64> = self.ask_each_node(&kill).await;
+        killed.iter().sum()
+    }
+
+    /// Zero the `INFO commandstats` counters (`CONFIG RESETSTAT`).
+    pub(crate) async fn reset_stats(&self) {
+        let _: Vec<()> = self
+            .ask_each_node(redis::cmd("CONFIG").arg("RESETSTAT"))
+            .await;
     }
 }
 
@@ -97,45 +174,6 @@ pub(crate) fn short(lease_ms: u64) -> redsem::LeaseOptions {
     redsem::LeaseOptions::default()
         .lease(Duration::from_millis(lease_ms))
         .waiter_lease(Duration::from_millis(lease_ms))
-}
-
-impl TestContext {
-    /// Subscribers of `channel` on the server (`PUBSUB NUMSUB`).
-    pub(crate) async fn subscribers(&self, channel: &str) -> u64 {
-        let mut conn = self.raw().await;
-        let reply: (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut conn)
-            .await
-            .expect("PUBSUB NUMSUB");
-        reply.1
-    }
-
-    /// `CLIENT KILL TYPE <kind> SKIPME yes`: drops every connection of that type ("normal",
-    /// "pubsub") except the one sending the command. Returns how many were killed.
-    pub(crate) async fn kill_clients(&self, kind: &str) -> u64 {
-        let mut conn = self.raw().await;
-        redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg(kind)
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut conn)
-            .await
-            .expect("CLIENT KILL")
-    }
-
-    /// Zero the `INFO commandstats` counters (`CONFIG RESETSTAT`).
-    pub(crate) async fn reset_stats(&self) {
-        let mut conn = self.raw().await;
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut conn)
-            .await
-            .expect("CONFIG RESETSTAT");
-    }
 }
 
 /// Poll `cond` every few ms until it is true; panics naming `what` after [`LIMIT`].
@@ -217,6 +255,24 @@ pub(crate) async fn queued(server: &RedisServer, name: &str) -> u64 {
 /// One grant of `sem` and its release: `try_acquire`, then `release`.
 pub(crate) async fn cycle(sem: &LeaseSemaphore) -> redsem::Result<()> {
     sem.try_acquire().await?.release().await
+}
+
+/// `ACL SETUSER nofunc` with password `pw`: every key, channel and command but FCALL and
+/// FUNCTION, so a client logged in as it runs its scripts by EVALSHA.
+pub(crate) fn no_functions_user() -> redis::Cmd {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg(&[
+        "SETUSER",
+        "nofunc",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-fcall",
+        "-function",
+    ]);
+    cmd
 }
 
 /// Call `attempt` every 20 ms while it fails with an error `passing` accepts (`unavailable`

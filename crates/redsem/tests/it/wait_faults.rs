@@ -285,3 +285,53 @@ async fn a_permit_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailab
     let (_pool, waiter) = permit_waiter(&ctx, &proxy, Duration::from_millis(600)).await;
     a_waiter_cut_off_for_good_fails_as_unavailable(&proxy, waiter).await;
 }
+
+/// Both semaphores behave alike when a `try_acquire` is dropped after the server granted it
+/// but before the answer arrived (issue 15): what it was granted is given back at once, not
+/// held for a lease (the lease semaphore kept the unit until its lease ran out).
+#[tokio::test]
+async fn a_try_dropped_before_its_answer_gives_back_what_it_was_granted() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let behind = connect(&proxy.url()).await;
+    let lease = behind
+        .lease_semaphore_with(
+            "t",
+            1,
+            LeaseOptions::default().lease(Duration::from_secs(60)),
+        )
+        .expect("semaphore");
+    let permits = behind.permit_semaphore("tp").expect("semaphore");
+    ctx.redsem
+        .permit_semaphore("tp")
+        .expect("semaphore")
+        .try_set_permits(1)
+        .await
+        .expect("set");
+    // Requests reach the server after 300 ms and their answers come back 300 ms later: the
+    // tries are dropped in between, granted but unanswered.
+    proxy.set_delay(Duration::from_millis(300));
+    let dropped = tokio::time::timeout(Duration::from_millis(450), lease.try_acquire()).await;
+    assert!(dropped.is_err(), "answered within 450 ms: {dropped:?}");
+    let dropped = tokio::time::timeout(Duration::from_millis(450), permits.try_acquire(1)).await;
+    assert!(dropped.is_err(), "answered within 450 ms: {dropped:?}");
+    proxy.set_delay(Duration::ZERO);
+    within(LIMIT, "background withdrawals", behind.flush()).await;
+    let direct = ctx
+        .redsem
+        .lease_semaphore_with("t", 1, LeaseOptions::default())
+        .expect("semaphore");
+    let status = direct.status().await.expect("status");
+    assert_eq!(
+        status.in_use, 0,
+        "the dropped try's unit is still held: {status:?}"
+    );
+    let available = ctx
+        .redsem
+        .permit_semaphore("tp")
+        .expect("semaphore")
+        .available_permits()
+        .await
+        .expect("available");
+    assert_eq!(available, 1, "the dropped try's permit was not given back");
+}

@@ -44,9 +44,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_waiters_are_served_in_arrival_order() {
-    let ctx = TestContext::start().await;
+both_topologies!(twenty_waiters_are_served_in_arrival_order, multi_thread);
+async fn twenty_waiters_are_served_in_arrival_order(ctx: &TestContext<Topology>) {
     let clients = [ctx.redsem.clone(), ctx.client().await];
     let sem = ctx.redsem.lease_semaphore("fifo", 1).expect("semaphore");
     let holder = sem.try_acquire().await.expect("hold");
@@ -78,9 +77,10 @@ async fn twenty_waiters_are_served_in_arrival_order() {
     assert_eq!(order, (0..20).collect::<Vec<_>>());
 }
 
-#[tokio::test]
-async fn try_acquire_fails_while_others_wait_and_a_large_head_is_not_starved() {
-    let ctx = TestContext::start().await;
+both_topologies!(try_acquire_fails_while_others_wait_and_a_large_head_is_not_starved);
+async fn try_acquire_fails_while_others_wait_and_a_large_head_is_not_starved(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
     let one = sem.try_acquire().await.expect("one");
     let big = {
@@ -117,9 +117,8 @@ async fn try_acquire_fails_while_others_wait_and_a_large_head_is_not_starved() {
         .expect("release");
 }
 
-#[tokio::test]
-async fn a_release_wakes_only_the_next_waiter_not_a_herd() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_release_wakes_only_the_next_waiter_not_a_herd, node_wide);
+async fn a_release_wakes_only_the_next_waiter_not_a_herd(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("herd", 1).expect("semaphore");
     // One full hand-off first, so the scripts are loaded and NOSCRIPT retries don't count.
     let holder = sem.try_acquire().await.expect("hold");
@@ -144,9 +143,7 @@ async fn a_release_wakes_only_the_next_waiter_not_a_herd() {
         }));
     }
     until_waiters(&sem, 50).await;
-    let mut conn = ctx.raw().await;
-    let reset = || redis::cmd("CONFIG").arg("RESETSTAT").to_owned();
-    let _: () = reset().query_async(&mut conn).await.expect("reset");
+    ctx.reset_stats().await;
     holder.release().await.expect("release");
     let (_, next) = within(LIMIT, "next grant", rx.recv())
         .await
@@ -163,9 +160,11 @@ async fn a_release_wakes_only_the_next_waiter_not_a_herd() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hand_off_is_much_faster_than_the_fallback_timer() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    hand_off_is_much_faster_than_the_fallback_timer,
+    multi_thread
+);
+async fn hand_off_is_much_faster_than_the_fallback_timer(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("handoff", 1).expect("semaphore");
     let other = ctx
         .client()
@@ -202,9 +201,10 @@ async fn hand_off_is_much_faster_than_the_fallback_timer() {
     );
 }
 
-#[tokio::test]
-async fn a_dead_waiter_stops_blocking_the_queue_within_its_waiter_lease() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_dead_waiter_stops_blocking_the_queue_within_its_waiter_lease);
+async fn a_dead_waiter_stops_blocking_the_queue_within_its_waiter_lease(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("dead", 1, short(400))
@@ -241,9 +241,8 @@ async fn a_dead_waiter_stops_blocking_the_queue_within_its_waiter_lease() {
     permit.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn dropped_acquire_futures_leave_no_waiter_and_no_permit() {
-    let ctx = TestContext::start().await;
+both_topologies!(dropped_acquire_futures_leave_no_waiter_and_no_permit);
+async fn dropped_acquire_futures_leave_no_waiter_and_no_permit(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("cancel", 1).expect("semaphore");
     let holder = sem.try_acquire().await.expect("hold");
 
@@ -281,9 +280,14 @@ async fn dropped_acquire_futures_leave_no_waiter_and_no_permit() {
     until_settled(&sem, 0).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_are_admitted_in_order_after_the_pubsub_connection_is_killed() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    waiters_are_admitted_in_order_after_the_pubsub_connection_is_killed,
+    multi_thread,
+    node_wide
+);
+async fn waiters_are_admitted_in_order_after_the_pubsub_connection_is_killed(
+    ctx: &TestContext<Topology>,
+) {
     let sem = ctx.redsem.lease_semaphore("kill", 1).expect("semaphore");
     let holder = sem.try_acquire().await.expect("hold");
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -298,14 +302,7 @@ async fn waiters_are_admitted_in_order_after_the_pubsub_connection_is_killed() {
         }));
         until_waiters(&sem, i + 1).await;
     }
-    let mut conn = ctx.raw().await;
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(&mut conn)
-        .await
-        .expect("CLIENT KILL");
+    let killed = ctx.kill_clients("pubsub").await;
     assert_eq!(killed, 1);
     holder.release().await.expect("release");
     for task in tasks {
@@ -322,9 +319,11 @@ async fn waiters_are_admitted_in_order_after_the_pubsub_connection_is_killed() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mixed_acquire_many_under_load_never_exceeds_capacity() {
-    let ctx = TestContext::start().await;
+both_topologies!(
+    mixed_acquire_many_under_load_never_exceeds_capacity,
+    multi_thread
+);
+async fn mixed_acquire_many_under_load_never_exceeds_capacity(ctx: &TestContext<Topology>) {
     let clients = [ctx.redsem.clone(), ctx.client().await];
     const CAPACITY: u32 = 5;
     let in_use = Arc::new(AtomicU32::new(0));
@@ -355,9 +354,8 @@ async fn mixed_acquire_many_under_load_never_exceeds_capacity() {
     assert!(peak <= CAPACITY, "peak {peak}");
 }
 
-#[tokio::test]
-async fn mutex_lock_try_lock_and_lock_timeout() {
-    let ctx = TestContext::start().await;
+both_topologies!(mutex_lock_try_lock_and_lock_timeout);
+async fn mutex_lock_try_lock_and_lock_timeout(ctx: &TestContext<Topology>) {
     let lock = ctx.redsem.mutex("m").expect("mutex");
     let guard = lock.try_lock().await.expect("free");
     assert!(lock.try_lock().await.expect_err("held").is_not_acquired());
@@ -433,9 +431,8 @@ async fn ten_thousand_waiters_share_two_connections() {
     until_settled(&sem, 0).await;
 }
 
-#[tokio::test]
-async fn a_handed_over_permit_is_renewed_and_kept() {
-    let ctx = TestContext::start().await;
+both_topologies!(a_handed_over_permit_is_renewed_and_kept);
+async fn a_handed_over_permit_is_renewed_and_kept(ctx: &TestContext<Topology>) {
     let sem = ctx
         .redsem
         .lease_semaphore_with("handed", 1, short(300))

@@ -27,13 +27,36 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::permit::PermitState;
+use futures_util::future::BoxFuture;
+
 use crate::clock;
 use crate::error::Result;
-
 /// After a failed renewal (Redis unreachable), try again this often, within the lease: as
 /// often as a waiter checks in through a connection loss.
-use crate::wait::RETRY_EVERY as RETRY_AFTER_ERROR;
+use crate::retry::RETRY_EVERY as RETRY_AFTER_ERROR;
+use crate::types::PermitId;
+
+/// What the keepalive needs of a permit it schedules (a lease permit's shared state, in
+/// `lease/permit.rs`): the keepalive sits under the primitives and names none of them.
+pub(crate) trait Renewable: Send + Sync {
+    /// Its key in the schedule ([`Keepalive::ticket`]).
+    fn ticket(&self) -> u64;
+    /// Its lease: renewed every third of it.
+    fn lease(&self) -> Duration;
+    /// Its lease can have ended on the server no earlier than this ([`clock`] time).
+    fn valid_until(&self) -> Duration;
+    /// The semaphore's name, for the log.
+    fn semaphore(&self) -> &str;
+    /// The permit's id, for the log.
+    fn id(&self) -> &PermitId;
+    /// Report it lost, saying `why`.
+    fn lose(&self, why: &str);
+    /// Resolves when it is lost, released or dropped.
+    fn gone(&self) -> BoxFuture<'_, ()>;
+    /// Send one renewal: when it was sent if Redis renewed it, `None` if Redis no longer
+    /// holds it.
+    fn refresh(&self) -> BoxFuture<'_, Result<Option<Duration>>>;
+}
 
 /// The keepalive of one `Redsem` (kept in its `Shared`).
 pub(crate) struct Keepalive {
@@ -63,7 +86,7 @@ struct Schedule {
 }
 
 struct Entry {
-    state: Arc<PermitState>,
+    state: Arc<dyn Renewable>,
     /// Its key in `timers`.
     at: Duration,
     /// When the next renewal is due; `None` if the permit is not renewed.
@@ -112,7 +135,7 @@ impl Keepalive {
     }
 
     /// A new permit's key in the schedule.
-    pub(super) fn ticket(&self) -> u64 {
+    pub(crate) fn ticket(&self) -> u64 {
         self.tickets.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -120,7 +143,7 @@ impl Keepalive {
     /// sooner if less than two thirds are left (a grant handed over with a wake-up runs on the
     /// waiter's lease), and its loss when its local validity ends. Starts the driver if none
     /// runs.
-    pub(super) fn schedule(&self, state: Arc<PermitState>, renew: bool) {
+    pub(crate) fn schedule(&self, state: Arc<dyn Renewable>, renew: bool) {
         let now = clock::now();
         let period = state.lease() / 3;
         let next = renew.then(|| now + period.min(state.valid_until().saturating_sub(now) / 2));
@@ -154,7 +177,7 @@ impl Keepalive {
 
     /// Take a permit out of the schedule (released, dropped, forgotten or lost): no renewal
     /// of it starts after this returns, and the answer of one in flight is ignored.
-    pub(super) fn unschedule(&self, ticket: u64) {
+    pub(crate) fn unschedule(&self, ticket: u64) {
         // Dropped outside the lock: the last handle of a permit may go with it.
         let entry = lock(&self.inner.schedule).remove(ticket);
         drop(entry);
@@ -162,7 +185,7 @@ impl Keepalive {
 
     /// A manual refresh sent at `sent` succeeded: the next renewal is due a third of the lease
     /// after it, and the loss timer follows the moved validity.
-    pub(super) fn refreshed(&self, ticket: u64, sent: Duration) {
+    pub(crate) fn refreshed(&self, ticket: u64, sent: Duration) {
         let mut schedule = lock(&self.inner.schedule);
         if let Some(entry) = schedule.permits.get_mut(&ticket) {
             let period = entry.period();
@@ -225,8 +248,8 @@ impl Schedule {
     fn fire(
         &mut self,
         now: Duration,
-        renew: &mut Vec<(u64, Arc<PermitState>)>,
-        lost: &mut Vec<Arc<PermitState>>,
+        renew: &mut Vec<(u64, Arc<dyn Renewable>)>,
+        lost: &mut Vec<Arc<dyn Renewable>>,
     ) -> Option<Duration> {
         while let Some(&(at, ticket)) = self.timers.first() {
             if at > now {
@@ -259,7 +282,11 @@ impl Schedule {
 
     /// A renewal of `ticket` answered (at `now`). Returns the permit if Redis said it is no
     /// longer held (it is taken out of the schedule).
-    fn completed(&mut self, (ticket, outcome): Renewed, now: Duration) -> Option<Arc<PermitState>> {
+    fn completed(
+        &mut self,
+        (ticket, outcome): Renewed,
+        now: Duration,
+    ) -> Option<Arc<dyn Renewable>> {
         let entry = self.permits.get_mut(&ticket)?;
         entry.in_flight = false;
         let period = entry.period();
@@ -321,7 +348,7 @@ async fn drive(running: Running, closed: CancellationToken) {
 
 /// One renewal, cancelled if the permit is lost, released or dropped meanwhile (a forgotten
 /// permit's renewal runs to its end, and its answer is ignored).
-async fn renewal(ticket: u64, state: Arc<PermitState>) -> Renewed {
+async fn renewal(ticket: u64, state: Arc<dyn Renewable>) -> Renewed {
     tokio::select! {
         biased;
         () = state.gone() => (ticket, None),

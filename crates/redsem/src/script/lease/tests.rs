@@ -2,25 +2,15 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redsem_test::{RedisCluster, RedisServer, within};
 
 use super::*;
-
-pub(super) const LIMIT: Duration = Duration::from_secs(10);
-pub(super) const CHANNEL: &str = "t:wake:test";
-
-pub(super) async fn connect(server: &RedisServer) -> MultiplexedConnection {
-    within(
-        LIMIT,
-        "connect",
-        server.client().get_multiplexed_async_connection(),
-    )
-    .await
-    .expect("connect")
-}
+use crate::error::Error;
+use crate::script::test_support::{
+    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message, subscribe,
+};
 
 fn keys() -> LeaseKeys {
     LeaseKeys::new("t", "s")
@@ -70,60 +60,6 @@ async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
 }
 
 #[tokio::test]
-async fn every_operation_loads_as_a_script_and_as_a_function() {
-    let server = RedisServer::start();
-    let mut conn = connect(&server).await;
-    for op in ALL {
-        let script = op.script();
-        let sha = within(
-            LIMIT,
-            "SCRIPT LOAD",
-            script.prepare_invoke().load_async(&mut conn),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{} compiles as a script: {e}", op.name));
-        assert_eq!(sha, script.get_hash());
-    }
-    let name: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&LIBRARY.source)
-        .query_async(&mut conn)
-        .await
-        .expect("the library loads");
-    assert_eq!(name, LIBRARY.name);
-    let listed: redis::Value = redis::cmd("FUNCTION")
-        .arg("LIST")
-        .arg("LIBRARYNAME")
-        .arg(&LIBRARY.name)
-        .query_async(&mut conn)
-        .await
-        .expect("FUNCTION LIST");
-    let listed = format!("{listed:?}");
-    for op in ALL {
-        assert!(listed.contains(op.function()), "{} registered", op.name);
-    }
-    // Every operation file is an operation: none is left out of the registry.
-    let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/lua")).expect("lua dir");
-    for file in files {
-        let file = file
-            .expect("entry")
-            .file_name()
-            .into_string()
-            .expect("utf-8");
-        let Some(stem) = file.strip_suffix(".lua") else {
-            continue;
-        };
-        if stem == "common" || stem.ends_with("_prelude") {
-            continue;
-        }
-        assert!(
-            ALL.iter().any(|op| op.name == stem),
-            "{file} is not registered"
-        );
-    }
-}
-
-#[tokio::test]
 async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
@@ -156,12 +92,7 @@ async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
 async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
-    let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
-        .await
-        .expect("pubsub");
-    within(LIMIT, "subscribe", pubsub.subscribe(CHANNEL))
-        .await
-        .expect("subscribe");
+    let mut pubsub = subscribe(&server, CHANNEL).await;
 
     let (a, _) = granted(acquire(&mut conn, req("a", 1, 1, true)).await);
     let Acquire::Queued { position, recheck } = acquire(&mut conn, req("b", 1, 1, true)).await
@@ -177,11 +108,8 @@ async fn wait_mode_queues_and_a_release_hands_over_and_publishes_the_grant() {
     ));
 
     release(&mut conn, &keys(), "a").await.expect("release");
-    let msg = within(LIMIT, "wake-up message", pubsub.on_message().next())
-        .await
-        .expect("a message");
     // The grant travels with the wake-up: id, token, slots, ms since the last check-in.
-    let payload: String = msg.get_payload().expect("payload");
+    let payload = next_message(&mut pubsub).await;
     let parts: Vec<&str> = payload.split('|').collect();
     assert_eq!(
         (parts.len(), parts[0], parts[2]),
@@ -555,10 +483,7 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
 #[tokio::test]
 async fn scripts_run_on_a_three_master_cluster() {
     let cluster = RedisCluster::start(3);
-    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
-    let mut conn = within(LIMIT, "cluster connect", client.get_async_connection())
-        .await
-        .expect("connect");
+    let mut conn = connect_cluster(&cluster).await;
     for name in ["a", "b", "c", "d", "e", "f"] {
         let k = LeaseKeys::new("t", name);
         let r = req("x", 2, 1, true);
@@ -703,32 +628,14 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
 }
 
 /// [`crate::MAX_UNITS`], as the scripts' tests use it.
-const MAX_UNITS_FOR_TESTS: u32 = crate::lease::MAX_UNITS;
+const MAX_UNITS_FOR_TESTS: u32 = crate::types::MAX_UNITS;
 
 #[tokio::test]
 async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
     // Issue 9 #2: an ACL user without channel rights got NOPERM from PUBLISH in the middle of
     // a release, after the slot bits and the grant were written but before the state was.
     let server = RedisServer::start();
-    let mut admin = connect(&server).await;
-    let () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "nochan",
-            "on",
-            ">pw",
-            "~*",
-            "resetchannels",
-            "+@all",
-        ])
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
-    let url = format!("redis://nochan:pw@127.0.0.1:{}/", server.port());
-    let client = redis::Client::open(url).expect("url");
-    let mut conn = within(LIMIT, "connect", client.get_multiplexed_async_connection())
-        .await
-        .expect("connect as nochan");
+    let mut conn = connect_without_channels(&server).await;
     let k = keys();
     granted(acquire(&mut conn, req("a", 1, 1, true)).await);
     assert!(matches!(

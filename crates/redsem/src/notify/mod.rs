@@ -5,48 +5,27 @@
 //! (a latch reaching zero) wake every local listener of the channel. If the connection drops,
 //! the task reconnects, subscribes again and wakes every waiter once so each re-checks: a lost
 //! message costs latency, never liveness (waiters also re-check on a timer).
+//!
+//! Here: the [`Notifier`] handle, waiters' [`Registration`]s and broadcast [`Listener`]s,
+//! and the routing table they share. Beside it: `task.rs` (the connection's life) and
+//! `wake.rs` (the wake-up message format).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Shared;
+use crate::conn::Source;
+
+mod task;
+pub(crate) mod wake;
+
+use task::{Backoff, Task};
 
 /// How long a new waiter waits for the first subscription before relying on its timer alone.
 const FIRST_SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
-/// The first wait before reconnecting the pub/sub connection, and the longest.
-const MIN_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// How long to wait before the next reconnection: doubling from [`MIN_BACKOFF`] after each
-/// failed attempt up to [`MAX_BACKOFF`], and back to the start once a subscription succeeded,
-/// so that a process that lost its connection many times in its life still comes back fast.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff { next: MIN_BACKOFF }
-    }
-
-    /// The wait before the next attempt; the one after it is twice as long (capped).
-    fn failed(&mut self) -> Duration {
-        let wait = self.next;
-        self.next = (self.next * 2).min(MAX_BACKOFF);
-        wait
-    }
-
-    /// A (re)subscription succeeded: the next failure waits the shortest time again.
-    fn succeeded(&mut self) {
-        self.next = MIN_BACKOFF;
-    }
-}
 
 #[derive(Default)]
 struct Routes {
@@ -80,18 +59,28 @@ fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
 }
 
 impl Notifier {
-    pub(crate) fn start(shared: &Shared) -> Notifier {
+    /// Start the pub/sub task: it connects to `clients` (cluster seed nodes, tried in turn)
+    /// or, for one primary, wherever `source` says it is now; it subscribes to `own_channel`
+    /// (where this client's queued requests are told they were granted) and stops when
+    /// `closed` is cancelled.
+    pub(crate) fn start(
+        clients: Vec<redis::Client>,
+        source: Option<Source>,
+        own_channel: String,
+        closed: CancellationToken,
+    ) -> Notifier {
         let routes = Arc::new(Mutex::new(Routes::default()));
         let (subscribed_tx, subscribed) = watch::channel(0);
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let task = Task {
-            clients: shared.pubsub_clients.clone(),
+            clients,
             next_client: 0,
-            own_channel: shared.wake_channel.clone(),
+            source,
+            own_channel,
             routes: routes.clone(),
             subscribed: subscribed_tx,
             commands: commands_rx,
-            closed: shared.closed.clone(),
+            closed,
             backoff: Backoff::new(),
         };
         tokio::spawn(task.run());
@@ -232,157 +221,13 @@ impl Drop for Listener {
     }
 }
 
-struct Task {
-    /// Where to connect; after a failure the next one is tried (cluster seed nodes).
-    clients: Vec<redis::Client>,
-    next_client: usize,
-    own_channel: String,
-    routes: Arc<Mutex<Routes>>,
-    subscribed: watch::Sender<u64>,
-    commands: mpsc::UnboundedReceiver<Command>,
-    closed: CancellationToken,
-    backoff: Backoff,
-}
-
-impl Task {
-    async fn run(mut self) {
-        loop {
-            match self.session().await {
-                Ok(()) => return,
-                Err(err)
-                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
-                {
-                    tracing::error!(error = %err, channel = %self.own_channel,
-                        "redsem pub/sub refused by the ACL: allow +subscribe +unsubscribe and the \
-                         channels under the prefix (&<prefix>:*); waiters fall back to polling");
-                    self.next_client += 1;
-                    self.wake_everyone();
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "redsem pub/sub connection lost; reconnecting");
-                    // Try the next node (cluster seeds); a single server is tried again.
-                    self.next_client += 1;
-                    self.wake_everyone();
-                }
-            }
-            let wait = self.backoff.failed();
-            tokio::select! {
-                () = self.closed.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
-    }
-
-    /// One connection's life. `Ok` when the client closed, `Err` when the connection failed.
-    async fn session(&mut self) -> redis::RedisResult<()> {
-        let Some(client) = self
-            .clients
-            .get(self.next_client % self.clients.len().max(1))
-        else {
-            return Ok(());
-        };
-        let pubsub = client.get_async_pubsub().await?;
-        let (mut sink, mut stream) = pubsub.split();
-        let channels: Vec<String> = lock(&self.routes).channels.keys().cloned().collect();
-        sink.subscribe(&self.own_channel).await?;
-        for channel in channels {
-            sink.subscribe(channel).await?;
-        }
-        let reconnected = *self.subscribed.borrow() > 0;
-        self.subscribed.send_modify(|n| *n += 1);
-        self.backoff.succeeded();
-        if reconnected {
-            crate::observe::pubsub_reconnected();
-            // Messages may have been lost while we were away.
-            self.wake_everyone();
-        }
-        loop {
-            tokio::select! {
-                () = self.closed.cancelled() => return Ok(()),
-                msg = stream.next() => {
-                    let Some(msg) = msg else {
-                        return Err(redis::RedisError::from(std::io::Error::new(
-                            std::io::ErrorKind::ConnectionAborted,
-                            "pub/sub stream ended",
-                        )));
-                    };
-                    self.dispatch(msg.get_channel_name(), msg.get_payload_bytes());
-                }
-                Some(cmd) = self.commands.recv() => match cmd {
-                    Command::Subscribe(channel, confirm) => {
-                        sink.subscribe(channel).await?;
-                        confirm.send_replace(true);
-                    }
-                    Command::Unsubscribe(channel) => sink.unsubscribe(channel).await?,
-                },
-            }
-        }
-    }
-
-    fn dispatch(&self, channel: &str, payload: &[u8]) {
-        let routes = lock(&self.routes);
-        if channel == self.own_channel {
-            if let Ok(payload) = std::str::from_utf8(payload) {
-                route(&routes, payload);
-            }
-        } else if let Some((_, notify, _)) = routes.channels.get(channel) {
-            notify.notify_waiters();
-        }
-    }
-
-    fn wake_everyone(&self) {
-        let routes = lock(&self.routes);
-        for mailbox in routes.waiters.values() {
-            mailbox.notify.notify_one();
-        }
-        for (_, notify, _) in routes.channels.values() {
-            notify.notify_waiters();
-        }
-    }
-}
-
 /// Route a wake-up on the client's own channel, `<id>` or `<id>|<news>`, to that waiter.
 fn route(routes: &Routes, payload: &str) {
-    let (id, news) = match payload.split_once('|') {
-        Some((id, news)) => (id, Some(news)),
-        None => (payload, None),
-    };
+    let (id, news) = wake::split(payload);
     if let Some(mailbox) = routes.waiters.get(id) {
         if let Some(news) = news {
             *mailbox.news.lock().unwrap_or_else(|p| p.into_inner()) = Some(news.to_owned());
         }
         mailbox.notify.notify_one();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_backoff_doubles_up_to_its_cap() {
-        let mut backoff = Backoff::new();
-        let waits: Vec<Duration> = (0..10).map(|_| backoff.failed()).collect();
-        assert_eq!(waits[0], MIN_BACKOFF);
-        assert_eq!(waits[1], MIN_BACKOFF * 2);
-        assert_eq!(waits[2], MIN_BACKOFF * 4);
-        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
-        assert_eq!(waits[9], MAX_BACKOFF);
-    }
-
-    #[test]
-    fn the_backoff_starts_over_after_a_subscription() {
-        let mut backoff = Backoff::new();
-        for _ in 0..10 {
-            backoff.failed();
-        }
-        assert_eq!(backoff.failed(), MAX_BACKOFF);
-        backoff.succeeded();
-        assert_eq!(backoff.failed(), MIN_BACKOFF);
-        // Ten lives of one failure each, as with ten dropped connections.
-        for _ in 0..10 {
-            backoff.succeeded();
-            assert_eq!(backoff.failed(), MIN_BACKOFF);
-        }
     }
 }

@@ -1,5 +1,4 @@
-//! What every queue-based wait shares (lease semaphore, permit semaphore): checking in
-//! through a connection loss.
+//! When a request gives up ([`Patience`]), and checking in through a connection loss.
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,6 +7,7 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::{Chain, Result};
+use crate::retry::RETRY_EVERY;
 
 /// When a request gives up.
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +36,6 @@ impl Patience {
         }
     }
 }
-
-/// How often a waiter (and a permit's renewal) tries again while Redis is unreachable.
-pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment (on
 /// [`clock`]) the answered attempt was sent. While Redis is unreachable (a dropped connection

@@ -1,5 +1,4 @@
-//! `Withdraw`: the guard that makes a waiting acquire cancel safe, for every queue-based
-//! primitive.
+//! `Withdraw`: the guard that makes an acquire cancel safe, for every queue-based primitive.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +12,9 @@ use crate::types::PermitId;
 pub(crate) trait Queue: Send + Sync + 'static {
     fn redsem(&self) -> &Redsem;
     fn name(&self) -> &str;
+    /// Withdraw request `id`, giving back what was granted to it. Sends no replica
+    /// acknowledgement (`RedsemOptions::replica_acks`): a withdrawal a failover loses leaves
+    /// what it undoes to its own lease.
     fn withdraw(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
 }
 

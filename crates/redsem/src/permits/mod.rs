@@ -4,99 +4,27 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::client::Redsem;
-use crate::clock;
-use crate::error::{Error, Result, invalid};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::{Result, invalid};
 use crate::keys::PermitKeys;
-use crate::lease::{MAX_LEASE, MIN_LEASE};
 use crate::observe::{Attempt, Meter, op_span};
-use crate::script::{self, Addition, PermitAcquire};
+use crate::retry::retry_once;
+use crate::script::{self, Addition};
 use crate::types::PermitId;
-use crate::wait::{Patience, check_in};
-use crate::withdraw::{Queue, Withdraw};
+use crate::wait::{self, Patience, Queue};
+
+mod options;
+mod request;
+
+pub use options::PermitOptions;
+use request::PermitRequest;
 
 /// The largest magnitude a permit count may reach: Redis scripts count in doubles.
 pub const MAX_PERMITS: i64 = (1 << 53) - 1;
-
-/// Options of a [`PermitSemaphore`].
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// let options = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(3));
-/// assert_eq!(options.waiter_lease, Duration::from_secs(3));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PermitOptions {
-    /// How long a queued request keeps its place without checking in (default 10 s). A waiter
-    /// checks in every third of it, and also re-checks then if a wake-up message was lost; a
-    /// crashed waiter stops blocking the queue after this, and permits handed to it that it
-    /// never collected come back.
-    pub waiter_lease: Duration,
-    /// The count the semaphore is expected to start with (default none). With it, a handle
-    /// sets the count to this before its first acquire if it was never set ([`ensure_permits`]),
-    /// and again after its queue vanished (the server lost its state), so a fresh or
-    /// restarted pool does not wait forever on 0 permits. A count already set is left alone.
-    ///
-    /// [`ensure_permits`]: PermitSemaphore::ensure_permits
-    pub permits: Option<u32>,
-}
-
-impl Default for PermitOptions {
-    fn default() -> Self {
-        PermitOptions {
-            waiter_lease: Duration::from_secs(10),
-            permits: None,
-        }
-    }
-}
-
-impl PermitOptions {
-    /// Set the waiter lease.
-    #[must_use]
-    pub fn waiter_lease(mut self, waiter_lease: Duration) -> Self {
-        self.waiter_lease = waiter_lease;
-        self
-    }
-
-    /// Set the count the semaphore is expected to start with (see [`PermitOptions::permits`]).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
-    /// let options = redsem::PermitOptions::default().permits(4);
-    /// let gpus = redsem.permit_semaphore_with("gpu", options)?;
-    /// gpus.acquire(1).await?; // sets 4 first if nobody ever did
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn permits(mut self, permits: u32) -> Self {
-        self.permits = Some(permits);
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        let d = self.waiter_lease;
-        if d < MIN_LEASE {
-            return Err(invalid(format!(
-                "waiter lease {d:?} is too short to renew; the minimum is {MIN_LEASE:?}"
-            )));
-        }
-        if d > MAX_LEASE {
-            return Err(invalid(format!(
-                "waiter lease {d:?} is longer than the maximum {MAX_LEASE:?}"
-            )));
-        }
-        Ok(())
-    }
-}
 
 /// A counting semaphore of plain permits shared through Redis, like Redisson's `RSemaphore`:
 /// a number of available permits that anyone may take from ([`acquire`](Self::acquire)) and
@@ -167,61 +95,21 @@ struct PermitInner {
     ensured: AtomicBool,
 }
 
-impl Redsem {
-    /// A permit semaphore named `name`, with default options.
-    ///
-    /// Makes no round trip; a semaphore that was never set has 0 permits available.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
-    /// let slots = redsem.permit_semaphore("gpu")?;
-    /// slots.try_set_permits(4).await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name.
-    pub fn permit_semaphore(&self, name: &str) -> Result<PermitSemaphore> {
-        self.permit_semaphore_with(name, PermitOptions::default())
-    }
-
-    /// A permit semaphore named `name`, with `options`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
-    /// use std::time::Duration;
-    /// let options = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(3));
-    /// let slots = redsem.permit_semaphore_with("gpu", options)?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for an empty name, or a waiter lease shorter than
-    /// [`MIN_LEASE`] or longer than [`MAX_LEASE`].
-    pub fn permit_semaphore_with(
-        &self,
-        name: &str,
-        options: PermitOptions,
-    ) -> Result<PermitSemaphore> {
+impl PermitSemaphore {
+    /// A handle on the permit semaphore `name` of `redsem` (see
+    /// [`Redsem::permit_semaphore_with`]); no round trip.
+    pub(crate) fn new(redsem: &Redsem, name: &str, options: PermitOptions) -> Result<Self> {
         if name.is_empty() {
             return Err(invalid("the semaphore name must not be empty"));
         }
         options.validate()?;
         Ok(PermitSemaphore {
             inner: Arc::new(PermitInner {
-                redsem: self.clone(),
+                redsem: redsem.clone(),
                 name: name.to_owned(),
-                keys: PermitKeys::new(self.prefix(), name),
+                keys: PermitKeys::new(redsem.prefix(), name),
                 options,
-                meter: Meter::new("permits", name, &self.shared.metric_names),
+                meter: Meter::new("permits", name, &redsem.shared.metric_names),
                 ensured: AtomicBool::new(false),
             }),
         })
@@ -271,7 +159,7 @@ impl PermitSemaphore {
         let request = PermitId::random();
         let span = op_span!(inner.meter, "redsem.permits.try_set");
         span.record("units", permits);
-        script::retry_once("try_set_permits", || async {
+        retry_once("try_set_permits", || async {
             script::permit_try_set(
                 &mut inner.redsem.conn(),
                 &inner.keys,
@@ -513,7 +401,7 @@ impl PermitSemaphore {
     /// Cancel safe.
     pub async fn available_permits(&self) -> Result<i64> {
         let inner = &self.inner;
-        let availability = script::retry_once("available_permits", || async {
+        let availability = retry_once("available_permits", || async {
             script::permit_available(&mut inner.redsem.conn(), &inner.keys).await
         })
         .await?;
@@ -548,7 +436,7 @@ impl PermitSemaphore {
     pub async fn drain_permits(&self) -> Result<u64> {
         let inner = &self.inner;
         let request = PermitId::random();
-        script::retry_once("drain_permits", || async {
+        retry_once("drain_permits", || async {
             script::permit_drain(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
         })
         .await
@@ -590,7 +478,7 @@ impl PermitSemaphore {
             _ => op_span!(inner.meter, "redsem.permits.add"),
         };
         span.record("units", delta);
-        let added = script::retry_once(what, || async {
+        let added = retry_once(what, || async {
             script::permit_add(
                 &mut inner.redsem.conn(),
                 &inner.keys,
@@ -638,131 +526,9 @@ impl PermitSemaphore {
         patience: Patience,
         attempt: &Attempt<'_>,
     ) -> Result<()> {
-        let inner = &self.inner;
-        let started = Instant::now();
-        let wait = !matches!(patience, Patience::None);
-        let waiter_lease = inner.options.waiter_lease;
-        let mut polled = false;
-        // One request id per place in the queue: a request that lost its place queues again
-        // under a new id, so nothing addressed to the old one (a late wake-up, a late resend)
-        // can act on the new place.
-        loop {
-            let id = PermitId::random();
-            tracing::Span::current().record("id", id.as_str());
-            let conn = inner.redsem.conn();
-            let request = &id;
-            // Routed before the request is queued, so a grant published right after cannot be
-            // missed.
-            let mailbox = if wait {
-                Some(inner.redsem.notifier().await.register(id.as_str()).await)
-            } else {
-                None
-            };
-            let mut withdraw = Withdraw::new(inner.clone(), id.clone());
-            // A queued request rides out an outage like a poll (below); a try does not.
-            let window = if wait { waiter_lease } else { Duration::ZERO };
-            // (`answered`: when the last check-in the server answered was sent.)
-            let (mut reply, mut answered) =
-                check_in(clock::now(), window, patience.deadline(), || {
-                    script::retry_once("acquire", || {
-                        let mut conn = conn.clone();
-                        async move {
-                            script::permit_acquire(
-                                &mut conn,
-                                &inner.keys,
-                                request.as_str(),
-                                permits,
-                                wait,
-                                waiter_lease,
-                                &inner.redsem.shared.wake_channel,
-                            )
-                            .await
-                        }
-                    })
-                })
-                .await?;
-            loop {
-                match reply {
-                    PermitAcquire::Granted => {
-                        withdraw.disarm();
-                        return Ok(());
-                    }
-                    PermitAcquire::Busy { available, waiters } => {
-                        withdraw.disarm();
-                        return Err(Error::NotEnoughPermits {
-                            name: inner.name.clone(),
-                            requested: permits,
-                            available,
-                            waiters,
-                        });
-                    }
-                    PermitAcquire::Queued { recheck, .. } => {
-                        attempt.queued();
-                        let Some(mailbox) = &mailbox else {
-                            return Err(protocol("a try request was queued"));
-                        };
-                        let mut nap = recheck;
-                        if let Patience::Until(deadline) = patience {
-                            let now = Instant::now();
-                            if now >= deadline {
-                                withdraw.now().await?;
-                                return Err(Error::Timeout {
-                                    name: inner.name.clone(),
-                                    waited: now - started,
-                                });
-                            }
-                            nap = nap.min(deadline - now);
-                        }
-                        tokio::select! {
-                            () = mailbox.woken() => {}
-                            () = tokio::time::sleep(nap) => {}
-                        }
-                        // Rides out an outage for as long as the waiter lease of the last
-                        // answered check-in keeps the place; longer, and the acquire fails.
-                        (reply, answered) =
-                            check_in(answered, waiter_lease, patience.deadline(), || {
-                                script::retry_once("acquire", || {
-                                    let mut conn = conn.clone();
-                                    async move {
-                                        script::permit_poll(
-                                            &mut conn,
-                                            &inner.keys,
-                                            request.as_str(),
-                                            waiter_lease,
-                                        )
-                                        .await
-                                    }
-                                })
-                            })
-                            .await?;
-                        polled = true;
-                    }
-                    PermitAcquire::Gone if polled => {
-                        // Our place was dropped (we did not check in within the waiter lease,
-                        // the semaphore was deleted, or its state was lost): queue again, under
-                        // a new id. The old one is withdrawn in the background, so a late
-                        // resend of its acquire is refused.
-                        tracing::warn!(semaphore = %inner.name, id = %id, "queued request was dropped; queuing again");
-                        polled = false;
-                        // The count may be gone with the queue: state the expected one again.
-                        inner.ensured.store(false, Ordering::Relaxed);
-                        self.ensure_expected().await?;
-                        break;
-                    }
-                    PermitAcquire::Gone => {
-                        withdraw.disarm();
-                        return Err(protocol("a new request was refused as withdrawn"));
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn protocol(detail: &str) -> Error {
-    Error::Protocol {
-        script: "permit_acquire",
-        detail: detail.to_owned(),
+        let request = PermitRequest { sem: self, permits };
+        wait::acquire(&request, patience, |_| attempt.queued()).await?;
+        Ok(())
     }
 }
 
@@ -776,7 +542,7 @@ impl Queue for PermitInner {
     }
 
     async fn withdraw(&self, id: &str) -> Result<()> {
-        script::permit_withdraw(&mut self.redsem.conn(), &self.keys, id)
+        script::permit_withdraw(&mut self.redsem.conn_unacked(), &self.keys, id)
             .await
             .map(drop)
     }

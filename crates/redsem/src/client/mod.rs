@@ -1,0 +1,327 @@
+//! `Redsem`, the entry point: one command connection, one pub/sub connection, shared by
+//! every primitive and task made from it.
+//!
+//! Here: the handle and what it shares ([`Shared`]: connections, notifier, keepalive,
+//! background clean-up), `flush`, and the listing of semaphores. Beside it: `options.rs`
+//! ([`RedsemOptions`], [`ServerChecks`]), `connect.rs` (connecting to one server or a
+//! cluster), `sentinel.rs` (through Sentinels), `checks.rs` (the server checks and their
+//! findings). The factory methods of the primitives are in `crate::factory`.
+
+mod checks;
+mod connect;
+mod options;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use checks::{ServerFinding, Verdict};
+pub use options::{RedsemOptions, ServerChecks};
+
+pub(crate) use crate::conn::Conn;
+use crate::error::Result;
+use crate::keepalive::Keepalive;
+use crate::keys;
+use crate::notify::Notifier;
+use crate::observe::MetricNames;
+pub use crate::types::ReplicaAcks;
+
+/// How long after a release that left a semaphore idle its keys get their TTL.
+const TIDY_AFTER: Duration = Duration::from_secs(1);
+
+/// Every key matching `pattern` on the node behind `conn`, with `SCAN` (never `KEYS`).
+async fn scan(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+    found: &mut Vec<String>,
+) -> Result<()> {
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(conn)
+            .await?;
+        found.extend(batch);
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// A handle to one Redis deployment: the entry point of redsem.
+///
+/// It owns one multiplexed, auto-reconnecting command connection and, once something waits,
+/// one pub/sub connection; every primitive and permit made from it shares both. Cloning is
+/// cheap (an `Arc`); the connections close when the last clone and the last permit are gone.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn example() -> redsem::Result<()> {
+/// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+/// let jobs = redsem.lease_semaphore("nightly-export", 2)?;
+/// let permit = jobs.try_acquire().await?;
+/// println!("token {} slot {}", permit.token(), permit.slot());
+/// permit.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Redsem {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) conn: Conn,
+    /// Where the pub/sub connection may go: the server, or each seed node of a cluster
+    /// (a cluster forwards every PUBLISH to every node).
+    pub(crate) pubsub_clients: Vec<redis::Client>,
+    pub(crate) prefix: String,
+    /// Which names the metrics show.
+    pub(crate) metric_names: MetricNames,
+    /// The replica acknowledgements every change waits for.
+    pub(crate) replica_acks: Option<ReplicaAcks>,
+    /// The channel on which this client's queued requests are told they were granted.
+    pub(crate) wake_channel: String,
+    notifier: OnceCell<Notifier>,
+    /// Cancelled when the last handle goes: stops the pub/sub task.
+    pub(crate) closed: CancellationToken,
+    /// Releases and withdrawals sent in the background from `Drop`.
+    background: TaskTracker,
+    /// Renews the lease permits and fires their `lost()`: one driver task for all of them.
+    pub(crate) keepalive: Keepalive,
+    /// Semaphores (their state keys) with a `lease_tidy` pending.
+    tidy: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Bumped by [`Redsem::flush`]: pending tidies run at once.
+    hurry: tokio::sync::watch::Sender<u64>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+impl fmt::Debug for Redsem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redsem")
+            .field("prefix", &self.shared.prefix)
+            .field(
+                "servers",
+                &self
+                    .shared
+                    .pubsub_clients
+                    .iter()
+                    .map(|c| c.get_connection_info().addr().to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Redsem {
+    fn assemble(
+        conn: Conn,
+        pubsub_clients: Vec<redis::Client>,
+        options: RedsemOptions,
+        wake_channel: String,
+    ) -> Redsem {
+        let closed = CancellationToken::new();
+        crate::observe::describe_metrics();
+        Redsem {
+            shared: Arc::new(Shared {
+                conn,
+                pubsub_clients,
+                wake_channel,
+                prefix: options.prefix,
+                metric_names: options.metric_names,
+                replica_acks: options.replica_acks,
+                notifier: OnceCell::new(),
+                keepalive: Keepalive::new(closed.clone()),
+                closed,
+                background: TaskTracker::new(),
+                tidy: std::sync::Mutex::default(),
+                hurry: tokio::sync::watch::Sender::new(0),
+            }),
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The names of the lease semaphores under this prefix that have state in Redis (in use,
+    /// or idle for less than an hour). Uses `SCAN`, never `KEYS`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// for name in redsem.lease_semaphore_names().await? {
+    ///     let status = redsem.lease_semaphore(&name, 1)?.status().await?;
+    ///     println!("{name}: {} in use", status.in_use);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Unavailable`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lease_semaphore_names(&self) -> Result<Vec<String>> {
+        let pattern = keys::lease_state_pattern(&self.shared.prefix);
+        let mut found = Vec::new();
+        match self.shared.conn.clone() {
+            Conn::Single(mut conn) => scan(&mut conn, &pattern, &mut found).await?,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(mut conn, _) => {
+                // SCAN walks one node: walk every primary.
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await?;
+                let Some(seed) = self.shared.pubsub_clients.first() else {
+                    return Ok(Vec::new());
+                };
+                for primary in crate::conn::primaries(&nodes) {
+                    let client = crate::conn::node_client(seed, &primary.host, primary.port)?;
+                    let mut node = client.get_multiplexed_async_connection().await?;
+                    scan(&mut node, &pattern, &mut found).await?;
+                }
+            }
+        }
+        let mut names: Vec<String> = found
+            .iter()
+            .filter_map(|key| keys::lease_name_of_state(&self.shared.prefix, key))
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Wait until the clean-up that dropped permits and cancelled acquires sent in the
+    /// background (a release, a withdrawal) has finished.
+    ///
+    /// Call it before a short-lived program exits, so a permit dropped on the way out is
+    /// released rather than left to run out its lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem, sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire().await?;
+    /// drop(permit); // released in the background
+    /// redsem.flush().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the background work goes on.
+    pub async fn flush(&self) {
+        self.shared.hurry.send_modify(|n| *n += 1);
+        let tracker = &self.shared.background;
+        tracker.close();
+        tracker.wait().await;
+        tracker.reopen();
+    }
+
+    /// Run clean-up `work` in the background (from `Drop`), tracked for [`Redsem::flush`].
+    /// Without a runtime (dropped outside one) the work is skipped: leases end by themselves.
+    pub(crate) fn spawn_cleanup(&self, work: impl Future<Output = ()> + Send + 'static) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            self.shared.background.spawn_on(work, &handle);
+        }
+    }
+
+    /// Send `lease_tidy` for the semaphore of `keys` in a moment (at once on
+    /// [`Redsem::flush`]), unless one is pending: a release left it idle, and its keys get
+    /// their TTL only if nobody took it again meanwhile (see `lua/lease_tidy.lua`).
+    pub(crate) fn tidy_later(&self, keys: &crate::keys::LeaseKeys) {
+        let key = keys.all[2].clone();
+        let fresh = self
+            .shared
+            .tidy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
+        if !fresh {
+            return;
+        }
+        let redsem = self.clone();
+        let keys = keys.clone();
+        let mut hurry = self.shared.hurry.subscribe();
+        self.spawn_cleanup(async move {
+            tokio::select! {
+                () = tokio::time::sleep(TIDY_AFTER) => {}
+                _ = hurry.changed() => {}
+            }
+            redsem
+                .shared
+                .tidy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            if let Err(err) = crate::script::lease_tidy(&mut redsem.conn(), &keys).await {
+                tracing::debug!(key = %key, error = %crate::error::Chain(&err), "could not give an idle semaphore its TTL");
+            }
+        });
+    }
+
+    /// The command connection, carrying the replica acknowledgements the scripts' changes
+    /// wait for.
+    pub(crate) fn conn(&self) -> crate::script::Acking<Conn> {
+        crate::script::Acking {
+            conn: self.shared.conn.clone(),
+            acks: self.shared.replica_acks,
+        }
+    }
+
+    /// The command connection without replica acknowledgements: for withdrawals, which
+    /// undo a request or a grant and need none (lost in a failover, what they undo is dropped
+    /// by its own lease, or was not on the replicas either).
+    pub(crate) fn conn_unacked(&self) -> crate::script::Acking<Conn> {
+        crate::script::Acking {
+            conn: self.shared.conn.clone(),
+            acks: None,
+        }
+    }
+
+    /// The pub/sub side, started on first use.
+    pub(crate) async fn notifier(&self) -> &Notifier {
+        self.shared
+            .notifier
+            .get_or_init(|| async {
+                let shared = &self.shared;
+                let source = match &shared.conn {
+                    Conn::Single(single) => Some(single.source().clone()),
+                    #[cfg(feature = "cluster")]
+                    Conn::Cluster(..) => None,
+                };
+                Notifier::start(
+                    shared.pubsub_clients.clone(),
+                    source,
+                    shared.wake_channel.clone(),
+                    shared.closed.clone(),
+                )
+            })
+            .await
+    }
+}

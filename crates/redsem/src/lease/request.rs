@@ -1,0 +1,94 @@
+//! One acquire of a lease semaphore, as the waiting engine ([`crate::wait`]) drives it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{LeaseSemaphore, SemInner};
+use crate::clock;
+use crate::error::{Error, Result};
+use crate::notify::wake::LeaseGrant;
+use crate::script::{self, Acquire, Request};
+use crate::wait::{self, Answer};
+
+/// One request for `units` of `sem`, as the waiting engine drives it.
+pub(super) struct LeaseRequest<'a> {
+    pub(super) sem: &'a LeaseSemaphore,
+    pub(super) capacity: u32,
+    pub(super) units: u32,
+}
+
+impl LeaseRequest<'_> {
+    fn answer(&self, reply: Acquire) -> Answer<LeaseGrant> {
+        let inner = &self.sem.inner;
+        match reply {
+            Acquire::Granted { token, slots } => Answer::Granted(LeaseGrant {
+                token,
+                slots,
+                delay: Duration::ZERO,
+            }),
+            Acquire::Queued { position, recheck } => Answer::Queued { position, recheck },
+            Acquire::Gone => Answer::Gone,
+            Acquire::Busy { in_use, waiters } => Answer::Refused(Error::NoPermit {
+                name: inner.name.clone(),
+                capacity: self.capacity,
+                in_use,
+                waiters,
+            }),
+            other => Answer::Refused(self.sem.refusal(other, self.capacity)),
+        }
+    }
+}
+
+impl wait::Request for LeaseRequest<'_> {
+    type Queue = SemInner;
+    type Grant = LeaseGrant;
+    const SCRIPT: &'static str = "lease_acquire";
+
+    fn queue(&self) -> &Arc<SemInner> {
+        &self.sem.inner
+    }
+
+    fn waiter_lease(&self) -> Duration {
+        self.sem.inner.options.waiter_lease
+    }
+
+    async fn enqueue(&self, id: &str, wait: bool) -> Result<Answer<LeaseGrant>> {
+        let inner = &self.sem.inner;
+        let options = &inner.options;
+        let req = Request {
+            id,
+            capacity: self.capacity,
+            units: self.units,
+            lease: options.lease,
+            label: options.label.as_deref().unwrap_or(""),
+            one_per_label: options.one_per_label,
+            wait,
+            waiter_lease: options.waiter_lease,
+            channel: &inner.redsem.shared.wake_channel,
+        };
+        let reply = script::lease_acquire(&mut inner.redsem.conn(), &inner.keys, &req).await?;
+        Ok(self.answer(reply))
+    }
+
+    async fn poll(&self, id: &str) -> Result<Answer<LeaseGrant>> {
+        let inner = &self.sem.inner;
+        let options = &inner.options;
+        let reply = script::lease_poll(
+            &mut inner.redsem.conn(),
+            &inner.keys,
+            id,
+            options.lease,
+            options.waiter_lease,
+        )
+        .await?;
+        Ok(self.answer(reply))
+    }
+
+    fn handed(&self, news: &str, sent: Duration) -> Option<LeaseGrant> {
+        // A grant whose lease may have run out while we stalled is checked by a poll; so is
+        // every grant when replicas must acknowledge it (the poll's WAIT confirms it).
+        LeaseGrant::parse(news)
+            .filter(|grant| sent + grant.delay + self.sem.inner.options.lease > clock::now())
+            .filter(|_| self.sem.inner.redsem.shared.replica_acks.is_none())
+    }
+}

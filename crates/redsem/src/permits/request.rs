@@ -1,0 +1,88 @@
+//! One acquire of a permit semaphore, as the waiting engine ([`crate::wait`]) drives it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{PermitInner, PermitSemaphore};
+use crate::error::{Error, Result};
+use crate::retry::retry_once;
+use crate::script::{self, PermitAcquire};
+use crate::wait::{self, Answer};
+
+/// One request for `permits` of `sem`, as the waiting engine drives it.
+pub(super) struct PermitRequest<'a> {
+    pub(super) sem: &'a PermitSemaphore,
+    pub(super) permits: u32,
+}
+
+impl PermitRequest<'_> {
+    fn answer(&self, reply: PermitAcquire) -> Answer<()> {
+        match reply {
+            PermitAcquire::Granted => Answer::Granted(()),
+            PermitAcquire::Queued { position, recheck } => Answer::Queued { position, recheck },
+            PermitAcquire::Gone => Answer::Gone,
+            PermitAcquire::Busy { available, waiters } => {
+                Answer::Refused(Error::NotEnoughPermits {
+                    name: self.sem.inner.name.clone(),
+                    requested: self.permits,
+                    available,
+                    waiters,
+                })
+            }
+        }
+    }
+}
+
+impl wait::Request for PermitRequest<'_> {
+    type Queue = PermitInner;
+    type Grant = ();
+    const SCRIPT: &'static str = "permit_acquire";
+
+    fn queue(&self) -> &Arc<PermitInner> {
+        &self.sem.inner
+    }
+
+    fn waiter_lease(&self) -> Duration {
+        self.sem.inner.options.waiter_lease
+    }
+
+    async fn enqueue(&self, id: &str, wait: bool) -> Result<Answer<()>> {
+        let inner = &self.sem.inner;
+        let reply = retry_once("acquire", || async {
+            script::permit_acquire(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                id,
+                self.permits,
+                wait,
+                inner.options.waiter_lease,
+                &inner.redsem.shared.wake_channel,
+            )
+            .await
+        })
+        .await?;
+        Ok(self.answer(reply))
+    }
+
+    async fn poll(&self, id: &str) -> Result<Answer<()>> {
+        let inner = &self.sem.inner;
+        let reply = retry_once("acquire", || async {
+            script::permit_poll(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                id,
+                inner.options.waiter_lease,
+            )
+            .await
+        })
+        .await?;
+        Ok(self.answer(reply))
+    }
+
+    async fn requeue(&self) -> Result<()> {
+        // The count may be gone with the queue: state the expected one again.
+        self.sem.inner.ensured.store(false, Ordering::Relaxed);
+        self.sem.ensure_expected().await
+    }
+}

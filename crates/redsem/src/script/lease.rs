@@ -1,0 +1,319 @@
+//! The lease semaphore's operations (`lua/lease_*.lua`): their typed call wrappers and reply
+//! types.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::acks::Acked;
+use super::library::{
+    LEASE_ACQUIRE, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY, LEASE_STATUS,
+    LEASE_TIDY, Scripting,
+};
+use super::reply::{Reply, confirmed, millis};
+use crate::error::Result;
+use crate::keys::LeaseKeys;
+
+/// What `lease_acquire` and `lease_poll` answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    Granted { token: u64, slots: Vec<u32> },
+    Queued { position: u64, recheck: Duration },
+    Busy { in_use: u64, waiters: u64 },
+    Gone,
+    Conflict { current: u32 },
+    Label(String),
+    TooBig { capacity: u32 },
+    TooMany { most: u32 },
+}
+
+/// What `lease_release` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    Released,
+    Dequeued,
+    NotHeld,
+}
+
+/// What `lease_release` answers in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Released {
+    pub(crate) outcome: Release,
+    /// The semaphore is idle and its keys carry no TTL yet: send `lease_tidy` soon.
+    pub(crate) idle: bool,
+    /// Grants made to waiters on the caller's channel (wake-up messages, not published).
+    pub(crate) handed: Vec<String>,
+}
+
+/// A holder as `lease_status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawHolder {
+    pub(crate) id: String,
+    pub(crate) label: String,
+    pub(crate) token: u64,
+    pub(crate) left_ms: i64,
+    pub(crate) held_ms: i64,
+    pub(crate) slots: Vec<u32>,
+}
+
+/// A waiter as `lease_status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawWaiter {
+    pub(crate) id: String,
+    pub(crate) label: String,
+    pub(crate) units: u32,
+    pub(crate) waited_ms: i64,
+}
+
+/// What `lease_status` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawStatus {
+    pub(crate) capacity: Option<u32>,
+    pub(crate) in_use: u64,
+    pub(crate) holders: Vec<RawHolder>,
+    pub(crate) waiters: Vec<RawWaiter>,
+}
+
+/// The arguments of one new request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) capacity: u32,
+    pub(crate) units: u32,
+    pub(crate) lease: Duration,
+    pub(crate) label: &'a str,
+    pub(crate) one_per_label: bool,
+    pub(crate) wait: bool,
+    pub(crate) waiter_lease: Duration,
+    pub(crate) channel: &'a str,
+}
+
+pub(crate) async fn lease_acquire(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    req: &Request<'_>,
+) -> Result<Acquire> {
+    let acked = LEASE_ACQUIRE
+        .key(&keys.all[..])
+        .arg(req.id)
+        .arg(req.capacity)
+        .arg(req.units)
+        .arg(millis(req.lease))
+        .arg(req.label)
+        .arg(if req.one_per_label { "1" } else { "0" })
+        .arg(if req.wait { "wait" } else { "try" })
+        .arg(millis(req.waiter_lease))
+        .arg(req.channel)
+        .invoke_acked(conn)
+        .await?;
+    lease_granted("lease_acquire", acked)
+}
+
+pub(crate) async fn lease_poll(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    id: &str,
+    lease: Duration,
+    waiter_lease: Duration,
+) -> Result<Acquire> {
+    let acked = LEASE_POLL
+        .key(&keys.all[..])
+        .arg(id)
+        .arg(millis(lease))
+        .arg(millis(waiter_lease))
+        .invoke_acked(conn)
+        .await?;
+    lease_granted("lease_poll", acked)
+}
+
+/// Decode what `lease_acquire` or `lease_poll` answered with the acknowledgements of its
+/// `WAIT`: a grant they did not confirm fails the call with
+/// [`Error::NotReplicated`](crate::Error::NotReplicated); the waiting engine, which holds the
+/// request, gives it back ([`crate::wait`]). (Only a grant: a queued request that a failover
+/// loses learns it at its next check-in.)
+fn lease_granted(script: &'static str, acked: Acked) -> Result<Acquire> {
+    let outcome = decode_acquire(script, acked.reply)?;
+    match (outcome, acked.unconfirmed) {
+        (Acquire::Granted { .. }, Some(why)) => Err(why),
+        (outcome, _) => Ok(outcome),
+    }
+}
+
+/// True if the lease was extended, false if the permit is not held.
+pub(crate) async fn lease_refresh(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    id: &str,
+    lease: Duration,
+) -> Result<bool> {
+    let acked = LEASE_REFRESH
+        .key(&keys.all[..])
+        .arg(id)
+        .arg(millis(lease))
+        .invoke_acked(conn)
+        .await?;
+    let r = Reply::new("lease_refresh", acked.reply)?;
+    match r.status.as_str() {
+        "OK" => confirmed(true, acked.unconfirmed),
+        "NOTHELD" => Ok(false),
+        _ => Err(r.unexpected()),
+    }
+}
+
+/// Release (or withdraw) `id`; `channel` is the caller's wake channel, whose grants come back
+/// in the reply.
+pub(crate) async fn lease_release(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    id: &str,
+    channel: &str,
+) -> Result<Released> {
+    let acked = LEASE_RELEASE
+        .key(&keys.all[..])
+        .arg(id)
+        .arg(channel)
+        .invoke_acked(conn)
+        .await?;
+    let released = decode_release(acked.reply)?;
+    let Some(why) = acked.unconfirmed else {
+        return Ok(released);
+    };
+    if released.outcome == Release::NotHeld {
+        return Ok(released);
+    }
+    // Applied, but the call fails: what the caller would have done with the reply is done
+    // here. Our waiters' grants go by pub/sub (back to our own subscription), and an idle
+    // semaphore gets its TTL now.
+    if !released.handed.is_empty() {
+        let mut pipe = redis::pipe();
+        for grant in &released.handed {
+            pipe.cmd("PUBLISH").arg(channel).arg(grant).ignore();
+        }
+        if let Err(err) = pipe.query_async::<()>(conn).await {
+            tracing::debug!(error = %err, "could not publish the grants of an unacknowledged release; the waiters will check in");
+        }
+    }
+    if released.idle
+        && let Err(err) = lease_tidy(conn, keys).await
+    {
+        tracing::debug!(error = %crate::error::Chain(&err), "could not give an idle semaphore its TTL");
+    }
+    Err(why)
+}
+
+fn decode_release(reply: Value) -> Result<Released> {
+    let mut r = Reply::new("lease_release", reply)?;
+    let outcome = match r.status.as_str() {
+        "RELEASED" => Release::Released,
+        "DEQUEUED" => Release::Dequeued,
+        "NOTHELD" => Release::NotHeld,
+        _ => return Err(r.unexpected()),
+    };
+    let idle = r.int()? == 1;
+    let mut handed = Vec::new();
+    for item in r.array()? {
+        match item {
+            Value::BulkString(bytes) => handed.push(String::from_utf8_lossy(&bytes).into_owned()),
+            other => return Err(r.bad("a grant message", &other)),
+        }
+    }
+    Ok(Released {
+        outcome,
+        idle,
+        handed,
+    })
+}
+
+/// Give an idle semaphore's keys their TTL (nothing if it is live again).
+pub(crate) async fn lease_tidy(conn: &mut impl Scripting, keys: &LeaseKeys) -> Result<()> {
+    let reply: Value = LEASE_TIDY.key(&keys.all[..]).invoke_async(conn).await?;
+    let r = Reply::new("lease_tidy", reply)?;
+    match r.status.as_str() {
+        "OK" => Ok(()),
+        _ => Err(r.unexpected()),
+    }
+}
+
+pub(crate) async fn lease_status(conn: &mut impl Scripting, keys: &LeaseKeys) -> Result<RawStatus> {
+    let reply: Value = LEASE_STATUS.key(&keys.all[..]).invoke_async(conn).await?;
+    let mut r = Reply::new("lease_status", reply)?;
+    if r.status != "STATUS" {
+        return Err(r.unexpected());
+    }
+    let capacity = u32::try_from(r.int()?).ok();
+    let in_use = r.uint()?;
+    let mut holders = Vec::new();
+    for item in r.array()? {
+        let mut h = Reply::nested("lease_status", item)?;
+        holders.push(RawHolder {
+            id: h.string()?,
+            label: h.string()?,
+            token: h.uint()?,
+            left_ms: h.int()?,
+            held_ms: h.int()?,
+            slots: h.slots()?,
+        });
+    }
+    let mut waiters = Vec::new();
+    for item in r.array()? {
+        let mut w = Reply::nested("lease_status", item)?;
+        waiters.push(RawWaiter {
+            id: w.string()?,
+            label: w.string()?,
+            units: w.u32()?,
+            waited_ms: w.int()?,
+        });
+    }
+    Ok(RawStatus {
+        capacity,
+        in_use,
+        holders,
+        waiters,
+    })
+}
+
+/// Returns the capacity in force before the change, if one was stored.
+pub(crate) async fn lease_set_capacity(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    capacity: u32,
+) -> Result<Option<u32>> {
+    let acked = LEASE_SET_CAPACITY
+        .key(&keys.all[..])
+        .arg(capacity)
+        .invoke_acked(conn)
+        .await?;
+    let mut r = Reply::new("lease_set_capacity", acked.reply)?;
+    match r.status.as_str() {
+        "OK" => confirmed(u32::try_from(r.int()?).ok(), acked.unconfirmed),
+        _ => Err(r.unexpected()),
+    }
+}
+
+fn decode_acquire(script: &'static str, reply: Value) -> Result<Acquire> {
+    let mut r = Reply::new(script, reply)?;
+    let status = r.status.clone();
+    Ok(match status.as_str() {
+        "GRANTED" => Acquire::Granted {
+            token: r.uint()?,
+            slots: r.slots()?,
+        },
+        "QUEUED" => Acquire::Queued {
+            position: r.uint()?,
+            recheck: Duration::from_millis(r.uint()?),
+        },
+        "BUSY" => Acquire::Busy {
+            in_use: r.uint()?,
+            waiters: r.uint()?,
+        },
+        "GONE" => Acquire::Gone,
+        "CONFLICT" => Acquire::Conflict { current: r.u32()? },
+        "LABEL" => Acquire::Label(r.string()?),
+        "TOOBIG" => Acquire::TooBig { capacity: r.u32()? },
+        "TOOMANY" => Acquire::TooMany { most: r.u32()? },
+        _ => return Err(r.unexpected()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,230 @@
+//! The permit semaphore's operations (`lua/permit_*.lua`): their typed call wrappers and
+//! reply types.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::acks::Acked;
+use super::library::{
+    PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_AVAILABLE, PERMIT_DELETE, PERMIT_DRAIN, PERMIT_POLL,
+    PERMIT_TRY_SET, PERMIT_WITHDRAW, Scripting,
+};
+use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
+use crate::error::Result;
+use crate::keys::PermitKeys;
+
+/// What `permit_acquire` and `permit_poll` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PermitAcquire {
+    Granted,
+    Queued { position: u64, recheck: Duration },
+    Busy { available: i64, waiters: u64 },
+    Gone,
+}
+
+/// What `permit_withdraw` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Withdrawal {
+    /// It was waiting; nothing was taken.
+    Withdrawn,
+    /// It had been granted this many permits; they were given back.
+    Returned(u64),
+    /// No such request, or already withdrawn.
+    Unknown,
+}
+
+/// What `permit_add` answers; each carries the permits available afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Addition {
+    Applied(i64),
+    /// The request id was applied before; nothing changed.
+    Repeated(i64),
+    /// The count would have left ±(2^53 - 1); nothing changed.
+    OutOfRange(i64),
+}
+
+/// What `permit_available` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Availability {
+    pub(crate) available: i64,
+    pub(crate) waiters: u64,
+    pub(crate) set: bool,
+}
+
+pub(crate) async fn permit_acquire(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+    permits: u32,
+    wait: bool,
+    waiter_lease: Duration,
+    channel: &str,
+) -> Result<PermitAcquire> {
+    let acked = PERMIT_ACQUIRE
+        .key(&keys.all[..])
+        .arg(id)
+        .arg(permits)
+        .arg(if wait { "wait" } else { "try" })
+        .arg(millis(waiter_lease))
+        .arg(channel)
+        .invoke_acked(conn)
+        .await?;
+    permits_granted("permit_acquire", acked)
+}
+
+pub(crate) async fn permit_poll(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+    waiter_lease: Duration,
+) -> Result<PermitAcquire> {
+    let acked = PERMIT_POLL
+        .key(&keys.all[..])
+        .arg(id)
+        .arg(millis(waiter_lease))
+        .invoke_acked(conn)
+        .await?;
+    permits_granted("permit_poll", acked)
+}
+
+/// Decode what `permit_acquire` or `permit_poll` answered with the acknowledgements of its
+/// `WAIT`: permits granted without them fail the call with
+/// [`Error::NotReplicated`](crate::Error::NotReplicated); the waiting engine, which holds the
+/// request, gives them back ([`crate::wait`]).
+fn permits_granted(script: &'static str, acked: Acked) -> Result<PermitAcquire> {
+    let outcome = decode_acquire(script, acked.reply)?;
+    match (outcome, acked.unconfirmed) {
+        (PermitAcquire::Granted, Some(why)) => Err(why),
+        (outcome, _) => Ok(outcome),
+    }
+}
+
+pub(crate) async fn permit_withdraw(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+) -> Result<Withdrawal> {
+    let acked = PERMIT_WITHDRAW
+        .key(&keys.all[..])
+        .arg(id)
+        .invoke_acked(conn)
+        .await?;
+    match decode_withdrawal(acked.reply)? {
+        Withdrawal::Unknown => Ok(Withdrawal::Unknown),
+        changed => confirmed(changed, acked.unconfirmed),
+    }
+}
+
+fn decode_withdrawal(reply: Value) -> Result<Withdrawal> {
+    let mut r = Reply::new("permit_withdraw", reply)?;
+    let status = r.status.clone();
+    Ok(match status.as_str() {
+        "WITHDRAWN" => Withdrawal::Withdrawn,
+        "RETURNED" => Withdrawal::Returned(r.uint()?),
+        "UNKNOWN" => Withdrawal::Unknown,
+        _ => return Err(r.unexpected()),
+    })
+}
+
+pub(crate) async fn permit_add(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+    delta: i64,
+) -> Result<Addition> {
+    let acked = PERMIT_ADD
+        .key(&keys.all[..])
+        .arg(request)
+        .arg(delta)
+        .invoke_acked(conn)
+        .await?;
+    let mut r = Reply::new("permit_add", acked.reply)?;
+    let status = r.status.clone();
+    match status.as_str() {
+        "ADDED" => confirmed(Addition::Applied(r.int()?), acked.unconfirmed),
+        "REPEATED" => confirmed(Addition::Repeated(r.int()?), acked.unconfirmed),
+        "RANGE" => Ok(Addition::OutOfRange(r.int()?)),
+        _ => Err(r.unexpected()),
+    }
+}
+
+/// True if the count was set by this call (or by an earlier call with the same request id).
+pub(crate) async fn permit_try_set(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+    permits: u32,
+) -> Result<bool> {
+    let acked = PERMIT_TRY_SET
+        .key(&keys.all[..])
+        .arg(request)
+        .arg(permits)
+        .invoke_acked(conn)
+        .await?;
+    decode_set("permit_try_set", acked)
+}
+
+pub(crate) async fn permit_available(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+) -> Result<Availability> {
+    let reply: Value = PERMIT_AVAILABLE
+        .key(&keys.all[..])
+        .invoke_async(conn)
+        .await?;
+    let mut r = Reply::new("permit_available", reply)?;
+    if r.status != "AVAILABLE" {
+        return Err(r.unexpected());
+    }
+    Ok(Availability {
+        available: r.int()?,
+        waiters: r.uint()?,
+        set: r.int()? == 1,
+    })
+}
+
+/// The number of permits taken (by this call, or by an earlier call with the same request id).
+pub(crate) async fn permit_drain(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+) -> Result<u64> {
+    let acked = PERMIT_DRAIN
+        .key(&keys.all[..])
+        .arg(request)
+        .invoke_acked(conn)
+        .await?;
+    let mut r = Reply::new("permit_drain", acked.reply)?;
+    if r.status != "DRAINED" {
+        return Err(r.unexpected());
+    }
+    confirmed(r.uint()?, acked.unconfirmed)
+}
+
+/// True if the count was set.
+pub(crate) async fn permit_delete(conn: &mut impl Scripting, keys: &PermitKeys) -> Result<bool> {
+    let acked = PERMIT_DELETE.key(&keys.all[..]).invoke_acked(conn).await?;
+    decode_deleted("permit_delete", acked)
+}
+
+fn decode_acquire(script: &'static str, reply: Value) -> Result<PermitAcquire> {
+    let mut r = Reply::new(script, reply)?;
+    let status = r.status.clone();
+    Ok(match status.as_str() {
+        "GRANTED" => PermitAcquire::Granted,
+        "QUEUED" => PermitAcquire::Queued {
+            position: r.uint()?,
+            recheck: Duration::from_millis(r.uint()?),
+        },
+        "BUSY" => PermitAcquire::Busy {
+            available: r.int()?,
+            waiters: r.uint()?,
+        },
+        "GONE" => PermitAcquire::Gone,
+        _ => return Err(r.unexpected()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,656 @@
+//! Every permit script called directly, with raw KEYS and ARGV, on a throwaway server.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redsem_test::{RedisCluster, RedisServer, within};
+
+use super::*;
+use crate::error::Error;
+use crate::keys::LatchKeys;
+use crate::script::latch::{
+    CountDown, RawLatchState, latch_count_down, latch_delete, latch_state, latch_try_set,
+};
+use crate::script::test_support::{
+    CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
+    evict_by_filling, next_message, pttl, subscribe,
+};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn pk() -> PermitKeys {
+    PermitKeys::new("t", "p")
+}
+
+async fn acquire(
+    conn: &mut MultiplexedConnection,
+    id: &str,
+    permits: u32,
+    wait: bool,
+    waiter_lease: Duration,
+) -> PermitAcquire {
+    within(
+        LIMIT,
+        "permit_acquire",
+        permit_acquire(conn, &pk(), id, permits, wait, waiter_lease, CHANNEL),
+    )
+    .await
+    .expect("permit_acquire")
+}
+
+async fn poll(conn: &mut MultiplexedConnection, id: &str) -> PermitAcquire {
+    permit_poll(conn, &pk(), id, LONG).await.expect("poll")
+}
+
+async fn add(conn: &mut MultiplexedConnection, request: &str, delta: i64) -> Addition {
+    permit_add(conn, &pk(), request, delta).await.expect("add")
+}
+
+async fn available(conn: &mut MultiplexedConnection) -> i64 {
+    permit_available(conn, &pk())
+        .await
+        .expect("available")
+        .available
+}
+
+#[tokio::test]
+async fn acquire_takes_available_permits_and_try_reports_busy() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 3).await.expect("set"));
+    assert_eq!(
+        acquire(&mut conn, "a", 2, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(
+        acquire(&mut conn, "b", 2, false, LONG).await,
+        PermitAcquire::Busy {
+            available: 1,
+            waiters: 0
+        }
+    );
+    assert_eq!(available(&mut conn).await, 1);
+    // A repeated acquire with a collected id is granted again, and takes nothing more.
+    assert_eq!(
+        acquire(&mut conn, "a", 2, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(available(&mut conn).await, 1);
+}
+
+#[tokio::test]
+async fn waiters_are_granted_in_arrival_order_and_woken_by_their_id() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut pubsub = subscribe(&server, CHANNEL).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 0).await.expect("set"));
+    assert!(matches!(
+        acquire(&mut conn, "a", 2, true, LONG).await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    let PermitAcquire::Queued { position, recheck } = acquire(&mut conn, "b", 1, true, LONG).await
+    else {
+        panic!("b should queue");
+    };
+    assert_eq!(position, 1);
+    assert_eq!(recheck, Duration::from_secs(10));
+    // A try request fails while others wait.
+    assert_eq!(
+        acquire(&mut conn, "c", 1, false, LONG).await,
+        PermitAcquire::Busy {
+            available: 0,
+            waiters: 2
+        }
+    );
+
+    // One permit: a (2) still does not fit, and b behind it does not overtake it.
+    assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(1));
+    assert!(matches!(
+        poll(&mut conn, "b").await,
+        PermitAcquire::Queued { position: 1, .. }
+    ));
+    assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(0));
+    assert_eq!(next_message(&mut pubsub).await, "a");
+    assert_eq!(poll(&mut conn, "a").await, PermitAcquire::Granted);
+    assert_eq!(
+        poll(&mut conn, "a").await,
+        PermitAcquire::Granted,
+        "a repeated poll"
+    );
+    assert!(matches!(
+        poll(&mut conn, "b").await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(0));
+    assert_eq!(next_message(&mut pubsub).await, "b");
+    assert_eq!(poll(&mut conn, "b").await, PermitAcquire::Granted);
+    assert_eq!(poll(&mut conn, "zz").await, PermitAcquire::Gone);
+}
+
+#[tokio::test]
+async fn an_add_repeated_with_the_same_request_id_is_applied_once() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert_eq!(add(&mut conn, "r1", 2).await, Addition::Applied(2));
+    assert_eq!(add(&mut conn, "r1", 2).await, Addition::Repeated(2));
+    assert_eq!(available(&mut conn).await, 2);
+    assert_eq!(add(&mut conn, "r2", -5).await, Addition::Applied(-3));
+    assert_eq!(add(&mut conn, "r2", -5).await, Addition::Repeated(-3));
+    assert_eq!(available(&mut conn).await, -3);
+}
+
+#[tokio::test]
+async fn try_set_sets_only_a_count_never_set_and_a_repeat_answers_set() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let shared = conn.clone();
+    let set = move |id: &'static str, n: u32| {
+        let mut conn = shared.clone();
+        async move { permit_try_set(&mut conn, &pk(), id, n).await.expect("set") }
+    };
+    assert!(set("s1", 0).await, "a count of 0 is a count");
+    assert!(set("s1", 0).await, "the same request answers the same");
+    assert!(!set("s2", 5).await, "0 counts as set");
+    assert_eq!(available(&mut conn).await, 0);
+    assert!(permit_delete(&mut conn, &pk()).await.expect("delete"));
+    assert!(!permit_delete(&mut conn, &pk()).await.expect("delete"));
+    assert!(set("s3", 5).await, "set again after a delete");
+    assert_eq!(available(&mut conn).await, 5);
+}
+
+#[tokio::test]
+async fn a_withdrawn_request_takes_nothing_whatever_its_state() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    // Waiting: just leaves.
+    assert!(matches!(
+        acquire(&mut conn, "w", 1, true, LONG).await,
+        PermitAcquire::Queued { .. }
+    ));
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "w").await.expect("withdraw"),
+        Withdrawal::Withdrawn
+    );
+    // Granted while it waited, not collected: gives the permits back.
+    assert!(matches!(
+        acquire(&mut conn, "g", 2, true, LONG).await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(add(&mut conn, "r1", 2).await, Addition::Applied(0));
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "g").await.expect("withdraw"),
+        Withdrawal::Returned(2)
+    );
+    assert_eq!(available(&mut conn).await, 2);
+    // Collected, but the caller never heard: gives them back as well.
+    assert_eq!(
+        acquire(&mut conn, "c", 2, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+        Withdrawal::Returned(2)
+    );
+    assert_eq!(available(&mut conn).await, 2);
+    // Twice, or unknown: nothing.
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+        Withdrawal::Unknown
+    );
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "never")
+            .await
+            .expect("withdraw"),
+        Withdrawal::Unknown
+    );
+    assert_eq!(available(&mut conn).await, 2);
+    // A late acquire with a withdrawn id (sent before the withdrawal, arriving after).
+    assert_eq!(
+        acquire(&mut conn, "never", 1, false, LONG).await,
+        PermitAcquire::Gone
+    );
+    assert_eq!(available(&mut conn).await, 2);
+}
+
+#[tokio::test]
+async fn withdrawing_the_head_lets_the_waiters_behind_it_through() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut pubsub = subscribe(&server, CHANNEL).await;
+    assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(1));
+    acquire(&mut conn, "big", 2, true, LONG).await;
+    acquire(&mut conn, "small", 1, true, LONG).await;
+    permit_withdraw(&mut conn, &pk(), "big")
+        .await
+        .expect("withdraw");
+    assert_eq!(next_message(&mut pubsub).await, "small");
+    assert_eq!(poll(&mut conn, "small").await, PermitAcquire::Granted);
+    assert_eq!(available(&mut conn).await, 0);
+}
+
+#[tokio::test]
+async fn a_dead_waiter_is_dropped_within_its_waiter_lease_and_gives_back_a_grant() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let short = Duration::from_millis(100);
+    assert!(matches!(
+        acquire(&mut conn, "dead", 1, true, short).await,
+        PermitAcquire::Queued { .. }
+    ));
+    assert_eq!(add(&mut conn, "r1", 0).await, Addition::Applied(0));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(1));
+    assert_eq!(
+        acquire(&mut conn, "live", 1, false, LONG).await,
+        PermitAcquire::Granted,
+        "the dead waiter no longer blocks"
+    );
+
+    // Granted while it waited, and never collected: the permit comes back.
+    acquire(&mut conn, "dead2", 1, true, short).await;
+    assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(0));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(available(&mut conn).await, 1);
+    assert_eq!(poll(&mut conn, "dead2").await, PermitAcquire::Gone);
+}
+
+#[tokio::test]
+async fn the_count_stays_within_two_to_the_53() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let max = (1_i64 << 53) - 1;
+    assert_eq!(add(&mut conn, "r1", max).await, Addition::Applied(max));
+    assert_eq!(add(&mut conn, "r2", 1).await, Addition::OutOfRange(max));
+    assert_eq!(
+        add(&mut conn, "r3", -max).await,
+        Addition::Applied(0),
+        "and back"
+    );
+}
+
+#[tokio::test]
+async fn drain_takes_what_is_available_and_leaves_a_negative_count_alone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+        0
+    );
+    let exists: bool = conn.exists(&pk().all[0]).await.expect("exists");
+    assert!(!exists, "draining a semaphore never set does not set it");
+    add(&mut conn, "r1", 5).await;
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+        5
+    );
+    assert_eq!(available(&mut conn).await, 0);
+    add(&mut conn, "r2", -3).await;
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d3").await.expect("drain"),
+        0
+    );
+    assert_eq!(available(&mut conn).await, -3);
+}
+
+#[tokio::test]
+async fn bookkeeping_keys_expire_only_while_idle_and_the_count_never() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    add(&mut conn, "r1", 1).await;
+    acquire(&mut conn, "a", 1, false, LONG).await;
+    // Idle (nobody waits): remembered ids and the ticket counter expire.
+    for key in [&k.all[3], &k.all[5]] {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert!(ttl > 30_000 && ttl <= 30_000 + 120_000, "{key}: {ttl}");
+    }
+    // Live (someone waits): nothing expires.
+    acquire(&mut conn, "b", 1, true, LONG).await;
+    for key in &k.all {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert_eq!(ttl, -1, "{key} while a waiter lives");
+    }
+    // Idle again.
+    permit_withdraw(&mut conn, &k, "b").await.expect("withdraw");
+    for key in [&k.all[3], &k.all[4], &k.all[5]] {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert!(ttl > 60_000 && ttl <= 60_000 + 120_000, "{key}: {ttl}");
+    }
+    let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
+    assert_eq!(ttl, -1, "the count never expires");
+}
+
+#[tokio::test]
+async fn every_permit_script_reports_a_foreign_key_and_leaves_it_alone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    for (i, key) in k.all.iter().enumerate() {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        // A list where we keep a string or a zset; text where we keep a number.
+        let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+        let mut conn2 = conn.clone();
+        let results: Vec<(&str, Result<()>)> = vec![
+            (
+                "acquire",
+                permit_acquire(&mut conn2, &k, "a", 1, true, LONG, CHANNEL)
+                    .await
+                    .map(drop),
+            ),
+            (
+                "poll",
+                permit_poll(&mut conn2, &k, "a", LONG).await.map(drop),
+            ),
+            (
+                "withdraw",
+                permit_withdraw(&mut conn2, &k, "a").await.map(drop),
+            ),
+            ("add", permit_add(&mut conn2, &k, "r", 1).await.map(drop)),
+            (
+                "try_set",
+                permit_try_set(&mut conn2, &k, "r", 1).await.map(drop),
+            ),
+            (
+                "available",
+                permit_available(&mut conn2, &k).await.map(drop),
+            ),
+            ("drain", permit_drain(&mut conn2, &k, "d").await.map(drop)),
+            ("delete", permit_delete(&mut conn2, &k).await.map(drop)),
+        ];
+        assert_wrong_type(results, key, i);
+        let value: Vec<String> = conn.lrange(key, 0, -1).await.expect("lrange");
+        assert_eq!(value, ["foreign"], "key #{i} was overwritten");
+        let others: usize = conn.exists(&k.all[..]).await.expect("exists");
+        assert_eq!(others, 1, "nothing else was written");
+    }
+    let _: () = conn.del(&k.all[..]).await.expect("del");
+    let _: () = conn.set(&k.all[0], "three").await.expect("set");
+    match permit_add(&mut conn, &k, "r", 1).await {
+        Err(Error::WrongType { key, expected, .. }) => {
+            assert_eq!(
+                (key.as_str(), expected.as_str()),
+                (k.all[0].as_str(), "integer")
+            );
+        }
+        other => panic!("a non-numeric count: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn counter_scripts_run_on_a_three_master_cluster() {
+    let cluster = RedisCluster::start(3);
+    let mut conn = connect_cluster(&cluster).await;
+    for name in ["a", "b", "c", "d", "e", "f"] {
+        let k = PermitKeys::new("t", name);
+        assert!(permit_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+        let granted = permit_acquire(&mut conn, &k, "x", 1, true, LONG, CHANNEL).await;
+        assert_eq!(granted.expect("acquire"), PermitAcquire::Granted);
+        let queued = permit_acquire(&mut conn, &k, "y", 1, true, LONG, CHANNEL).await;
+        assert!(
+            matches!(queued, Ok(PermitAcquire::Queued { .. })),
+            "{queued:?}"
+        );
+        permit_add(&mut conn, &k, "r", 1).await.expect("release");
+        let polled = permit_poll(&mut conn, &k, "y", LONG).await.expect("poll");
+        assert_eq!(polled, PermitAcquire::Granted);
+        permit_withdraw(&mut conn, &k, "y").await.expect("withdraw");
+        assert!(permit_delete(&mut conn, &k).await.expect("delete"));
+
+        let k = LatchKeys::new("t", name);
+        assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+        let down = latch_count_down(&mut conn, &k, "c")
+            .await
+            .expect("count_down");
+        assert_eq!(down, CountDown::Counted(0));
+        let state = latch_state(&mut conn, &k).await.expect("state");
+        assert_eq!(state, RawLatchState::Done);
+        latch_delete(&mut conn, &k).await.expect("delete");
+    }
+}
+
+// ----- Faults of issue 9: resent calls, failures after a write, eviction, partial loss.
+
+/// How many waiters one script run grants at most: one release settles at most `MAX_STEPS`
+/// queue heads (`permit_prelude.lua`), and here every head is granted.
+const MAX_GRANTS: usize = 100;
+
+async fn fields(conn: &mut MultiplexedConnection, names: &[&str]) -> Vec<Option<String>> {
+    redis::cmd("HMGET")
+        .arg(&pk().all[3])
+        .arg(names)
+        .query_async(conn)
+        .await
+        .expect("HMGET records")
+}
+
+/// The number of `r:<id>` records in state "granted, not collected".
+async fn uncollected(conn: &mut MultiplexedConnection) -> usize {
+    let values: Vec<String> = conn.hvals(&pk().all[3]).await.expect("HVALS");
+    values.iter().filter(|v| v.starts_with("g|")).count()
+}
+
+#[tokio::test]
+async fn a_drain_repeated_with_the_same_request_id_answers_the_same_and_takes_once() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    add(&mut conn, "r1", 5).await;
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+        5
+    );
+    // Released by someone else before the resent drain arrives.
+    add(&mut conn, "r2", 2).await;
+    let again = permit_drain(&mut conn, &pk(), "d1").await.expect("resent");
+    let left = available(&mut conn).await;
+    println!("resent drain answered {again}, left {left} of the 2 released after it");
+    assert_eq!((again, left), (5, 2), "the resend takes nothing more");
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+        2
+    );
+}
+
+#[tokio::test]
+async fn every_mutating_permit_script_repeated_with_its_id_is_applied_once() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(permit_try_set(&mut conn, &k, "s", 2).await.expect("set"));
+    assert!(permit_try_set(&mut conn, &k, "s", 2).await.expect("resent"));
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(3));
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Repeated(3));
+    for _ in 0..2 {
+        assert_eq!(
+            acquire(&mut conn, "t", 3, false, LONG).await,
+            PermitAcquire::Granted
+        );
+    }
+    assert_eq!(available(&mut conn).await, 0);
+    // A resent wait request answers like a poll: one place in the queue.
+    for _ in 0..2 {
+        assert!(matches!(
+            acquire(&mut conn, "w", 2, true, LONG).await,
+            PermitAcquire::Queued { position: 0, .. }
+        ));
+    }
+    let queue: u64 = conn.zcard(&k.all[1]).await.expect("ZCARD");
+    assert_eq!(queue, 1);
+    assert_eq!(
+        fields(&mut conn, &["qlen", "wlen"]).await,
+        [Some("1".into()), Some("1".into())]
+    );
+    assert_eq!(add(&mut conn, "r2", 2).await, Addition::Applied(0));
+    for _ in 0..2 {
+        assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
+    }
+    assert_eq!(available(&mut conn).await, 0);
+    // A withdrawal gives back once.
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "w").await.expect("withdraw"),
+        Withdrawal::Returned(2)
+    );
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "w").await.expect("resent"),
+        Withdrawal::Unknown
+    );
+    assert_eq!(available(&mut conn).await, 2);
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain"), 2);
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("resent"), 2);
+    assert_eq!(available(&mut conn).await, 0);
+}
+
+#[tokio::test]
+async fn a_release_to_thousands_of_waiters_grants_a_bounded_number_and_the_rest_follow() {
+    const WAITERS: usize = 3000;
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let mut pubsub = subscribe(&server, CHANNEL).await;
+    let ids: Vec<String> = (0..WAITERS).map(|i| format!("w{i:04}")).collect();
+    // One after the other, so the queue is in the order of `ids` (concurrent calls may
+    // overtake each other, e.g. when a NOSCRIPT reload resends some of them).
+    within(LIMIT, "queue the waiters", async {
+        for id in &ids {
+            let reply = permit_acquire(&mut conn, &pk(), id, 1, true, LONG, CHANNEL).await;
+            assert!(
+                matches!(reply, Ok(PermitAcquire::Queued { .. })),
+                "{reply:?}"
+            );
+        }
+    })
+    .await;
+    assert_eq!(
+        add(&mut conn, "r", WAITERS as i64).await,
+        Addition::Applied((WAITERS - MAX_GRANTS) as i64)
+    );
+    let granted = uncollected(&mut conn).await;
+    println!("waiters granted by one release of {WAITERS}: {granted}");
+    assert_eq!(
+        granted, MAX_GRANTS,
+        "one script run grants a bounded number"
+    );
+    // Those granted are woken, then the next in line, whose own poll admits the next ones.
+    for id in ids.iter().take(MAX_GRANTS + 1) {
+        assert_eq!(&next_message(&mut pubsub).await, id);
+    }
+    for id in &ids {
+        assert_eq!(poll(&mut conn, id).await, PermitAcquire::Granted, "{id}");
+    }
+    assert_eq!(available(&mut conn).await, 0);
+    assert_eq!(
+        fields(&mut conn, &["qlen", "wlen"]).await,
+        [Some("0".into()), Some("0".into())]
+    );
+}
+
+#[tokio::test]
+async fn a_publish_refused_by_acl_leaves_the_state_whole_and_the_call_succeeds() {
+    let server = RedisServer::start();
+    let mut admin = connect(&server).await;
+    let mut conn = connect_without_channels(&server).await;
+    let k = pk();
+    assert!(matches!(
+        permit_acquire(&mut conn, &k, "w", 1, true, LONG, CHANNEL).await,
+        Ok(PermitAcquire::Queued { .. })
+    ));
+    let added = permit_add(&mut conn, &k, "r", 1).await;
+    println!("release with a refused PUBLISH: {added:?}");
+    assert_eq!(added.expect("the release is applied"), Addition::Applied(0));
+    assert_eq!(
+        permit_poll(&mut conn, &k, "w", LONG).await.expect("poll"),
+        PermitAcquire::Granted,
+        "the waiter collects by polling"
+    );
+    assert_eq!(
+        fields(&mut admin, &["qlen", "wlen"]).await,
+        [Some("0".into()), Some("0".into())]
+    );
+    assert_eq!(available(&mut admin).await, 0);
+}
+
+#[tokio::test]
+async fn live_permit_state_carries_no_ttl_and_survives_volatile_lru_eviction() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let mut conn = connect(&server).await;
+    let k = pk();
+    // A grant not collected yet, and a waiter behind it.
+    acquire(&mut conn, "granted", 1, true, LONG).await;
+    acquire(&mut conn, "queued", 1, true, LONG).await;
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+    let mut ttls = Vec::new();
+    for key in &k.all {
+        ttls.push(pttl(&mut conn, key).await);
+    }
+    println!("PTTL of the permit keys while waiters live: {ttls:?}");
+    // (LRU idle times count in seconds: make ours the idlest.)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    evict_by_filling(&mut conn, 5000).await;
+    let exists: usize = conn.exists(&k.all[..]).await.expect("EXISTS");
+    println!("permit keys left after 5000 evictions: {exists} of 6");
+    assert_eq!(poll(&mut conn, "granted").await, PermitAcquire::Granted);
+    assert!(matches!(
+        poll(&mut conn, "queued").await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert!(ttls.iter().all(|ttl| *ttl == -1), "{ttls:?}");
+
+    // Idle again: the bookkeeping expires (only the count stays). (No memory limit any
+    // more, or the keys would be evicted the moment they get their TTL.)
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", "0"])
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+    permit_withdraw(&mut conn, &k, "queued")
+        .await
+        .expect("withdraw");
+    for key in &k.all[3..] {
+        let ttl = pttl(&mut conn, key).await;
+        assert!(ttl > 0, "{key}: {ttl}");
+    }
+    assert_eq!(pttl(&mut conn, &k.all[0]).await, -1);
+}
+
+#[tokio::test]
+async fn lost_bookkeeping_is_rebuilt_and_a_waiter_without_a_place_is_told_gone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    acquire(&mut conn, "a", 1, true, LONG).await;
+    // The records vanish (partial loss); the queue and the ticket counter remain.
+    let () = conn.del(&k.all[3]).await.expect("DEL");
+    acquire(&mut conn, "b", 1, true, LONG).await;
+    assert_eq!(
+        acquire(&mut conn, "c", 1, false, LONG).await,
+        PermitAcquire::Busy {
+            available: 0,
+            waiters: 1
+        },
+        "a try request does not overtake the queue"
+    );
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+    assert_eq!(
+        poll(&mut conn, "a").await,
+        PermitAcquire::Gone,
+        "its record is lost"
+    );
+    assert_eq!(
+        poll(&mut conn, "b").await,
+        PermitAcquire::Granted,
+        "served after the ghost"
+    );
+
+    // The queue vanishes under a waiter: told it lost its place, not a malformed reply.
+    acquire(&mut conn, "d", 1, true, LONG).await;
+    let () = conn.del(&k.all[1]).await.expect("DEL");
+    let polled = permit_poll(&mut conn, &k, "d", LONG).await;
+    println!("poll of a waiter whose queue vanished: {polled:?}");
+    assert_eq!(polled.expect("poll"), PermitAcquire::Gone);
+    // The counters agree with the keys (a's waiters entry stays until its lease ends).
+    let waiting: u64 = conn.zcard(&k.all[2]).await.expect("ZCARD");
+    assert_eq!(
+        fields(&mut conn, &["qlen", "wlen"]).await,
+        [Some("0".into()), Some(waiting.to_string())]
+    );
+}

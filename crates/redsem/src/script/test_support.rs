@@ -1,0 +1,142 @@
+//! What the script tests share: a time limit for every wait, a wake channel, connections
+//! to a throwaway server (one without channel rights), its pub/sub messages, and eviction.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redsem_test::{RedisCluster, RedisServer, within};
+
+use crate::error::{Error, Result};
+
+/// How long any one wait of a script test may take before it fails.
+pub(super) const LIMIT: Duration = Duration::from_secs(10);
+
+/// The wake channel the tests' requests name.
+pub(super) const CHANNEL: &str = "t:wake:test";
+
+/// A connection to `server`.
+pub(super) async fn connect(server: &RedisServer) -> MultiplexedConnection {
+    within(
+        LIMIT,
+        "connect",
+        server.client().get_multiplexed_async_connection(),
+    )
+    .await
+    .expect("connect")
+}
+
+/// A connection to `cluster`.
+pub(super) async fn connect_cluster(
+    cluster: &RedisCluster,
+) -> redis::cluster_async::ClusterConnection {
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    within(LIMIT, "cluster connect", client.get_async_connection())
+        .await
+        .expect("connect")
+}
+
+/// A connection as a user who may run every command on every key but publish to no channel
+/// (`resetchannels`): every `PUBLISH` of a script is refused with `NOPERM`.
+pub(super) async fn connect_without_channels(server: &RedisServer) -> MultiplexedConnection {
+    let mut admin = connect(server).await;
+    let () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "nochannels",
+            "on",
+            ">pw",
+            "~*",
+            "+@all",
+            "resetchannels",
+        ])
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://nochannels:pw@127.0.0.1:{}/", server.port());
+    let client = redis::Client::open(url).expect("url");
+    within(LIMIT, "connect", client.get_multiplexed_async_connection())
+        .await
+        .expect("connect as the user without channels")
+}
+
+/// A pub/sub connection to `server`, subscribed to `channel`.
+pub(super) async fn subscribe(server: &RedisServer, channel: &str) -> redis::aio::PubSub {
+    let mut pubsub = within(LIMIT, "pubsub", server.client().get_async_pubsub())
+        .await
+        .expect("pubsub");
+    within(LIMIT, "subscribe", pubsub.subscribe(channel))
+        .await
+        .expect("subscribe");
+    pubsub
+}
+
+/// The next message's payload.
+pub(super) async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
+    let msg = within(LIMIT, "a message", pubsub.on_message().next())
+        .await
+        .expect("a message");
+    msg.get_payload().expect("payload")
+}
+
+/// The key's `PTTL`.
+pub(super) async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    conn.pttl(key).await.expect("PTTL")
+}
+
+/// `INFO` field `name` of section `section`, as a number.
+async fn info_number(conn: &mut MultiplexedConnection, section: &str, name: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("an INFO field")
+}
+
+/// Limit the server's memory to what it uses plus a megabyte, then write filler keys with
+/// a TTL (candidates for `volatile-*` eviction) until `evictions` keys were evicted.
+pub(super) async fn evict_by_filling(conn: &mut MultiplexedConnection, evictions: u64) {
+    let used = info_number(conn, "memory", "used_memory").await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used + 1_000_000)
+        .query_async(conn)
+        .await
+        .expect("CONFIG SET maxmemory");
+    let filler = "x".repeat(1000);
+    within(LIMIT, "filling until keys are evicted", async {
+        let mut n = 0_u64;
+        while info_number(conn, "stats", "evicted_keys").await < evictions {
+            let mut pipe = redis::pipe();
+            for _ in 0..200 {
+                n += 1;
+                pipe.cmd("SET")
+                    .arg(format!("filler:{n}"))
+                    .arg(&filler)
+                    .arg("EX")
+                    .arg(3600)
+                    .ignore();
+            }
+            let () = pipe.query_async(conn).await.expect("fillers");
+        }
+    })
+    .await;
+}
+
+/// Assert that each `(script, result)` is the [`Error::WrongType`] that names `key`, the
+/// primitive's key `#i`, where the test put a foreign value.
+#[track_caller]
+pub(super) fn assert_wrong_type(results: Vec<(&str, Result<()>)>, key: &str, i: usize) {
+    for (script, result) in results {
+        match result {
+            Err(Error::WrongType { key: got, .. }) => assert_eq!(got, key, "{script}"),
+            other => panic!("{script} on foreign key #{i}: {other:?}"),
+        }
+    }
+}
