@@ -15,6 +15,7 @@ use redsem::{Redsem, RedsemOptions, ServerChecks};
 use crate::command::Command;
 use crate::error::{CliError, exit};
 use crate::spinner::Progress;
+use crate::target::{Nodes, Target};
 use crate::{logging, values};
 
 const EXAMPLES: &str = "\
@@ -45,6 +46,11 @@ Examples:
   # Is this Redis set up for redsem? (exit 0 ok, 1 a warning, 78 a failure)
   redsem --url redis://cache.internal:6379 doctor
 
+  # A Redis Cluster (any seed nodes), and the primary that Sentinels watch:
+  redsem --url redis+cluster://10.0.0.1:7000,10.0.0.2:7000 status
+  redsem --url redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster \\
+    lock deploy -- ./deploy.sh
+
   # TLS with a private CA:
   redsem --url rediss://cache.internal:6380 --tls-ca /etc/redis/ca.pem status
 
@@ -58,7 +64,8 @@ Exit codes (of `run` and `lock`: see `redsem run --help`):
   69  Redis unreachable (also: its TLS certificate not trusted), or not Redis
   74  Redis lost the state of the semaphore or latch (restart without
       persistence, failover, flush, eviction)
-  75  no permit in time, or a latch still counting at --wait
+  75  no permit in time, or a latch still counting at --wait; with
+      --replica-acks, a change the replicas did not acknowledge in time
   76  lease lost during `run`
   78  Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL
       rights on the prefix's keys, channels or commands (see --server-checks)";
@@ -85,7 +92,14 @@ pub(crate) struct Cli {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Global options")]
 struct GlobalArgs {
-    /// Redis to use: redis://[user:password@]host[:port][/db], or rediss:// for TLS
+    /// Redis to use: redis://[user:password@]host[:port][/db] (rediss:// for TLS); a
+    /// cluster: redis+cluster://host:port[,host:port...]; the primary that Sentinels watch:
+    /// redis+sentinel://host[:port][,host[:port]...]/MASTER[/db]
+    ///
+    /// A cluster URL lists seed nodes (any of them will do; default port 6379); a Sentinel URL
+    /// lists Sentinels (default port 26379) and the name they monitor the primary under. A
+    /// user:password@ applies to the data nodes, not to the Sentinels. rediss+cluster:// and
+    /// rediss+sentinel:// use TLS throughout.
     #[arg(
         long,
         global = true,
@@ -131,6 +145,24 @@ struct GlobalArgs {
     )]
     server_checks: ServerChecksArg,
 
+    /// Have every grant, renewal and release confirmed by N replicas of the primary (WAIT),
+    /// waiting at most DUR for them (default 1s, at most a third of --lease; 0 turns it off)
+    ///
+    /// A grant the replicas do not acknowledge in time is given back and the command exits 75
+    /// (nothing is held; try later). A release, count-down or other change not acknowledged
+    /// stands on the primary, but a failover to a replica that missed it may undo it; it exits
+    /// 75 too, and repeating it would apply it twice. The user needs +wait. Each change waits
+    /// about one more round trip, to the slowest of the N fastest replicas.
+    #[arg(
+        long,
+        global = true,
+        value_name = "N[/DUR]",
+        env = "REDSEM_REPLICA_ACKS",
+        hide_env_values = true,
+        value_parser = values::replica_acks
+    )]
+    replica_acks: Option<values::ReplicaAcks>,
+
     /// Log to stderr: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
     #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
@@ -168,6 +200,8 @@ pub(crate) struct Context {
     tls_ca: Option<PathBuf>,
     prefix: String,
     server_checks: ServerChecks,
+    /// `--replica-acks`, when on (N above 0).
+    replica_acks: Option<values::ReplicaAcks>,
     quiet: bool,
     /// The client `connect` made, kept so its background clean-up is awaited before exit.
     connected: OnceCell<Redsem>,
@@ -182,33 +216,97 @@ impl Context {
     /// Connect as [`connect`](Self::connect) does, with the server checks as `checks` says
     /// (`doctor` reports them itself instead).
     pub(crate) async fn connect_checking(&self, checks: ServerChecks) -> Result<Redsem, CliError> {
-        self.check_tls()?;
+        let target = self.target()?;
+        self.check_tls(&target)?;
         let mut options = RedsemOptions::default()
             .prefix(self.prefix.as_str())
             .server_checks(checks);
         if let Some(ca) = &self.tls_ca {
             options = options.tls_root_cert(ca);
         }
+        if let Some(acks) = self.replica_acks {
+            options = options.replica_acks(acks.replicas, acks.timeout);
+        }
+        // The library reads the cluster and sentinel forms too; behind Sentinels it follows
+        // the primary across failovers (a `run` outlives one).
         let redsem = match Redsem::connect_with(&self.url, options).await {
             Ok(redsem) => redsem,
-            Err(err) => return Err(self.connect_error(err).await),
+            Err(err) => return Err(self.connect_error(&target, err).await),
         };
         Ok(self.connected.get_or_init(|| redsem).clone())
     }
 
-    /// A plain connection to the server of `--url` (with `--tls-ca`), for the commands
-    /// `doctor` sends besides the library's checks. Call after [`connect_checking`](Self::connect_checking).
-    pub(crate) async fn plain_connection(
+    /// `--url`, as given (with its password: do not show it).
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// What `--url` names: one server, a cluster, or the primary behind Sentinels.
+    pub(crate) fn target(&self) -> Result<Target, CliError> {
+        crate::target::parse(&self.url)
+    }
+
+    /// The address of the primary that the Sentinels of `nodes` watch as `master`: the answer
+    /// of the first Sentinel that knows it.
+    pub(crate) async fn primary_of(
         &self,
+        nodes: &Nodes,
+        master: &str,
+    ) -> Result<(String, u16), CliError> {
+        let mut failures = Vec::new();
+        for (host, port) in nodes.addresses().iter().cloned() {
+            let asked = async {
+                let mut conn = self.sentinel_connection(nodes, &host, port).await?;
+                let reply: Option<(String, u16)> = redsem::redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(master)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| CliError::new(exit::UNAVAILABLE, e.to_string()))?;
+                Ok::<_, CliError>(reply)
+            };
+            match asked.await {
+                Ok(Some(primary)) => return Ok(primary),
+                Ok(None) => failures.push(format!("{host}:{port} knows no master {master:?}")),
+                Err(err) => failures.push(format!("{host}:{port}: {err}")),
+            }
+        }
+        Err(CliError::new(
+            exit::UNAVAILABLE,
+            format!(
+                "no Sentinel of {} gave the address of master {master:?}: {}",
+                redacted(&self.url),
+                failures.join("; ")
+            ),
+        ))
+    }
+
+    /// A plain connection to the Sentinel at `host:port` of `nodes` (TLS with `rediss+`,
+    /// without the data nodes' password).
+    pub(crate) async fn sentinel_connection(
+        &self,
+        nodes: &Nodes,
+        host: &str,
+        port: u16,
+    ) -> Result<redsem::redis::aio::MultiplexedConnection, CliError> {
+        self.node_connection(&nodes.without_credentials().node_url(host, port, None))
+            .await
+    }
+
+    /// A plain connection to the one server at `url` (with `--tls-ca`): a node of a cluster,
+    /// the primary behind Sentinels, a Sentinel.
+    pub(crate) async fn node_connection(
+        &self,
+        url: &str,
     ) -> Result<redsem::redis::aio::MultiplexedConnection, CliError> {
         let unavailable = |e: redsem::redis::RedisError| {
             CliError::new(
                 exit::UNAVAILABLE,
-                format!("cannot reach Redis at {}: {e}", redacted(&self.url)),
+                format!("cannot reach Redis at {}: {e}", redacted(url)),
             )
         };
         let client = match &self.tls_ca {
-            None => redsem::redis::Client::open(self.url.as_str()).map_err(unavailable)?,
+            None => redsem::redis::Client::open(url).map_err(unavailable)?,
             Some(ca) => {
                 let pem = std::fs::read(ca).map_err(|e| {
                     CliError::new(exit::USAGE, format!("cannot read {}: {e}", ca.display()))
@@ -217,8 +315,7 @@ impl Context {
                     client_tls: None,
                     root_cert: Some(pem),
                 };
-                redsem::redis::Client::build_with_tls(self.url.as_str(), certs)
-                    .map_err(unavailable)?
+                redsem::redis::Client::build_with_tls(url, certs).map_err(unavailable)?
             }
         };
         let config = redsem::redis::AsyncConnectionConfig::new()
@@ -235,8 +332,13 @@ impl Context {
         &self.prefix
     }
 
+    /// `--replica-acks`, when on.
+    pub(crate) fn replica_acks(&self) -> Option<values::ReplicaAcks> {
+        self.replica_acks
+    }
+
     /// What went wrong connecting, in one line that says what to do.
-    async fn connect_error(&self, err: redsem::Error) -> CliError {
+    async fn connect_error(&self, target: &Target, err: redsem::Error) -> CliError {
         let url = redacted(&self.url);
         if let redsem::Error::Redis(cause) = &err
             && cause.kind() == redsem::redis::ErrorKind::Parse
@@ -249,11 +351,28 @@ impl Context {
                 ),
             );
         }
+        if let (Target::Sentinel { master, .. }, redsem::Error::Redis(cause)) = (target, &err)
+            && matches!(
+                cause.kind(),
+                redsem::redis::ErrorKind::MasterNameNotFoundBySentinel
+                    | redsem::redis::ErrorKind::NoValidReplicasFoundBySentinel
+            )
+        {
+            return CliError::new(
+                exit::UNAVAILABLE,
+                format!(
+                    "no Sentinel of {url} names a primary for {master:?} that answers as one: \
+                     check the name after the hosts (as in their `sentinel monitor NAME ...`), \
+                     or wait for a failover to end"
+                ),
+            );
+        }
         let Some(cause) = std::error::Error::source(&err).filter(|_| err.is_unavailable()) else {
             return CliError::from(err);
         };
         let refused = matches!(&err, redsem::Error::Unavailable(c) if c.is_connection_refusal());
-        if self.url.starts_with("rediss://")
+        if matches!(target, Target::Server)
+            && crate::target::is_tls(target, &self.url)
             && !refused
             && !tls_refused(&err)
             && let Some((host, port)) = host_and_port(&self.url)
@@ -273,14 +392,14 @@ impl Context {
             format!(
                 "cannot reach Redis at {url}: {}{}",
                 crate::error::chain(cause),
-                self.unreachable_hint(&err)
+                self.unreachable_hint(target, &err)
             ),
         )
     }
 
     /// Refuse what would not be the TLS the user asked for: `#insecure` (no certificate
     /// checks) and `--tls-ca` with a plain `redis://` URL.
-    fn check_tls(&self) -> Result<(), CliError> {
+    fn check_tls(&self, target: &Target) -> Result<(), CliError> {
         if let Some((_, "insecure")) = self.url.split_once('#') {
             return Err(CliError::new(
                 exit::USAGE,
@@ -292,12 +411,13 @@ impl Context {
             ));
         }
         if let Some(ca) = &self.tls_ca
-            && !self.url.starts_with("rediss://")
+            && !crate::target::is_tls(target, &self.url)
         {
             return Err(CliError::new(
                 exit::USAGE,
                 format!(
-                    "--tls-ca {} is for rediss:// URLs, and {} is not TLS",
+                    "--tls-ca {} is for rediss:// URLs (and rediss+cluster://, \
+                     rediss+sentinel://), and {} is not TLS",
                     ca.display(),
                     redacted(&self.url)
                 ),
@@ -308,10 +428,12 @@ impl Context {
 
     /// What to try next when Redis cannot be reached: start one (connection refused), or
     /// trust its CA (a refused TLS handshake); nothing for other failures.
-    fn unreachable_hint(&self, err: &redsem::Error) -> String {
-        if !self.url.starts_with("rediss://") || !tls_refused(err) {
+    fn unreachable_hint(&self, target: &Target, err: &redsem::Error) -> String {
+        if !crate::target::is_tls(target, &self.url) || !tls_refused(err) {
             return match err {
-                redsem::Error::Unavailable(cause) if cause.is_connection_refusal() => {
+                redsem::Error::Unavailable(cause)
+                    if cause.is_connection_refusal() && matches!(target, Target::Server) =>
+                {
                     " (start one with `redis-server --daemonize yes`, or point --url / REDIS_URL \
                      at another)"
                         .to_owned()
@@ -386,6 +508,7 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         tls_ca: cli.global.tls_ca,
         prefix: cli.global.prefix,
         server_checks: cli.global.server_checks.into(),
+        replica_acks: cli.global.replica_acks.filter(|acks| acks.replicas > 0),
         quiet: cli.global.quiet,
         connected: OnceCell::new(),
     };
@@ -399,7 +522,13 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
 /// Whether the subcommand in `args` is `run` or `lock`, whose own failures exit 125: the first
 /// word that is neither an option nor the value of a global option.
 fn runs_a_command(args: &[OsString]) -> bool {
-    const TAKE_VALUES: [&str; 4] = ["--url", "--tls-ca", "--prefix", "--server-checks"];
+    const TAKE_VALUES: [&str; 5] = [
+        "--url",
+        "--tls-ca",
+        "--prefix",
+        "--server-checks",
+        "--replica-acks",
+    ];
     let mut words = args.iter().skip(1).map(|a| a.to_string_lossy());
     while let Some(word) = words.next() {
         if TAKE_VALUES.contains(&word.as_ref()) {
@@ -472,7 +601,7 @@ async fn speaks_plain_redis(host: &str, port: u16) -> bool {
 }
 
 /// `url` without its password, for messages.
-fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

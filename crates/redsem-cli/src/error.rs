@@ -19,7 +19,8 @@ pub(crate) mod exit {
     /// Redis lost the state of the primitive (restart without persistence, failover, flush,
     /// eviction) while the call relied on it (sysexits `EX_IOERR`).
     pub(crate) const STATE_LOST: u8 = 74;
-    /// No permit in time (sysexits `EX_TEMPFAIL`).
+    /// No permit in time, or a change not acknowledged by the replicas of `--replica-acks`
+    /// in time (sysexits `EX_TEMPFAIL`).
     pub(crate) const NOT_ACQUIRED: u8 = 75;
     /// The lease was lost while `run`'s command ran.
     pub(crate) const LEASE_LOST: u8 = 76;
@@ -98,7 +99,7 @@ impl From<Error> for CliError {
             exit::UNSUITABLE
         } else if matches!(err, Error::StateLost { .. }) {
             exit::STATE_LOST
-        } else if err.is_not_acquired() {
+        } else if err.is_not_acquired() || err.is_not_replicated() {
             exit::NOT_ACQUIRED
         } else if err.is_invalid_argument() {
             exit::USAGE
@@ -119,6 +120,12 @@ impl From<Error> for CliError {
                 output::duration(*waited)
             ),
             Error::InvalidArgument(what) => what.clone(),
+            Error::NotReplicated { acked, wanted } => format!(
+                "only {acked} of the {wanted} replicas of --replica-acks acknowledged the change \
+                 in time: a grant was given back (nothing is held; try again later); a release, \
+                 count-down or other change stands on the primary (do not repeat it), but a \
+                 failover to a replica that missed it may undo it"
+            ),
             Error::Unsuitable { setting, problem } => format!(
                 "Redis is not set up for redsem ({setting}): {problem} (--server-checks warn \
                  connects anyway, at that risk)"
@@ -227,6 +234,15 @@ mod tests {
         assert!(
             unsuitable.to_string().contains("--server-checks warn"),
             "{unsuitable}"
+        );
+        let unacked = CliError::from(Error::NotReplicated {
+            acked: 0,
+            wanted: 1,
+        });
+        assert_eq!(unacked.code(), exit::NOT_ACQUIRED);
+        assert!(
+            unacked.to_string().contains("0 of the 1 replicas"),
+            "{unacked}"
         );
         let lost = CliError::from(Error::StateLost {
             name: "deploy".into(),

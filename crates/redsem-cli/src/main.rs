@@ -14,6 +14,7 @@ mod output;
 mod request;
 mod signals;
 mod spinner;
+mod target;
 mod values;
 
 use std::process::ExitCode;

@@ -8,7 +8,7 @@ use redsem::{LeaseOptions, LeasePermit, Redsem};
 use tokio::time::Instant;
 
 use crate::cli::Context;
-use crate::error::CliError;
+use crate::error::{CliError, exit};
 use crate::output;
 use crate::signals::{self, Signals};
 use crate::spinner::Spinner;
@@ -74,6 +74,27 @@ pub(crate) struct Patience {
 }
 
 impl PermitRequest {
+    /// Refuse (exit 2, before anything is sent) a `--replica-acks` wait longer than a third of
+    /// `--lease`: the lease runs on the server while the primary waits for the replicas, so a
+    /// grant or renewal could end its own lease before it is answered.
+    pub(crate) fn check_replica_acks(&self, ctx: &Context) -> Result<(), CliError> {
+        let lease = self.options.lease;
+        match ctx.replica_acks() {
+            Some(acks) if acks.timeout > lease / 3 => Err(CliError::new(
+                exit::USAGE,
+                format!(
+                    "--replica-acks waits up to {} for the replicas, more than a third of \
+                     --lease {}: a grant or renewal could outlive its own lease while it waits; \
+                     shorten the wait (--replica-acks {}/DUR) or lengthen --lease",
+                    output::duration(acks.timeout),
+                    output::duration(lease),
+                    acks.replicas
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Take a permit as the flags say. With `keepalive` it is renewed in the background until
     /// released or dropped; without, it lives one lease.
     ///

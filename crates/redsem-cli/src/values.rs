@@ -101,6 +101,46 @@ pub(crate) fn lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+/// `--replica-acks N[/DUR]`: how many replicas must acknowledge each change, and how long
+/// the primary may wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    /// Replicas that must acknowledge; 0 turns the option off.
+    pub(crate) replicas: usize,
+    /// How long the primary waits for them (`WAIT`'s timeout).
+    pub(crate) timeout: Duration,
+}
+
+/// How long the primary waits for replicas when `--replica-acks` gives no `/DUR`.
+pub(crate) const REPLICA_ACKS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest `/DUR` of `--replica-acks`: under the 5 s in which a command must be
+/// answered, or a slow acknowledgement would fail as Redis unreachable.
+const MAX_REPLICA_ACKS_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// `N[/DUR]`: a whole number of replicas (0: off), and optionally how long to wait for them
+/// (1ms to 4s; default 1s).
+pub(crate) fn replica_acks(text: &str) -> Result<ReplicaAcks, String> {
+    let (n, timeout) = match text.split_once('/') {
+        Some((n, dur)) => (n, duration(dur)?),
+        None => (text, REPLICA_ACKS_TIMEOUT),
+    };
+    let replicas = whole(n)
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            format!("{n:?} is not a number of replicas (write N or N/DUR: 1, 2/250ms)")
+        })?;
+    if timeout < Duration::from_millis(1) || timeout > MAX_REPLICA_ACKS_TIMEOUT {
+        return Err(format!(
+            "the time to wait for replicas must be from 1ms to {} (each command must be \
+             answered within 5s)",
+            humantime::format_duration(MAX_REPLICA_ACKS_TIMEOUT)
+        ));
+    }
+    Ok(ReplicaAcks { replicas, timeout })
+}
+
 /// A duration: with a unit (`500ms`, `2s`, `1m 30s`) or a bare number of seconds (`5`,
 /// `0.5`), as `timeout(1)` and `flock -w` take it.
 pub(crate) fn duration(text: &str) -> Result<Duration, String> {
@@ -207,6 +247,23 @@ mod tests {
         assert!(duration("NaN").is_err());
         assert!(duration("1e400").is_err());
         assert!(duration("soon").is_err());
+    }
+
+    #[test]
+    fn replica_acks_are_a_number_and_maybe_a_duration() {
+        let acks = |replicas, ms| ReplicaAcks {
+            replicas,
+            timeout: Duration::from_millis(ms),
+        };
+        assert_eq!(replica_acks("1"), Ok(acks(1, 1000)));
+        assert_eq!(replica_acks("2/250ms"), Ok(acks(2, 250)));
+        assert_eq!(replica_acks("0"), Ok(acks(0, 1000)));
+        assert_eq!(replica_acks("1/0.5"), Ok(acks(1, 500)));
+        assert!(replica_acks("-1").is_err());
+        assert!(replica_acks("one").is_err());
+        assert!(replica_acks("1/").is_err());
+        assert!(replica_acks("1/0s").is_err());
+        assert!(replica_acks("1/10s").is_err());
     }
 
     #[test]

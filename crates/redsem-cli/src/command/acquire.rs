@@ -50,6 +50,7 @@ struct Acquired<'a> {
 
 impl Args {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        self.request.check_replica_acks(ctx)?;
         let mut signals = Signals::install()?;
         let redsem = ctx.connect().await?;
         let permit = self

@@ -2,7 +2,9 @@
 //! policy, persistence, replicas, cluster state, ACL rights, clock — and say what to change.
 //!
 //! The eviction policy and ACL rights come from the library's own connect-time probe
-//! ([`redsem::Redsem::check_server`]); the rest from `INFO`, `CONFIG GET` and `TIME`.
+//! ([`redsem::Redsem::check_server`]); the rest from `INFO`, `CONFIG GET` and `TIME`. On a
+//! cluster every primary is checked ([`cluster`]); behind Sentinels the primary they name,
+//! and the Sentinels themselves ([`sentinel`]).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -15,6 +17,13 @@ use serde::Serialize;
 use crate::cli::Context;
 use crate::error::{CliError, exit};
 use crate::output::{self, table};
+use crate::target::Target;
+use crate::values::ReplicaAcks;
+
+mod cluster;
+mod sentinel;
+
+use cluster::cluster_checks;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -22,6 +31,8 @@ Examples:
   redsem --url redis://app:pw@cache.internal:6379 doctor --json
   {\"worst\":\"warn\",\"checks\":[{\"check\":\"version\",\"status\":\"ok\",
    \"detail\":\"Redis 7.2.4: functions available\"}, ...]}
+  redsem --url redis+cluster://10.0.0.1:7000,10.0.0.2:7000 doctor
+  redsem --url redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster doctor
 
 Checks: version (7 or later for functions; older servers run redsem's scripts by
 EVALSHA), maxmemory-policy (allkeys-* may evict held permits), persistence (AOF, RDB or
@@ -29,6 +40,13 @@ none: what a restart loses), replication (replicas and their lag; a replica cann
 written), cluster (cluster_state), acl (the user's rights on the prefix's keys, channels
 and commands), clock (server TIME against this machine's clock; redsem only uses the
 server's, so a difference matters to people reading times, not to the guarantees).
+
+On a cluster (redis+cluster://) every primary is checked, each row naming its node
+(\"node\" in JSON), and the cluster row covers every primary's cluster_state, the slots
+assigned and served, and the primaries without a replica. Behind Sentinels
+(redis+sentinel://) the primary they name is checked, and a sentinel row says which
+Sentinels answer and whether they agree on the primary, the quorum and whether a failover
+can be authorized (CKQUORUM), and the replicas known with their link and lag.
 
 Exit codes: 0 every check ok · 1 the worst is a warning · 78 a check failed (redsem's
 guarantees would not hold, or it cannot work) · 2 usage error · 69 Redis unreachable";
@@ -81,6 +99,9 @@ impl Status {
 struct Check {
     check: &'static str,
     status: Status,
+    /// The node it is about (`host:port`), on a cluster or behind Sentinels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
     detail: String,
 }
 
@@ -88,7 +109,18 @@ fn check(check: &'static str, status: Status, detail: impl Into<String>) -> Chec
     Check {
         check,
         status,
+        node: None,
         detail: detail.into(),
+    }
+}
+
+impl Check {
+    /// The same check, about `node`.
+    fn on(self, node: Option<&str>) -> Check {
+        Check {
+            node: node.map(str::to_owned),
+            ..self
+        }
     }
 }
 
@@ -98,22 +130,55 @@ struct Report {
     checks: Vec<Check>,
 }
 
+/// The order of the rows: every node's row of one check, then the next check.
+const ORDER: [&str; 8] = [
+    "version",
+    "maxmemory-policy",
+    "persistence",
+    "replication",
+    "cluster",
+    "sentinel",
+    "acl",
+    "clock",
+];
+
 impl Args {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let redsem = ctx.connect_checking(ServerChecks::Off).await?;
         let findings = redsem.check_server().await?;
-        let mut conn = ctx.plain_connection().await?;
-        let info = info(&mut conn).await;
-        let mut checks = vec![
-            version(&info),
-            eviction(&info, &findings),
-            persistence(&info, &mut conn).await,
-            replication(&info),
-            cluster(&info, &mut conn).await,
-            acl(&findings, ctx.prefix()),
-            clock(&mut conn).await,
-        ];
+        let mut checks = match ctx.target()? {
+            Target::Server => {
+                let mut conn = ctx.node_connection(ctx.url()).await?;
+                let info = info(&mut conn).await;
+                let mut checks =
+                    node_checks(ctx.replica_acks(), &mut conn, &info, &findings, None).await;
+                checks.push(cluster(&info, &mut conn).await);
+                checks
+            }
+            Target::Cluster(nodes) => cluster_checks(ctx, &nodes, &findings).await?,
+            Target::Sentinel {
+                sentinels: nodes,
+                master,
+                db,
+                ..
+            } => {
+                let (host, port) = ctx.primary_of(&nodes, &master).await?;
+                let node = format!("{host}:{port}");
+                let mut conn = ctx
+                    .node_connection(&nodes.node_url(&host, port, db))
+                    .await?;
+                let info = info(&mut conn).await;
+                let mut checks =
+                    node_checks(ctx.replica_acks(), &mut conn, &info, &findings, Some(&node)).await;
+                checks.push(sentinel::row(ctx, &nodes, &master, (&host, port), &info).await);
+                checks
+            }
+            _ => return Err(crate::target::unsupported(ctx.url())),
+        };
+        checks.push(acl(&findings, ctx.prefix()));
         checks.retain(|c| !c.detail.is_empty());
+        // A stable sort: the nodes stay in their order within each check.
+        checks.sort_by_key(|c| ORDER.iter().position(|&name| name == c.check));
         let worst = checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok);
         if self.json {
             output::print(&output::json(&Report { worst, checks })?)?;
@@ -121,17 +186,73 @@ impl Args {
             let rows: Vec<Vec<String>> = checks
                 .iter()
                 .map(|c| {
-                    vec![
-                        c.check.to_owned(),
-                        c.status.label().to_owned(),
-                        c.detail.clone(),
-                    ]
+                    let detail = match &c.node {
+                        Some(node) => format!("{node}: {}", c.detail),
+                        None => c.detail.clone(),
+                    };
+                    vec![c.check.to_owned(), c.status.label().to_owned(), detail]
                 })
                 .collect();
             output::print(table(&["CHECK", "STATUS", "DETAIL"], &rows).trim_end())?;
         }
         Ok(ExitCode::from(worst.exit_code()))
     }
+}
+
+/// The checks of one server (all but `cluster`, `sentinel` and the library's `acl`), each
+/// about `node` (none for the one server of a plain URL); `findings` are the library's, of
+/// which those naming `node` count here; `acks` is `--replica-acks`.
+async fn node_checks(
+    acks: Option<ReplicaAcks>,
+    conn: &mut MultiplexedConnection,
+    info: &HashMap<String, String>,
+    findings: &[ServerFinding],
+    node: Option<&str>,
+) -> Vec<Check> {
+    let mine: Vec<ServerFinding> = findings
+        .iter()
+        .filter(|f| node.is_none_or(|node| names_node(&f.problem, node)))
+        .cloned()
+        .collect();
+    vec![
+        version(info).on(node),
+        eviction(info, &mine).on(node),
+        persistence(info, conn).await.on(node),
+        replication(info, acks).on(node),
+        may_wait(acks, conn).await.on(node),
+        clock(conn).await.on(node),
+    ]
+}
+
+/// With `--replica-acks`: an `acl` row if the user may not run `WAIT`, which every change then
+/// sends (`WAIT 0 1` returns at once and changes nothing). No row otherwise.
+async fn may_wait(acks: Option<ReplicaAcks>, conn: &mut MultiplexedConnection) -> Check {
+    if acks.is_none() {
+        return check("acl", Status::Ok, "");
+    }
+    let waited: Result<i64, redis::RedisError> =
+        redis::cmd("WAIT").arg(0).arg(1).query_async(conn).await;
+    match waited {
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+            check(
+                "acl",
+                Status::Fail,
+                "the user may not run WAIT, which --replica-acks sends with every change: \
+                 every call would fail; grant +wait",
+            )
+        }
+        _ => check("acl", Status::Ok, ""),
+    }
+}
+
+/// Whether `text` names the node `host:port` (and not one whose port starts with this one's).
+fn names_node(text: &str, node: &str) -> bool {
+    text.match_indices(node).any(|(at, _)| {
+        !text[at + node.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
 }
 
 /// `INFO` (every default section) as `field -> value`; empty if refused.
@@ -274,7 +395,7 @@ async fn persistence(info: &HashMap<String, String>, conn: &mut MultiplexedConne
     }
 }
 
-fn replication(info: &HashMap<String, String>) -> Check {
+fn replication(info: &HashMap<String, String>, acks: Option<ReplicaAcks>) -> Check {
     let Some(role) = info.get("role") else {
         return check("replication", Status::Warn, "unknown: INFO is refused");
     };
@@ -298,6 +419,18 @@ fn replication(info: &HashMap<String, String>) -> Check {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     if count == 0 {
+        if let Some(acks) = acks {
+            return check(
+                "replication",
+                Status::Fail,
+                format!(
+                    "primary without replicas, and --replica-acks {}: every grant would be \
+                     given back and every change fail (exit 75); add replicas or drop \
+                     --replica-acks",
+                    acks.replicas
+                ),
+            );
+        }
         return check(
             "replication",
             Status::Ok,
@@ -307,6 +440,7 @@ fn replication(info: &HashMap<String, String>) -> Check {
     }
     let mut lagging = Vec::new();
     let mut replicas = Vec::new();
+    let mut online = 0;
     for n in 0..count {
         let Some(line) = info.get(&format!("slave{n}")) else {
             continue;
@@ -322,13 +456,40 @@ fn replication(info: &HashMap<String, String>) -> Check {
         );
         let state = fields.get("state").copied().unwrap_or("?");
         let lag: u64 = fields.get("lag").and_then(|l| l.parse().ok()).unwrap_or(0);
+        if state == "online" {
+            online += 1;
+        }
         if state != "online" || lag > LAG_TOLERANCE {
             lagging.push(format!("{name} ({state}, lag {lag}s)"));
         }
         replicas.push(format!("{name} lag {lag}s"));
     }
-    let failover = "replication is asynchronous: a failover loses the grants the replica had \
-                    not received (those holders learn at their next renewal)";
+    if let Some(acks) = acks
+        && online < acks.replicas
+    {
+        return check(
+            "replication",
+            Status::Fail,
+            format!(
+                "--replica-acks {} but {online} of {count} replica(s) online ({}): every grant \
+                 would be given back and every change fail (exit 75); lower --replica-acks or \
+                 bring the replicas back",
+                acks.replicas,
+                replicas.join(", ")
+            ),
+        );
+    }
+    let failover = match acks {
+        None => "replication is asynchronous: a failover loses the grants the replica had not \
+                 received (those holders learn at their next renewal); --replica-acks 1 has \
+                 each change wait for a replica"
+            .to_owned(),
+        Some(acks) => format!(
+            "each change waits for {} replica(s) (--replica-acks), so a failover to one that \
+             acknowledged it keeps it",
+            acks.replicas
+        ),
+    };
     if lagging.is_empty() {
         check(
             "replication",

@@ -47,8 +47,9 @@ Exit codes:
   the command's own, once it ran (128 + N if signal N ended it)
   69     Redis unreachable, or not a Redis server; the command never started
   74     Redis lost the semaphore's state; the command never started
-  75     no permit in time (--wait ran out, or --no-wait found none); the
-         command never started
+  75     no permit in time (--wait ran out, or --no-wait found none), or
+         with --replica-acks the replicas did not acknowledge the grant in
+         time (it was given back); the command never started
   76     lease lost, or renewals failed: the command was stopped before the
          lease could end
   78     Redis not suitable: eviction policy or ACL (see --server-checks); never
@@ -186,6 +187,7 @@ impl Args {
 
     async fn run(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let grace = self.grace()?;
+        self.request.check_replica_acks(ctx)?;
         let argv = self.launch.argv();
         let program = argv
             .first()

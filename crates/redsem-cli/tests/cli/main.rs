@@ -28,3 +28,6 @@ mod observe;
 mod permits;
 /// `run`: the command's environment and stdio, signals, leases kept and lost, waiting.
 mod run;
+/// `--url` forms for a Redis Cluster and for Sentinels: `run`, `status` and `doctor` through
+/// them.
+mod topologies;

@@ -1,0 +1,143 @@
+//! What `--url` names: one server, a Redis Cluster through its seed nodes, or the primary that
+//! a set of Sentinels watches.
+//!
+//! ```text
+//! redis://[user:password@]host[:port][/db]                       one server (rediss:// for TLS)
+//! redis+cluster://[user:password@]host:port[,host:port...]       a cluster, by its seed nodes
+//! redis+sentinel://[user:password@]host[:port][,...]/master[/db] the primary that Sentinels watch
+//! ```
+//!
+//! The library reads these forms ([`redsem::ConnectTarget::parse`], as `Redsem::connect` does);
+//! this module makes its errors usage errors of `--url`.
+
+use crate::error::{CliError, exit};
+
+pub(crate) use redsem::{ConnectTarget as Target, TargetHosts as Nodes};
+
+/// Read `url`; a malformed cluster or sentinel URL is a usage error (exit 2) that says which
+/// part is wrong (without the password). Plain URLs are left to the `redis` crate.
+pub(crate) fn parse(url: &str) -> Result<Target, CliError> {
+    Target::parse(url).map_err(|err| match err {
+        redsem::Error::InvalidArgument(why) => {
+            CliError::new(exit::USAGE, why.replacen("bad url ", "bad --url ", 1))
+        }
+        other => CliError::new(exit::USAGE, other.to_string()),
+    })
+}
+
+/// Whether the data nodes behind `url` (read as `target`) are reached over TLS.
+pub(crate) fn is_tls(target: &Target, url: &str) -> bool {
+    match target {
+        Target::Cluster(nodes)
+        | Target::Sentinel {
+            sentinels: nodes, ..
+        } => nodes.is_tls(),
+        _ => url.starts_with("rediss://"),
+    }
+}
+
+/// A form of URL this version of the CLI does not know how to check (a newer library's).
+pub(crate) fn unsupported(url: &str) -> CliError {
+    CliError::new(
+        exit::USAGE,
+        format!(
+            "--url {}: this form is not supported here",
+            crate::cli::redacted(url)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_urls_are_left_to_the_redis_crate() {
+        for url in [
+            "redis://h:1/2",
+            "rediss://u:p@h",
+            "unix:///tmp/r.sock",
+            "h:6379",
+        ] {
+            assert_eq!(parse(url).unwrap(), Target::Server);
+        }
+        assert!(is_tls(&Target::Server, "rediss://u:p@h"));
+        assert!(!is_tls(&Target::Server, "redis://h"));
+    }
+
+    #[test]
+    fn cluster_urls_list_their_seeds() {
+        let target = parse("redis+cluster://app:pw@a:7000,b,[::1]:7002").unwrap();
+        let Target::Cluster(nodes) = &target else {
+            panic!("{target:?}")
+        };
+        assert_eq!(
+            nodes.addresses(),
+            [
+                ("a".to_owned(), 7000),
+                ("b".to_owned(), 6379),
+                ("::1".to_owned(), 7002)
+            ]
+        );
+        assert_eq!(nodes.node_url("b", 6379, None), "redis://app:pw@b:6379");
+        let tls = parse("rediss+cluster://a:7000/").unwrap();
+        assert!(is_tls(&tls, "rediss+cluster://a:7000/"));
+    }
+
+    /// The hosts, master name and database of a sentinel URL.
+    fn sentinel(url: &str) -> (Nodes, String, Option<u32>) {
+        match parse(url).unwrap() {
+            Target::Sentinel {
+                sentinels,
+                master,
+                db,
+                ..
+            } => (sentinels, master, db),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_master_and_maybe_a_database() {
+        let (nodes, master, db) = sentinel("redis+sentinel://s1,s2:26380/mymaster");
+        assert_eq!((master.as_str(), db), ("mymaster", None));
+        assert_eq!(
+            nodes.addresses(),
+            [("s1".to_owned(), 26379), ("s2".to_owned(), 26380)]
+        );
+        let (nodes, master, db) = sentinel("rediss+sentinel://:pw@s1/mymaster/3");
+        assert_eq!((master.as_str(), db), ("mymaster", Some(3)));
+        assert_eq!(nodes.addresses(), [("s1".to_owned(), 26379)]);
+        assert_eq!(
+            nodes.node_url("10.0.0.5", 6380, db),
+            "rediss://:pw@10.0.0.5:6380/3"
+        );
+        assert_eq!(nodes.node_url("::1", 6380, None), "rediss://:pw@[::1]:6380");
+        assert_eq!(
+            nodes.without_credentials().node_url("s1", 26379, None),
+            "rediss://s1:26379"
+        );
+    }
+
+    #[test]
+    fn malformed_cluster_and_sentinel_urls_are_usage_errors_on_one_line() {
+        for (url, says) in [
+            ("redis+sentinel://s1:26379", "no master name"),
+            ("redis+sentinel://s1/m/x", "not a number"),
+            ("redis+sentinel://s1/m/0/extra", "/MASTER or /MASTER/DB"),
+            ("redis+cluster://a:7000,,b:7001", "empty host"),
+            ("redis+cluster://a:port", "not a number"),
+            ("redis+cluster://a:7000/3", "only database 0"),
+            ("redis+cluster://::1:7000", "[brackets]"),
+            ("redis+cluster://u:secret@a:7000?x=1", "query parameters"),
+        ] {
+            let err = parse(url).unwrap_err();
+            assert_eq!(err.code(), exit::USAGE, "{url}");
+            let text = err.to_string();
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(text.starts_with("bad --url "), "{url}: {text}");
+            assert!(!text.contains('\n'), "{url}: {text}");
+            assert!(!text.contains("secret"), "{url}: {text}");
+        }
+    }
+}
