@@ -34,6 +34,12 @@ pub(crate) struct Args {
     /// alternating with S1 without one: what redsem's metrics cost.
     #[arg(long)]
     pub(crate) recorder: bool,
+
+    /// Also time S1 on a primary with one replica (started here, whatever `--url` says)
+    /// without and with `replica_acks(1, 100 ms)`, in alternating slices: what replica
+    /// acknowledgements cost.
+    #[arg(long)]
+    pub(crate) acks: bool,
 }
 
 impl Args {

@@ -2,6 +2,7 @@
 //! semaphore of npm `redis-semaphore` and the raw EVALSHA limit, side by side in one run on
 //! one Redis. See `docs/BENCHMARKS.md`.
 
+mod acks;
 mod admin;
 mod cli;
 mod core;

@@ -137,7 +137,11 @@ pub(crate) async fn run(
     })
 }
 
-async fn slice<S: BenchSem>(sem: &S, len: Duration, sample: &mut Vec<Duration>) -> BenchResult<()> {
+pub(crate) async fn slice<S: BenchSem>(
+    sem: &S,
+    len: Duration,
+    sample: &mut Vec<Duration>,
+) -> BenchResult<()> {
     let start = Instant::now();
     while start.elapsed() < len {
         let t = Instant::now();
@@ -148,7 +152,7 @@ async fn slice<S: BenchSem>(sem: &S, len: Duration, sample: &mut Vec<Duration>) 
 }
 
 /// One try_acquire + release of a free unit.
-async fn cycle<S: BenchSem>(sem: &S) -> BenchResult<()> {
+pub(crate) async fn cycle<S: BenchSem>(sem: &S) -> BenchResult<()> {
     let permit = sem
         .try_acquire()
         .await?

@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{cost, counters, raw, scale};
+use crate::{acks, cost, counters, raw, scale};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -43,6 +43,9 @@ struct Output<'a> {
     /// `--recorder`: S1 without and with a metrics recorder.
     #[serde(skip_serializing_if = "Option::is_none")]
     recorder_overhead: Option<&'a overhead::RecorderOverhead>,
+    /// `--acks`: S1 without and with replica acknowledgements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acks_overhead: Option<&'a acks::AcksOverhead>,
 }
 
 fn cpu_model() -> String {
@@ -141,6 +144,15 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         )
         .await;
     }
+    let mut acks_overhead = None;
+    if args.acks {
+        acks_overhead = step(
+            "S1 without and with replica acks",
+            e,
+            acks::run(ctx.sizes.s1_time),
+        )
+        .await;
+    }
     if args.runs(2)
         && let Some((s2, s2_hold)) = step("S2 contended", e, s2(&ctx)).await
     {
@@ -212,6 +224,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             o.exposition_lines
         );
     }
+    if let Some(a) = &acks_overhead {
+        println!("\n{}", a.summary());
+    }
     for err in &errors {
         println!("  ERROR {err}");
     }
@@ -230,6 +245,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             invariants: &invariants,
             errors: &errors,
             recorder_overhead: recorder_overhead.as_ref(),
+            acks_overhead: acks_overhead.as_ref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
