@@ -193,11 +193,8 @@ impl Redsem {
             .acl_rules();
         let findings = match &shared.conn {
             Conn::Single(single) => {
-                let node = shared
-                    .pubsub_clients
-                    .first()
-                    .map(|c| c.get_connection_info().addr().to_string())
-                    .unwrap_or_default();
+                // (Behind Sentinels: the primary now, not the one first connected to.)
+                let node = single.primary();
                 let key = keys::acl_probe_key(&shared.prefix, 0);
                 let probe = crate::conn::Probe {
                     node: &node,

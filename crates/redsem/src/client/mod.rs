@@ -115,17 +115,20 @@ impl Drop for Shared {
 
 impl fmt::Debug for Redsem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let servers: Vec<String> = match &self.shared.conn {
+            // Behind Sentinels, the primary now (not the first one).
+            Conn::Single(single) => vec![single.primary()],
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(..) => self
+                .shared
+                .pubsub_clients
+                .iter()
+                .map(|c| c.get_connection_info().addr().to_string())
+                .collect(),
+        };
         f.debug_struct("Redsem")
             .field("prefix", &self.shared.prefix)
-            .field(
-                "servers",
-                &self
-                    .shared
-                    .pubsub_clients
-                    .iter()
-                    .map(|c| c.get_connection_info().addr().to_string())
-                    .collect::<Vec<_>>(),
-            )
+            .field("servers", &servers)
             .finish_non_exhaustive()
     }
 }

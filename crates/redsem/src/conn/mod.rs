@@ -99,6 +99,11 @@ impl Single {
         })
     }
 
+    /// `host:port` of the primary as last located (behind Sentinels, where it is now).
+    pub(crate) fn primary(&self) -> String {
+        addr_of(&self.inner.source.client().0)
+    }
+
     /// Where the primary is found (for the pub/sub connection).
     pub(crate) fn source(&self) -> &Source {
         &self.inner.source

@@ -406,6 +406,11 @@ async fn a_killed_primary_is_left_behind_once_the_sentinels_promote_a_replica() 
     .await
     .expect("connect");
     let sem = redsem.lease_semaphore("killed", 1).expect("semaphore");
+    let first = deployment.primary().port();
+    assert!(
+        format!("{redsem:?}").contains(&format!(":{first}\"")),
+        "{redsem:?} names the primary on port {first}"
+    );
     let before = sem.try_acquire().await.expect("a grant before");
     let token = before.token().get();
     before.release().await.expect("release");
@@ -438,6 +443,12 @@ async fn a_killed_primary_is_left_behind_once_the_sentinels_promote_a_replica() 
     );
     assert!(after.token().get() > token, "tokens keep increasing");
     after.release().await.expect("release on the new primary");
+    // The client names the primary it now talks to, not the first one.
+    let shown = format!("{redsem:?}");
+    assert!(
+        !shown.contains(&format!(":{killed}\"")),
+        "{shown} still names the killed primary on port {killed}"
+    );
 }
 
 /// A client that connects in the last moments of a forced failover (every Sentinel already
