@@ -42,6 +42,11 @@ impl RedisCluster {
         let nodes = (0..masters)
             .map(|_| RedisServer::start_cluster_node())
             .collect();
+        RedisCluster::join(nodes)
+    }
+
+    /// Join started cluster nodes (at least 3) into a cluster and wait until it is ready.
+    pub(crate) fn join(nodes: Vec<RedisServer>) -> RedisCluster {
         let cluster = RedisCluster {
             nodes,
             proxies: Vec::new(),

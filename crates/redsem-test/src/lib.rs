@@ -60,7 +60,7 @@ pub use cluster::RedisCluster;
 pub use proxy::FaultProxy;
 pub use sentinel::RedisSentinels;
 pub use server::RedisServer;
-pub use tls::TlsRedisServer;
+pub use tls::{TlsRedisCluster, TlsRedisServer};
 
 /// How long the polling loops sleep between two checks.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);

@@ -339,6 +339,11 @@ impl RedisServer {
         RedisServer::launch(Vec::new(), true)
     }
 
+    /// Start one node of a cluster with more arguments.
+    pub(crate) fn start_cluster_node_with(extra_args: &[&str]) -> RedisServer {
+        RedisServer::launch(extra_args.iter().map(OsString::from).collect(), true)
+    }
+
     fn launch(mut extra_args: Vec<OsString>, cluster: bool) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redsem-test-")

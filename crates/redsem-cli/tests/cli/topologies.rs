@@ -506,3 +506,34 @@ fn doctor_fails_replica_acks_the_primary_cannot_get() {
         "{detail}"
     );
 }
+
+#[test]
+fn run_and_doctor_reach_a_tls_cluster_with_tls_ca() {
+    let tls = redsem_test::TlsRedisCluster::start(3);
+    let url = tls.tls_url();
+    let ca = tls.ca_cert().display().to_string();
+
+    let mut args = vec!["--tls-ca", &ca];
+    args.extend(words("run jobs --limit 1 -- sh -c"));
+    args.push("echo token $REDSEM_TOKEN");
+    let out = finish(redsem(&url, &args)).success();
+    assert!(out.stdout.starts_with("token "), "{out:?}");
+
+    // Every primary is checked over TLS too: one row per node, by its TLS port.
+    let (out, report) = doctor_with(&url, &["--tls-ca", &ca]);
+    assert_eq!(out.code(), 1, "only warnings (no persistence): {out:?}");
+    let mut named: Vec<String> = rows(&report, "version")
+        .into_iter()
+        .map(|(node, ..)| node)
+        .collect();
+    named.sort_unstable();
+    let mut tls_nodes: Vec<&str> = url
+        .trim_start_matches("rediss+cluster://")
+        .split(',')
+        .collect();
+    tls_nodes.sort_unstable();
+    assert_eq!(named, tls_nodes, "one version row per primary: {report}");
+
+    // Without the CA the nodes' certificate is not trusted: unreachable, exit 69.
+    finish(redsem(&url, &["run", "jobs", "--limit", "1", "--", "true"])).expect(69);
+}

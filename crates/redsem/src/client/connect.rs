@@ -21,30 +21,37 @@ fn open_client(url: &str, options: &RedsemOptions) -> Result<redis::Client> {
     }
     let bad_url =
         |e: redis::RedisError| invalid(format!("bad redis url {}: {e}", crate::url::redact(url)));
-    let Some(path) = &options.tls_root_cert else {
-        return redis::Client::open(url).map_err(bad_url);
-    };
     #[cfg(feature = "tls")]
-    {
-        let pem = std::fs::read(path).map_err(|e| {
-            invalid(format!(
-                "cannot read the TLS root certificate {}: {e}",
-                path.display()
-            ))
-        })?;
-        let certs = redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem),
-        };
-        redis::Client::build_with_tls(url, certs).map_err(bad_url)
+    if let Some(certs) = root_certificates(options)? {
+        return redis::Client::build_with_tls(url, certs).map_err(bad_url);
     }
     #[cfg(not(feature = "tls"))]
-    {
-        Err(invalid(format!(
+    if let Some(path) = &options.tls_root_cert {
+        return Err(invalid(format!(
             "TLS root certificate {} given, but redsem was built without the `tls` feature",
             path.display()
-        )))
+        )));
     }
+    redis::Client::open(url).map_err(bad_url)
+}
+
+/// The root certificate of [`RedsemOptions::tls_root_cert`], read, as the `redis` crate takes
+/// it; `None` if none is given.
+#[cfg(feature = "tls")]
+fn root_certificates(options: &RedsemOptions) -> Result<Option<redis::TlsCertificates>> {
+    let Some(path) = &options.tls_root_cert else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        invalid(format!(
+            "cannot read the TLS root certificate {}: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    }))
 }
 
 impl Redsem {
@@ -252,22 +259,24 @@ impl Redsem {
         if seeds.is_empty() {
             return Err(invalid("a cluster needs at least one seed node URL"));
         }
-        if options.tls_root_cert.is_some() {
-            return Err(invalid(
-                "TLS root certificates are not supported for clusters yet",
-            ));
-        }
         let clients = seeds
             .iter()
             .map(|url| open_client(url, &options))
             .collect::<Result<Vec<_>>>()?;
-        let cluster = redis::cluster::ClusterClient::builder(
+        let builder = redis::cluster::ClusterClient::builder(
             clients.iter().map(|c| c.get_connection_info().clone()),
         )
         .connection_timeout(options.connect_timeout)
-        .response_timeout(options.response_timeout)
-        .build()
-        .map_err(|e| invalid(format!("bad cluster seeds {seeds:?}: {e}")))?;
+        .response_timeout(options.response_timeout);
+        // The nodes found through the seeds are trusted by the same root as the seeds.
+        #[cfg(feature = "tls")]
+        let builder = match root_certificates(&options)? {
+            Some(certs) => builder.certs(certs),
+            None => builder,
+        };
+        let cluster = builder
+            .build()
+            .map_err(|e| invalid(format!("bad cluster seeds {seeds:?}: {e}")))?;
         let mut conn = cluster.get_async_connection().await?;
         let wake_channel = keys::wake_channel(&options.prefix, PermitId::random().as_str());
         if options.server_checks != ServerChecks::Off {

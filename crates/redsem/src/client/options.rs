@@ -122,7 +122,10 @@ impl RedsemOptions {
         self
     }
 
-    /// Trust the CA certificates in the PEM file at `path` for `rediss://` connections.
+    /// Trust the CA certificates in the PEM file at `path` for `rediss://` connections: to one
+    /// server, and to every node of a cluster (`rediss+cluster://`, or TLS seeds of
+    /// [`Redsem::connect_cluster_with`](crate::Redsem::connect_cluster_with)). Not yet through
+    /// Sentinels: connecting refuses it there (`InvalidArgument`).
     #[must_use]
     pub fn tls_root_cert(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.tls_root_cert = Some(path.into());

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use redsem::RedsemOptions;
+
 use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,4 +62,63 @@ async fn lease_semaphores_work_on_every_node_of_a_cluster() {
         .expect("names on every primary");
     listed.sort();
     assert_eq!(listed, names);
+}
+
+/// A cluster whose nodes serve TLS with a private CA: the root certificate given to the client
+/// is trusted for every node it finds through the seeds (scripts, the pub/sub wake-ups and the
+/// connect-time checks of every primary), and without it the connection is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
+    let tls = redsem_test::TlsRedisCluster::start(3);
+    let options = RedsemOptions::default()
+        .prefix("tls")
+        .tls_root_cert(tls.ca_cert());
+    let a = within(
+        LIMIT,
+        "connect to the TLS cluster",
+        connect_with(&tls.tls_url(), options.clone()),
+    )
+    .await
+    .expect("connect over TLS with the root certificate");
+    let b = within(
+        LIMIT,
+        "connect a second client",
+        connect_with(&tls.tls_url(), options),
+    )
+    .await
+    .expect("a second client");
+    // Names spread over the three nodes; on each, a waiter of the other client is woken.
+    for i in 0..6 {
+        let name = format!("jobs-{i}");
+        let sem_a = a.lease_semaphore(&name, 1).expect("semaphore");
+        let sem_b = b.lease_semaphore(&name, 1).expect("semaphore");
+        let held = within(LIMIT, "try_acquire", sem_a.try_acquire())
+            .await
+            .expect("a free unit");
+        let waiter = tokio::spawn(async move { sem_b.acquire().await });
+        within(LIMIT, "queued", async {
+            while sem_a.status().await.expect("status").waiters.len() != 1 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        let token = held.token();
+        held.release().await.expect("release");
+        let next = within(LIMIT, "the waiter's grant", waiter)
+            .await
+            .expect("the waiter task")
+            .expect("granted after the release");
+        assert!(next.token() > token, "{name}: tokens keep increasing");
+        next.release().await.expect("release");
+    }
+
+    // Without trusting the certificate, the connection is refused (not a usage error).
+    let err = within(
+        LIMIT,
+        "connect without the root certificate",
+        connect_with(&tls.tls_url(), RedsemOptions::default()),
+    )
+    .await
+    .expect_err("an untrusted self-signed certificate");
+    assert!(!err.is_invalid_argument(), "{err:?}");
 }
