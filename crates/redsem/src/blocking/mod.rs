@@ -181,8 +181,17 @@ impl Redsem {
     ///
     /// As [`crate::Redsem::mutex`].
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        self.mutex_with(name, LeaseOptions::default())
+    }
+
+    /// A distributed mutex with `options`, as [`crate::Redsem::mutex_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::Redsem::mutex_with`].
+    pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
         Ok(Mutex {
-            inner: self.inner.mutex(name)?,
+            inner: self.inner.mutex_with(name, options)?,
             runtime: self.runtime.clone(),
         })
     }

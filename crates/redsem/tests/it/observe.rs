@@ -428,6 +428,21 @@ fn the_blocking_facade_works_without_a_runtime_and_releases_on_drop() {
     let guard = lock.lock().expect("lock");
     assert!(lock.try_lock().is_err());
     guard.unlock().expect("unlock");
+    // With options: the lease given, not the default 30 s.
+    let short_lease = Duration::from_secs(2);
+    let lock = redsem
+        .mutex_with(
+            "obs-blocking-mutex-2",
+            redsem::LeaseOptions::default().lease(short_lease),
+        )
+        .expect("mutex with options");
+    let guard = lock.lock().expect("lock");
+    let left = guard.time_left();
+    assert!(
+        left > Duration::ZERO && left <= short_lease,
+        "{left:?} left of a {short_lease:?} lease"
+    );
+    guard.unlock().expect("unlock");
 
     let pool = redsem
         .permit_semaphore("obs-blocking-pool")
