@@ -13,45 +13,59 @@ use crate::keys;
 use crate::types::PermitId;
 use crate::url::ConnectTarget;
 
-fn open_client(url: &str, options: &RedsemOptions) -> Result<redis::Client> {
+/// The TLS roots a connect trusts beside the built-in ones: the PEM file of
+/// [`RedsemOptions::tls_root_cert`], read once (a cluster's seeds and its cluster client, which
+/// connects to the nodes it finds, share it).
+#[derive(Clone, Default)]
+struct Roots {
     #[cfg(feature = "tls")]
-    if url.starts_with("rediss://") {
-        // The process-wide rustls provider; another part of the program may have set one.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-    let bad_url =
-        |e: redis::RedisError| invalid(format!("bad redis url {}: {e}", crate::url::redact(url)));
-    #[cfg(feature = "tls")]
-    if let Some(certs) = root_certificates(options)? {
-        return redis::Client::build_with_tls(url, certs).map_err(bad_url);
-    }
-    #[cfg(not(feature = "tls"))]
-    if let Some(path) = &options.tls_root_cert {
-        return Err(invalid(format!(
-            "TLS root certificate {} given, but redsem was built without the `tls` feature",
-            path.display()
-        )));
-    }
-    redis::Client::open(url).map_err(bad_url)
+    certs: Option<redis::TlsCertificates>,
 }
 
-/// The root certificate of [`RedsemOptions::tls_root_cert`], read, as the `redis` crate takes
-/// it; `None` if none is given.
-#[cfg(feature = "tls")]
-fn root_certificates(options: &RedsemOptions) -> Result<Option<redis::TlsCertificates>> {
-    let Some(path) = &options.tls_root_cert else {
-        return Ok(None);
-    };
-    let pem = std::fs::read(path).map_err(|e| {
-        invalid(format!(
-            "cannot read the TLS root certificate {}: {e}",
+impl Roots {
+    fn read(options: &RedsemOptions) -> Result<Roots> {
+        let Some(path) = &options.tls_root_cert else {
+            return Ok(Roots::default());
+        };
+        #[cfg(feature = "tls")]
+        {
+            let pem = std::fs::read(path).map_err(|e| {
+                invalid(format!(
+                    "cannot read the TLS root certificate {}: {e}",
+                    path.display()
+                ))
+            })?;
+            Ok(Roots {
+                certs: Some(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                }),
+            })
+        }
+        #[cfg(not(feature = "tls"))]
+        Err(invalid(format!(
+            "TLS root certificate {} given, but redsem was built without the `tls` feature",
             path.display()
-        ))
-    })?;
-    Ok(Some(redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(pem),
-    }))
+        )))
+    }
+
+    /// A client for `url`, trusting these roots.
+    fn open(&self, url: &str) -> Result<redis::Client> {
+        let bad_url = |e: redis::RedisError| {
+            invalid(format!("bad redis url {}: {e}", crate::url::redact(url)))
+        };
+        #[cfg(feature = "tls")]
+        {
+            if url.starts_with("rediss://") {
+                // The process-wide rustls provider; another part of the program may have set one.
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            if let Some(certs) = &self.certs {
+                return redis::Client::build_with_tls(url, certs.clone()).map_err(bad_url);
+            }
+        }
+        redis::Client::open(url).map_err(bad_url)
+    }
 }
 
 impl Redsem {
@@ -133,7 +147,7 @@ impl Redsem {
                 if let Some(why) = options.problem() {
                     return Err(invalid(why));
                 }
-                let client = open_client(url, &options)?;
+                let client = Roots::read(&options)?.open(url)?;
                 Self::connect_primary(crate::conn::Source::Fixed(Box::new(client)), options).await
             }
             #[cfg(feature = "cluster")]
@@ -259,9 +273,10 @@ impl Redsem {
         if seeds.is_empty() {
             return Err(invalid("a cluster needs at least one seed node URL"));
         }
+        let roots = Roots::read(&options)?;
         let clients = seeds
             .iter()
-            .map(|url| open_client(url, &options))
+            .map(|url| roots.open(url))
             .collect::<Result<Vec<_>>>()?;
         let builder = redis::cluster::ClusterClient::builder(
             clients.iter().map(|c| c.get_connection_info().clone()),
@@ -270,7 +285,7 @@ impl Redsem {
         .response_timeout(options.response_timeout);
         // The nodes found through the seeds are trusted by the same root as the seeds.
         #[cfg(feature = "tls")]
-        let builder = match root_certificates(&options)? {
+        let builder = match roots.certs {
             Some(certs) => builder.certs(certs),
             None => builder,
         };
