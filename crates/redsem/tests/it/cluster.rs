@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redsem::RedsemOptions;
+use redsem::{Redsem, RedsemOptions};
 
 use crate::support::*;
 
@@ -18,7 +18,56 @@ async fn lease_semaphores_work_on_every_node_of_a_cluster() {
     let b = ctx.client().await;
     // Names spread over the three nodes.
     let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
-    for name in &names {
+    hand_off_on_every_node(a, &b, &names).await;
+    let mut listed = within(LIMIT, "names", a.lease_semaphore_names())
+        .await
+        .expect("names on every primary");
+    listed.sort();
+    assert_eq!(listed, names);
+}
+
+/// A cluster whose nodes serve TLS with a private CA: the root certificate given to the client
+/// is trusted for every node it finds through the seeds (scripts, the pub/sub wake-ups and the
+/// connect-time checks of every primary), and without it the connection is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
+    let tls = redsem_test::TlsRedisCluster::start(3);
+    let options = RedsemOptions::default()
+        .prefix("tls")
+        .tls_root_cert(tls.ca_cert());
+    let a = within(
+        LIMIT,
+        "connect to the TLS cluster",
+        connect_with(&tls.tls_url(), options.clone()),
+    )
+    .await
+    .expect("connect over TLS with the root certificate");
+    let b = within(
+        LIMIT,
+        "connect a second client",
+        connect_with(&tls.tls_url(), options),
+    )
+    .await
+    .expect("a second client");
+    // Names spread over the three nodes; on each, a waiter of the other client is woken.
+    let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
+    hand_off_on_every_node(&a, &b, &names).await;
+
+    // Without trusting the certificate, the connection is refused (not a usage error).
+    let err = within(
+        LIMIT,
+        "connect without the root certificate",
+        connect_with(&tls.tls_url(), RedsemOptions::default()),
+    )
+    .await
+    .expect_err("an untrusted self-signed certificate");
+    assert!(!err.is_invalid_argument(), "{err:?}");
+}
+
+/// On each of `names` (spread over the nodes): `a` holds its one unit, `b` is refused, then
+/// waits, and is woken by `a`'s release (the message, not the timer) with a larger token.
+async fn hand_off_on_every_node(a: &Redsem, b: &Redsem, names: &[String]) {
+    for name in names {
         let sem_a = a
             .lease_semaphore_with(name, 1, short(2_000))
             .expect("semaphore");
@@ -51,74 +100,10 @@ async fn lease_semaphores_work_on_every_node_of_a_cluster() {
             .expect("granted");
         assert!(
             released.elapsed() < Duration::from_millis(500),
-            "woken by the message, not the timer: {:?}",
+            "{name}: woken by the message, not the timer: {:?}",
             released.elapsed()
         );
-        assert!(next.token() > first_token);
+        assert!(next.token() > first_token, "{name}: tokens keep increasing");
         next.release().await.expect("release");
     }
-    let mut listed = within(LIMIT, "names", a.lease_semaphore_names())
-        .await
-        .expect("names on every primary");
-    listed.sort();
-    assert_eq!(listed, names);
-}
-
-/// A cluster whose nodes serve TLS with a private CA: the root certificate given to the client
-/// is trusted for every node it finds through the seeds (scripts, the pub/sub wake-ups and the
-/// connect-time checks of every primary), and without it the connection is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
-    let tls = redsem_test::TlsRedisCluster::start(3);
-    let options = RedsemOptions::default()
-        .prefix("tls")
-        .tls_root_cert(tls.ca_cert());
-    let a = within(
-        LIMIT,
-        "connect to the TLS cluster",
-        connect_with(&tls.tls_url(), options.clone()),
-    )
-    .await
-    .expect("connect over TLS with the root certificate");
-    let b = within(
-        LIMIT,
-        "connect a second client",
-        connect_with(&tls.tls_url(), options),
-    )
-    .await
-    .expect("a second client");
-    // Names spread over the three nodes; on each, a waiter of the other client is woken.
-    for i in 0..6 {
-        let name = format!("jobs-{i}");
-        let sem_a = a.lease_semaphore(&name, 1).expect("semaphore");
-        let sem_b = b.lease_semaphore(&name, 1).expect("semaphore");
-        let held = within(LIMIT, "try_acquire", sem_a.try_acquire())
-            .await
-            .expect("a free unit");
-        let waiter = tokio::spawn(async move { sem_b.acquire().await });
-        within(LIMIT, "queued", async {
-            while sem_a.status().await.expect("status").waiters.len() != 1 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
-        let token = held.token();
-        held.release().await.expect("release");
-        let next = within(LIMIT, "the waiter's grant", waiter)
-            .await
-            .expect("the waiter task")
-            .expect("granted after the release");
-        assert!(next.token() > token, "{name}: tokens keep increasing");
-        next.release().await.expect("release");
-    }
-
-    // Without trusting the certificate, the connection is refused (not a usage error).
-    let err = within(
-        LIMIT,
-        "connect without the root certificate",
-        connect_with(&tls.tls_url(), RedsemOptions::default()),
-    )
-    .await
-    .expect_err("an untrusted self-signed certificate");
-    assert!(!err.is_invalid_argument(), "{err:?}");
 }
