@@ -95,7 +95,7 @@ impl RedisServer {
         // lists it `state=online` (until then `wait_bgsave`): wait for the primary's view too,
         // or a WAIT or an INFO on the primary right after this call does not count it.
         let listed = format!("port={},state=online", replica.port());
-        primary.wait_replication_state(primary, "listing the new replica online", |info| {
+        primary.wait_replication_state(&replica, "listing the new replica online", |info| {
             info.lines()
                 .any(|line| line.starts_with("slave") && line.contains(&listed))
         });
@@ -304,13 +304,9 @@ impl RedisServer {
             .unwrap_or_else(|e| self.fail(&format!("INFO {section} failed: {e}")))
     }
 
-    /// Poll this server's `INFO replication` until `done` accepts it.
-    fn wait_replication_state(
-        &self,
-        primary: &RedisServer,
-        what: &str,
-        done: impl Fn(&str) -> bool,
-    ) {
+    /// Poll this server's `INFO replication` until `done` accepts it; on a timeout the panic
+    /// carries the log tails of this server and `other` (the other end of the link).
+    fn wait_replication_state(&self, other: &RedisServer, what: &str, done: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + REPLICATION_TIMEOUT;
         loop {
             let info: redis::RedisResult<String> =
@@ -323,11 +319,11 @@ impl RedisServer {
             if Instant::now() >= deadline {
                 panic!(
                     "server on port {}: {what} did not complete within {REPLICATION_TIMEOUT:?}\n\
-                     its INFO replication:\n{last}\n{}\nprimary on port {}:\n{}",
+                     its INFO replication:\n{last}\n{}\nthe other end, port {}:\n{}",
                     self.port,
                     self.log_tail(),
-                    primary.port(),
-                    primary.log_tail()
+                    other.port(),
+                    other.log_tail()
                 );
             }
             thread::sleep(POLL_INTERVAL);
