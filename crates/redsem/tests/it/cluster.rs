@@ -64,6 +64,48 @@ async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
     assert!(!err.is_invalid_argument(), "{err:?}");
 }
 
+/// Every node of a TLS cluster restarted without persistence (its state and the function
+/// library gone, its slots kept in nodes.conf): the client reconnects to each node over TLS
+/// with the root certificate it was given, loads the library again, and grants again with
+/// larger tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_is_used_again_after_its_nodes_restart() {
+    let mut tls = redsem_test::TlsRedisCluster::start(3);
+    let options = RedsemOptions::default()
+        .prefix("tls")
+        .tls_root_cert(tls.ca_cert());
+    let redsem = within(LIMIT, "connect", connect_with(&tls.tls_url(), options))
+        .await
+        .expect("connect over TLS with the root certificate");
+    let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
+    let mut before = Vec::new();
+    for name in &names {
+        let sem = redsem.lease_semaphore(name, 1).expect("semaphore");
+        let permit = within(LIMIT, "try_acquire", sem.try_acquire())
+            .await
+            .expect("a free unit");
+        before.push(permit.token());
+        permit.release().await.expect("release");
+    }
+
+    for node in tls.cluster.nodes_mut() {
+        node.restart();
+    }
+
+    for (name, token) in names.iter().zip(before) {
+        let sem = redsem.lease_semaphore(name, 1).expect("semaphore");
+        // Refused or CLUSTERDOWN while the nodes find each other again.
+        let permit = retry(
+            "a grant on the restarted node",
+            |e| e.is_unavailable() || matches!(e, redsem::Error::Redis(_)),
+            || sem.try_acquire(),
+        )
+        .await;
+        assert!(permit.token() > token, "{name}: tokens keep increasing");
+        permit.release().await.expect("release");
+    }
+}
+
 /// On each of `names` (spread over the nodes): `a` holds its one unit, `b` is refused, then
 /// waits, and is woken by `a`'s release (the message, not the timer) with a larger token.
 async fn hand_off_on_every_node(a: &Redsem, b: &Redsem, names: &[String]) {
