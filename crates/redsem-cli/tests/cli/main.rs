@@ -31,3 +31,6 @@ mod run;
 /// `--url` forms for a Redis Cluster and for Sentinels: `run`, `status` and `doctor` through
 /// them.
 mod topologies;
+/// Defects found by using the binary as a user would: a one-node cluster's empty address, a
+/// killed queued `acquire`.
+mod user_defects;

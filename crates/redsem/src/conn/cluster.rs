@@ -75,21 +75,35 @@ pub(crate) fn slot_of(key: &str) -> u16 {
 }
 
 /// A client for one node of a cluster, with the credentials, database and TLS of `seed`.
+///
+/// An empty `host` is the seed's: a node that never met another one (a one-node cluster)
+/// reports its own address as empty in `CLUSTER NODES` and `CLUSTER SLOTS`, meaning "the
+/// address you asked", and such a cluster has no node but the one the seed reached.
 #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
 pub(crate) fn node_client(seed: &redis::Client, host: &str, port: u16) -> Result<redis::Client> {
     let info = seed.get_connection_info().clone();
+    let host = match (host, info.addr()) {
+        (
+            "",
+            ConnectionAddr::Tcp(seed_host, _)
+            | ConnectionAddr::TcpTls {
+                host: seed_host, ..
+            },
+        ) => seed_host.clone(),
+        _ => host.to_owned(),
+    };
     let addr = match info.addr() {
         ConnectionAddr::TcpTls {
             insecure,
             tls_params,
             ..
         } => ConnectionAddr::TcpTls {
-            host: host.to_owned(),
+            host,
             port,
             insecure: *insecure,
             tls_params: tls_params.clone(),
         },
-        _ => ConnectionAddr::Tcp(host.to_owned(), port),
+        _ => ConnectionAddr::Tcp(host, port),
     };
     Ok(redis::Client::open(info.set_addr(addr))?)
 }
@@ -121,6 +135,21 @@ mod tests {
     fn single_slots_and_migrating_entries_are_read() {
         let nodes = "a 10.0.0.1:7000@17000 master - 0 0 1 connected 0-10 12 [13->-b]\n";
         assert_eq!(primaries(nodes)[0].slots, vec![(0, 10), (12, 12)]);
+    }
+
+    #[test]
+    fn an_empty_node_host_is_the_seeds() {
+        let seed = redis::Client::open("redis://u:p@10.1.2.3:7000/0").expect("seed");
+        let empty = node_client(&seed, "", 7001).expect("client");
+        assert_eq!(
+            empty.get_connection_info().addr(),
+            &ConnectionAddr::Tcp("10.1.2.3".to_owned(), 7001)
+        );
+        let named = node_client(&seed, "10.9.9.9", 7002).expect("client");
+        assert_eq!(
+            named.get_connection_info().addr(),
+            &ConnectionAddr::Tcp("10.9.9.9".to_owned(), 7002)
+        );
     }
 
     #[test]

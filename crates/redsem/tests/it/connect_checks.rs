@@ -310,3 +310,53 @@ async fn an_ack_timeout_not_shorter_than_the_response_timeout_is_refused() {
         .await
         .expect("a shorter ack timeout connects");
 }
+
+/// A one-node cluster that never met another node answers CLUSTER SLOTS and CLUSTER NODES
+/// with an empty address for itself ("the address you asked"): it is usable, through
+/// `connect_cluster` and the `redis+cluster://` URL, with the server checks on.
+#[tokio::test]
+async fn a_one_node_cluster_reporting_an_empty_address_is_usable() {
+    let server = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let mut admin = server.connection();
+    let _: () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16383)
+        .query(&mut admin)
+        .expect("CLUSTER ADDSLOTSRANGE");
+    redsem_test::eventually(LIMIT, "the one-node cluster is ok", || {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut admin)
+            .expect("CLUSTER INFO");
+        info.contains("cluster_state:ok")
+    });
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query(&mut admin)
+        .expect("CLUSTER NODES");
+    assert!(
+        nodes.starts_with(&format!("{} :", nodes.split(' ').next().unwrap_or(""))),
+        "the node reports an empty address for itself: {nodes}"
+    );
+    let urls = [server.url()];
+    let by_seeds = connect_cluster_with(&urls, options("one"))
+        .await
+        .expect("connect_cluster to a one-node cluster");
+    let url = format!("redis+cluster://127.0.0.1:{}", server.port());
+    let by_url = connect(&url, options("one"))
+        .await
+        .expect("connect by redis+cluster:// URL to a one-node cluster");
+    for redsem in [&by_seeds, &by_url] {
+        let sem = redsem.lease_semaphore("jobs", 1).expect("sem");
+        let permit = within(LIMIT, "acquire", sem.try_acquire())
+            .await
+            .expect("try_acquire: a free unit");
+        assert_eq!(sem.status().await.expect("status").holders.len(), 1);
+        permit.release().await.expect("release");
+        assert_eq!(
+            by_seeds.lease_semaphore_names().await.expect("names"),
+            vec!["jobs".to_owned()]
+        );
+    }
+}
