@@ -16,7 +16,9 @@
 --                       holder    "h|token|units|granted at|lease|slots|label", slots as
 --                                 runs "first-last,slot,..."
 --                       waiter    "w|units|since|lease|waiter lease|len(channel)|channel label"
---                       tombstone "x|R" released, "x|D" withdrawn
+--                       tombstone "x|R|attempt" released, "x|D|attempt" withdrawn, by
+--                                 the release attempt named (its resend answers as it did;
+--                                 any other release of the id answers NOTHELD)
 --   4 slots   STRING  bitmap: bit n set = slot n held; deleted when the idle TTL is set
 --
 -- Failure rules every script keeps:
@@ -187,7 +189,8 @@ local function waiter_record(k, since, lease, waiter_lease, channel, label)
 end
 
 -- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
--- wl, c, l}, tombstone {x = "R" | "D"}; nil if none or unreadable.
+-- wl, c, l}, tombstone {x = "R" | "D", n = the release attempt that made it ("" in a
+-- tombstone of an older version)}; nil if none or unreadable.
 local H, W, X = 104, 119, 120 -- the bytes of 'h', 'w', 'x'
 local function parse(raw)
   if not raw then
@@ -225,7 +228,7 @@ local function parse(raw)
       c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1),
     }
   elseif kind == X then
-    return { x = string.sub(raw, 3) }
+    return { x = string.sub(raw, 3, 3), n = string.sub(raw, 5) }
   end
   return nil
 end
@@ -324,11 +327,12 @@ local function grant(id, k, label, lease, expires)
   return token, slots
 end
 
--- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn).
-local function bury(id, outcome)
+-- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn),
+-- naming the release attempt that made it.
+local function bury(id, outcome, attempt)
   local forget = S.now + REMEMBER_MS
   call(LEASES, 'ZADD', LEASES, digits(-forget), id)
-  put('r:' .. id, 'x|' .. outcome)
+  put('r:' .. id, 'x|' .. outcome .. '|' .. attempt)
   put('nt', S.nt + 1)
   if S.tnext == 0 then
     put('tnext', forget)

@@ -1,29 +1,35 @@
 -- lease_release: give back a permit, or withdraw a queued request (a cancelled acquire),
--- and hand the freed units to the head of the queue. The id is remembered for a minute, so
--- the same release resent after a lost reply answers as the first one did. Grants made to
+-- and hand the freed units to the head of the queue. The id is remembered for a minute with
+-- the release attempt that released it, so the same release resent after a lost reply
+-- answers as the first one did. A holder's release names its attempt: for an id released
+-- by another attempt (someone's release by id) it answers NOTHELD; a release without an
+-- attempt ("") is answered by whichever release made the tombstone. Grants made to
 -- waiters on the caller's own channel come back in the reply instead of by PUBLISH; a
 -- release that leaves the semaphore idle leaves its TTL to lease_tidy (see the prelude).
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] permit or request id   ARGV[2] the caller's wake channel
+-- ARGV[3] the release attempt: an id of this release, the same in its resend ("" for none)
 -- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), {"id|token|slots|delay", ...}}
 --        | {"WRONGTYPE", key, actual, expected}
 S.mine, S.defer_idle = ARGV[2], true
 return run(function()
-  local id = ARGV[1]
+  local id, attempt = ARGV[1], ARGV[3]
   if not S.cap then
     return { 'NOTHELD', 0, {} }
   end
   local r = record(id)
   local outcome = 'NOTHELD'
   if r and r.x then
-    outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
+    if attempt == '' or r.n == attempt then
+      outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
+    end
   elseif r and r.h then
     drop_holder(id, r)
-    bury(id, 'R')
+    bury(id, 'R', attempt)
     outcome = 'RELEASED'
   elseif r then
     drop_waiter(id, r)
-    bury(id, 'D')
+    bury(id, 'D', attempt)
     outcome = 'DEQUEUED'
   end
   promote()

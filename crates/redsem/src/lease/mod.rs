@@ -19,6 +19,7 @@ use crate::client::Redsem;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::observe::{Attempt, Meter, op_span};
+use crate::retry::retry_once;
 use crate::script::{self, Acquire, Release};
 use crate::types::PermitId;
 use crate::wait::{self, Patience, Queue};
@@ -400,7 +401,12 @@ impl LeaseSemaphore {
     pub async fn release_id(&self, id: &PermitId) -> Result<()> {
         let span = op_span!(self.inner.meter, "redsem.release");
         span.record("id", id.as_str());
-        match self.inner.release(id.as_str()).instrument(span).await? {
+        match self
+            .inner
+            .release(id.as_str(), false)
+            .instrument(span)
+            .await?
+        {
             Release::Released | Release::Dequeued => Ok(()),
             Release::NotHeld => Err(self.inner.not_held(id)),
         }
@@ -530,18 +536,39 @@ impl LeaseSemaphore {
 }
 
 impl SemInner {
-    pub(crate) async fn release(&self, id: &str) -> Result<Release> {
-        self.release_on(&mut self.redsem.conn(), id).await
+    /// Release (or withdraw) `id`, sent once more if Redis could not be reached
+    /// ([`retry_once`]): a release whose reply was lost answers what it did.
+    ///
+    /// `holder`: the release of the permit's own holder ([`LeasePermit::release`]). It names
+    /// itself with an attempt id of its own, so that an id released already answers
+    /// [`Release::Released`] only to this release's resend, and [`Release::NotHeld`] when
+    /// another release (someone's [`LeaseSemaphore::release_id`]) took the permit from its
+    /// holder. Any other release (by id, of a dropped permit, a withdrawal) is answered by
+    /// whichever release made the tombstone, as a resend.
+    pub(crate) async fn release(&self, id: &str, holder: bool) -> Result<Release> {
+        let attempt = if holder {
+            PermitId::random()
+        } else {
+            PermitId::new("")
+        };
+        retry_once("release", || async {
+            self.release_on(&mut self.redsem.conn(), id, attempt.as_str())
+                .await
+        })
+        .await
     }
 
-    /// [`release`](Self::release) on `conn` (with or without replica acknowledgements).
+    /// One release of `id` on `conn` (with or without replica acknowledgements), as the
+    /// release attempt `attempt` ("" for one answered by any earlier release of `id`).
     async fn release_on(
         &self,
         conn: &mut impl crate::script::Scripting,
         id: &str,
+        attempt: &str,
     ) -> Result<Release> {
         let shared = &self.redsem.shared;
-        let released = script::lease_release(conn, &self.keys, id, &shared.wake_channel).await?;
+        let released =
+            script::lease_release(conn, &self.keys, id, &shared.wake_channel, attempt).await?;
         if !released.handed.is_empty() {
             // Our own waiters: handed over here, no pub/sub hop.
             let notifier = self.redsem.notifier().await;
@@ -573,8 +600,11 @@ impl Queue for SemInner {
     }
 
     async fn withdraw(&self, id: &str) -> Result<()> {
-        self.release_on(&mut self.redsem.conn_unacked(), id)
-            .await
-            .map(drop)
+        retry_once("withdraw", || async {
+            self.release_on(&mut self.redsem.conn_unacked(), id, "")
+                .await
+        })
+        .await
+        .map(drop)
     }
 }

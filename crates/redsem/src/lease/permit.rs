@@ -324,8 +324,11 @@ impl LeasePermit {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] if it was no longer held (its lease had ended);
+    /// [`Error::NotHeld`] if it was no longer held: its lease had ended, someone released it
+    /// by id ([`LeaseSemaphore::release_id`](super::LeaseSemaphore::release_id)), or it was
+    /// already known lost ([`LeasePermit::lost`] had fired; answered at once);
     /// [`Error::Unavailable`] if Redis cannot be reached (then the lease runs out by itself).
+    /// A release whose reply was lost is sent once more and answers what it did.
     ///
     /// # Cancel safety
     ///
@@ -349,13 +352,20 @@ impl LeasePermit {
         self.settled = true;
         // No renewal starts after this, so none can answer NOTHELD after the release.
         self.state.keepalive().unschedule(self.state.ticket);
+        if self.state.lost.is_cancelled() {
+            // Known lost (a renewal found it not held, or its lease may have ended unrenewed):
+            // not held, at once. Its units may still be held on the server if only the time
+            // ran out: they are released in the background, as for a dropped permit.
+            self.release_in_background();
+            return Err(self.state.sem.not_held(&self.state.id));
+        }
         self.state.lost.cancel();
         self.state.end();
         let span = tracing::info_span!(parent: &self.state.span, "redsem.release", outcome = tracing::field::Empty);
         let released = self
             .state
             .sem
-            .release(self.state.id.as_str())
+            .release(self.state.id.as_str(), true)
             .instrument(span.clone())
             .await;
         span.record(
@@ -408,11 +418,18 @@ impl Drop for LeasePermit {
         self.state.keepalive().unschedule(self.state.ticket);
         self.state.lost.cancel();
         self.state.end();
+        self.release_in_background();
+    }
+}
+
+impl LeasePermit {
+    /// Release the permit in the background (tracked by [`Redsem::flush`](crate::Redsem::flush)).
+    fn release_in_background(&self) {
         let state = self.state.clone();
         let redsem = state.sem.redsem.clone();
         let span = tracing::info_span!(parent: &state.span, "redsem.release", dropped = true);
         redsem.spawn_cleanup(async move {
-            if let Err(err) = state.sem.release(state.id.as_str()).instrument(span).await {
+            if let Err(err) = state.sem.release(state.id.as_str(), false).instrument(span).await {
                 tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %crate::error::Chain(&err),
                         "could not release a dropped permit; its lease will end by itself");
             }

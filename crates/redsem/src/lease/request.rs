@@ -7,6 +7,7 @@ use super::{LeaseSemaphore, SemInner};
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::notify::wake::LeaseGrant;
+use crate::retry::retry_once;
 use crate::script::{self, Acquire, Request};
 use crate::wait::{self, Answer};
 
@@ -66,7 +67,17 @@ impl wait::Request for LeaseRequest<'_> {
             waiter_lease: options.waiter_lease,
             channel: &inner.redsem.shared.wake_channel,
         };
-        let reply = script::lease_acquire(&mut inner.redsem.conn(), &inner.keys, &req).await?;
+        let send =
+            || async { script::lease_acquire(&mut inner.redsem.conn(), &inner.keys, &req).await };
+        let reply = if wait {
+            // A queued request's check-ins ride out an outage in the engine (`check_in`).
+            send().await?
+        } else {
+            // A try whose reply was lost is sent once more with the same id, which answers
+            // as the first attempt did (a grant it made is kept, not given back). The grant's
+            // lease is counted from the first attempt, which was sent earlier.
+            retry_once("try_acquire", send).await?
+        };
         Ok(self.answer(reply))
     }
 

@@ -161,17 +161,20 @@ pub(crate) async fn lease_refresh(
 }
 
 /// Release (or withdraw) `id`; `channel` is the caller's wake channel, whose grants come back
-/// in the reply.
+/// in the reply. `attempt` names this release: its resend (the same `attempt`) answers as
+/// it did, any other release of `id` afterwards answers [`Release::NotHeld`].
 pub(crate) async fn lease_release(
     conn: &mut impl Scripting,
     keys: &LeaseKeys,
     id: &str,
     channel: &str,
+    attempt: &str,
 ) -> Result<Released> {
     let acked = LEASE_RELEASE
         .key(&keys.all[..])
         .arg(id)
         .arg(channel)
+        .arg(attempt)
         .invoke_acked(conn)
         .await?;
     let released = decode_release(acked.reply)?;

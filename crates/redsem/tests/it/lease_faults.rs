@@ -153,7 +153,8 @@ async fn eviction_under_volatile_lru_never_takes_live_state() {
         .expect("semaphore");
     let sem_b = b.lease_semaphore_with("s", 1, options).expect("semaphore");
     let held = sem_a.try_acquire().await.expect("first");
-    let waiter = tokio::spawn(async move { sem_b.acquire_timeout(LIMIT).await });
+    // No deadline of its own: filling the memory may take longer than one; the join is bounded.
+    let waiter = tokio::spawn(async move { sem_b.acquire().await });
     until("b queued", || async {
         sem_a.status().await.expect("status").waiters.len() == 1
     })

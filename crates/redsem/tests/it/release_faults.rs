@@ -80,3 +80,82 @@ async fn an_idle_semaphore_gets_its_ttl_without_flush_too() {
     drop(other);
     until("the idle TTL", || async { state_ttl(&ctx).await > 0 }).await;
 }
+
+/// A release whose reply is lost (the script ran, the connection dropped) is resent once
+/// with the same id and answers what it did: released, not `Unavailable`.
+#[tokio::test]
+async fn a_release_whose_reply_is_lost_is_resent_and_answers_released() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let redsem = connect_url(&proxy.url()).await;
+    let sem = redsem.lease_semaphore("s", 1).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("a free unit");
+    proxy.drop_reply_after(b"_lease_release");
+    let released = within(LIMIT, "release", permit.release()).await;
+    assert_eq!(proxy.triggered(), 1, "the release's reply was lost");
+    released.expect("the resent release answers released");
+    let observer = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    assert!(observer.status().await.expect("status").holders.is_empty());
+}
+
+/// A try_acquire whose reply is lost is resent once with the same id, and the resend
+/// answers as the first attempt did: the grant is kept (same permit on the server), not
+/// given back with `Unavailable`.
+#[tokio::test]
+async fn a_try_acquire_whose_reply_is_lost_is_resent_and_keeps_its_grant() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let redsem = connect_url(&proxy.url()).await;
+    let sem = redsem.lease_semaphore("s", 1).expect("semaphore");
+    proxy.drop_reply_after(b"_lease_acquire");
+    let permit = within(LIMIT, "try_acquire", sem.try_acquire())
+        .await
+        .expect("the resent try answers granted");
+    assert_eq!(proxy.triggered(), 1, "the try's reply was lost");
+    let observer = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    let status = observer.status().await.expect("status");
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(&status.holders[0].id, permit.id());
+    assert_eq!(status.holders[0].token, permit.token());
+    permit.release().await.expect("release");
+    assert!(observer.status().await.expect("status").holders.is_empty());
+}
+
+/// A permit that another handle released by id answers `NotHeld` to its holder's own
+/// `release()`, whether the holder already knew it lost (its renewal found it not held) or
+/// not yet (released by id a moment before): the tombstone remembers which release made it.
+#[tokio::test]
+async fn a_permit_released_by_id_elsewhere_answers_not_held() {
+    let ctx = TestContext::start().await;
+    let other = ctx
+        .client()
+        .await
+        .lease_semaphore("s", 2)
+        .expect("semaphore");
+    // Not yet known lost: the renewal is 10 s away.
+    let slow = LeaseOptions::default().lease(Duration::from_secs(30));
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 2, slow)
+        .expect("semaphore");
+    let permit = sem.try_acquire().await.expect("a free unit");
+    other.release_id(permit.id()).await.expect("release by id");
+    assert!(permit.is_held(), "not known lost yet");
+    let err = within(LIMIT, "release", permit.release())
+        .await
+        .expect_err("released by someone else");
+    assert!(matches!(err, redsem::Error::NotHeld { .. }), "{err:?}");
+    // Known lost: the keepalive's renewal found it not held.
+    let quick = LeaseOptions::default().lease(Duration::from_millis(600));
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 2, quick)
+        .expect("semaphore");
+    let permit = sem.try_acquire().await.expect("a free unit");
+    other.release_id(permit.id()).await.expect("release by id");
+    within(LIMIT, "lost", permit.lost()).await;
+    let err = within(LIMIT, "release", permit.release())
+        .await
+        .expect_err("released by someone else");
+    assert!(matches!(err, redsem::Error::NotHeld { .. }), "{err:?}");
+}

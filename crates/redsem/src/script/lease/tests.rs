@@ -37,9 +37,10 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
 }
 
 /// `lease_release` from a client whose channel is not [`CHANNEL`], so grants to waiters on
-/// it are published.
+/// it are published; the release attempt is named after `id`, so calling it again is a
+/// resend.
 async fn release(conn: &mut impl Scripting, keys: &LeaseKeys, id: &str) -> Result<Release> {
-    lease_release(conn, keys, id, "t:wake:another")
+    lease_release(conn, keys, id, "t:wake:another", &format!("attempt-{id}"))
         .await
         .map(|r| r.outcome)
 }
@@ -237,6 +238,19 @@ async fn release_withdraws_waiters_and_reports_not_held() {
         release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
+    // A holder's release (another named attempt) of an id released or withdrawn by someone
+    // else did not release it: not held. A release without an attempt (by id) is answered
+    // as the tombstone's.
+    for (id, by_id) in [("a", Release::Released), ("b", Release::Dequeued)] {
+        let other = lease_release(&mut conn, &k, id, "t:wake:another", "another attempt")
+            .await
+            .expect("release");
+        assert_eq!(other.outcome, Release::NotHeld, "{id}");
+        let any = lease_release(&mut conn, &k, id, "t:wake:another", "")
+            .await
+            .expect("release");
+        assert_eq!(any.outcome, by_id, "{id}");
+    }
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 0);
     assert!(status.holders.is_empty() && status.waiters.is_empty());
@@ -448,7 +462,7 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
             "{key} is live and must not expire: {ttl}"
         );
     }
-    let released = lease_release(&mut conn, &k, "a", "t:wake:another")
+    let released = lease_release(&mut conn, &k, "a", "t:wake:another", "1")
         .await
         .expect("release");
     assert!(released.idle, "the release left it idle");
@@ -460,7 +474,7 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
     let ttl: i64 = conn.pttl(&k.all[2]).await.expect("pttl");
     assert_eq!(ttl, -1, "live again: no TTL");
     assert!(
-        lease_release(&mut conn, &k, "again", "t:wake:another")
+        lease_release(&mut conn, &k, "again", "t:wake:another", "2")
             .await
             .expect("release")
             .idle
@@ -855,7 +869,7 @@ async fn a_release_hands_grants_for_its_own_waiters_back_instead_of_publishing()
         .await
         .expect("RESETSTAT");
     // The release comes from b's own client (its channel is CHANNEL).
-    let released = lease_release(&mut conn, &k, "a", CHANNEL)
+    let released = lease_release(&mut conn, &k, "a", CHANNEL, "1")
         .await
         .expect("release");
     assert_eq!(released.outcome, Release::Released);
