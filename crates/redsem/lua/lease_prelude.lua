@@ -377,9 +377,15 @@ end
 
 -- Grant, in arrival order, every waiter at the head of the queue that now fits, and wake
 -- exactly those: one message each on their client's channel,
--- "id|token|slot,slot|ms since its last check-in". The grant's lease is the waiter's own
--- lease, from now; the waiter counts it from its last check-in plus that delay, which is
--- never later than here. Stops at the first waiter that does not fit, so a large request is
+-- "id|token|slot,slot|ms since its last check-in". A grant woken by message is unclaimed:
+-- its lease entry keeps the end of the waiter lease of its last check-in (or a lease from
+-- now, if that ends sooner), so a waiter that
+-- died costs no more than that (settle then drops the grant like an expired holder). The
+-- waiter's claim (its check-in, a renewal, a resent acquire) gives it its full lease from
+-- then; the waiter counts the unclaimed grant from its last check-in, which is never later
+-- than the server's. A grant handed back to the caller's own process (the local hand-off)
+-- is claimed at once: its lease is the waiter's own lease, from now. Stops at the first
+-- waiter that does not fit, so a large request is
 -- never overtaken by smaller ones behind it, and when WORK_BUDGET is spent.
 -- A waiter asking for more than the capacity is dropped and woken to learn it.
 -- The queue is read two ids at a time (see peek()): every step that goes on removes the
@@ -409,13 +415,21 @@ local function promote()
       return
     else
       budget = budget - w.k
-      local checked_in = (tonumber(redis.call('ZSCORE', LEASES, head)) or S.now) - w.wl
-      local token, slots = grant(head, w.k, w.l, w.lease, S.now + w.lease)
+      local place_ends = tonumber(redis.call('ZSCORE', LEASES, head)) or (S.now + w.wl)
+      local checked_in = place_ends - w.wl
+      local mine = w.c == S.mine
+      -- Unclaimed (woken by message): until its place would have ended, and never longer
+      -- than its lease; at least a moment, so it is never due in this very call.
+      local ends = S.now + w.lease
+      if not mine then
+        ends = max(min(place_ends, ends), S.now + 1)
+      end
+      local token, slots = grant(head, w.k, w.l, w.lease, ends)
       redis.call('ZREM', QUEUE, head)
       put('qlen', math.max(S.qlen - 1, 0))
       local grant_msg = string.format('%s|%d|%s|%d', head, token, table.concat(slots, ','),
         math.max(S.now - checked_in, 0))
-      if w.c == S.mine then
+      if mine then
         -- A waiter of the caller's own process: handed over with the reply, no PUBLISH.
         S.handed = S.handed or {}
         S.handed[#S.handed + 1] = grant_msg

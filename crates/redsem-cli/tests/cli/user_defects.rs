@@ -1,9 +1,16 @@
 //! Defects found by using the binary as a user would, each kept fixed by a test.
 
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
 use redsem::redis;
 use redsem_test::{RedisServer, eventually};
 
-use crate::support::{LIMIT, bare, finish};
+use crate::support::{LIMIT, World, bare, finish};
+
+/// The waiter lease of every `acquire` and `run` (the library's default; the CLI has no flag
+/// for it).
+const WAITER_LEASE: Duration = Duration::from_secs(10);
 
 /// A one-node cluster (`--cluster-enabled yes`, every slot added, never met another node)
 /// answers CLUSTER SLOTS and CLUSTER NODES with an empty address for itself, meaning "the
@@ -35,4 +42,41 @@ fn status_through_a_one_node_cluster_that_reports_an_empty_address() {
         .trim()
         .to_owned();
     finish(bare(&["--url", &url, "release", "x", &id])).success();
+}
+
+/// A queued `acquire --wait` killed with SIGKILL, then granted when the holder releases,
+/// costs no more than its waiter lease: the next `acquire --no-wait` succeeds within it, not
+/// after the dead waiter's whole `--lease` (30 s by default; before, it failed for all of it).
+#[test]
+fn a_killed_queued_acquire_costs_no_more_than_its_waiter_lease() {
+    let world = World::new();
+    let holder = world.acquire("x", 1, &[]);
+    let waiter = world.start(&["acquire", "x", "--limit", "1", "--wait", "60s"]);
+    world.wait_for_waiters("x", 1);
+    waiter.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    let out = waiter.wait();
+    assert!(out.status.code().is_none(), "killed: {out:?}");
+    world.run(&["release", "x", &holder]).success();
+    // The dead waiter's place ends at most a waiter lease after its last check-in, which came
+    // before the kill; then the next request finds the unit free.
+    let limit = WAITER_LEASE + LIMIT / 2;
+    let mut last = None;
+    let next = loop {
+        let out = finish(world.redsem(&["acquire", "x", "--limit", "1", "--no-wait"]));
+        if out.code() == 0 {
+            break out.stdout.trim().to_owned();
+        }
+        assert!(
+            killed.elapsed() < limit,
+            "no unit {limit:?} after the kill; last: {out:?}"
+        );
+        last = Some(out);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        last.is_some_and(|out| out.code() == 75),
+        "refused as busy meanwhile"
+    );
+    world.run(&["release", "x", &next]).success();
 }

@@ -501,8 +501,14 @@ impl LeaseSemaphore {
         })
         .await?;
         // The server started the lease `delay` after the check-in it answered, which it
-        // received after `sent`.
-        let valid_until = won.sent + won.grant.delay + self.inner.options.lease;
+        // received after `sent`. A grant taken from a wake-up may be unclaimed: the server
+        // keeps it only until the waiter lease of that check-in ends, unless the permit's
+        // first renewal (due within half of that) claims it first.
+        let options = &self.inner.options;
+        let mut valid_until = won.sent + won.grant.delay + options.lease;
+        if won.handed {
+            valid_until = valid_until.min(won.sent + options.waiter_lease);
+        }
         Ok(LeasePermit::start(
             self.inner.clone(),
             won.id,

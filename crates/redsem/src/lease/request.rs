@@ -96,10 +96,16 @@ impl wait::Request for LeaseRequest<'_> {
     }
 
     fn handed(&self, news: &str, sent: Duration) -> Option<LeaseGrant> {
-        // A grant whose lease may have run out while we stalled is checked by a poll; so is
-        // every grant when replicas must acknowledge it (the poll's WAIT confirms it).
+        // A grant woken by message is unclaimed on the server until the waiter lease of the
+        // check-in sent at `sent` ends: the permit's first renewal, which the keepalive sends
+        // within half of what is left, claims it. So a grant with less than half its waiter
+        // lease left, and every grant of a permit that the keepalive does not renew, is
+        // claimed by a poll instead; so is every grant when replicas must acknowledge it (the
+        // poll's WAIT confirms it).
+        let options = &self.sem.inner.options;
         LeaseGrant::parse(news)
-            .filter(|grant| sent + grant.delay + self.sem.inner.options.lease > clock::now())
+            .filter(|_| sent + options.waiter_lease / 2 > clock::now())
+            .filter(|_| options.keepalive)
             .filter(|_| self.sem.inner.redsem.shared.replica_acks.is_none())
     }
 }

@@ -90,6 +90,10 @@ pub(crate) struct Won<G> {
     pub(crate) grant: G,
     pub(crate) id: PermitId,
     pub(crate) sent: Duration,
+    /// Taken from a wake-up ([`Request::handed`]) rather than from a check-in's answer: the
+    /// grant may be unclaimed on the server, kept only until the waiter lease of the check-in
+    /// sent at `sent` ends.
+    pub(crate) handed: bool,
 }
 
 /// Places dropped in a row, each at its first answer, before the engine gives up: the server
@@ -147,7 +151,12 @@ pub(crate) async fn acquire<R: Request>(
             match answer {
                 Answer::Granted(grant) => {
                     withdraw.disarm();
-                    return Ok(Won { grant, id, sent });
+                    return Ok(Won {
+                        grant,
+                        id,
+                        sent,
+                        handed: false,
+                    });
                 }
                 Answer::Refused(err) => {
                     withdraw.disarm();
@@ -167,7 +176,12 @@ pub(crate) async fn acquire<R: Request>(
                         && let Some(grant) = request.handed(&news, sent)
                     {
                         withdraw.disarm();
-                        return Ok(Won { grant, id, sent });
+                        return Ok(Won {
+                            grant,
+                            id,
+                            sent,
+                            handed: true,
+                        });
                     }
                     let polled =
                         check_in(sent, waiter_lease, deadline, || request.poll(id.as_str())).await;

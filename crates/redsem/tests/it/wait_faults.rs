@@ -53,6 +53,12 @@ async fn hand_over(lease: Duration, waiter_lease: Duration) -> (Duration, Durati
         local <= at_read,
         "local {local:?} past the server's {at_read:?}"
     );
+    // Its first renewal claims a grant the server kept only for the waiter lease (woken by
+    // message): the whole lease from then.
+    until("claimed", || async {
+        sem.status().await.expect("status").holders[0].expires_in + SLACK >= lease
+    })
+    .await;
     // And the holder keeps it: no false loss over two leases.
     tokio::select! {
         () = granted.lost() => panic!("a false loss: local {local:?}, server {server:?}"),
@@ -62,11 +68,15 @@ async fn hand_over(lease: Duration, waiter_lease: Duration) -> (Duration, Durati
     (server, local)
 }
 
-/// A queued grant's lease on the server is the `lease` asked for, and the local one follows it.
+/// A queued grant's lease on the server is the `lease` asked for, or, until the waiter claims
+/// it, what is left of its waiter lease if that ends sooner (issue 20: a dead waiter costs
+/// no more); the local one follows it.
 async fn a_queued_grant_gets_the_lease_it_asked_for(lease: Duration, waiter_lease: Duration) {
     let (server, local) = hand_over(lease, waiter_lease).await;
+    let unclaimed = lease.min(waiter_lease);
+    // (The waiter's last check-in is up to a third of its waiter lease old: its recheck.)
     assert!(
-        server <= lease && server + SLACK >= lease,
+        server <= unclaimed && server + SLACK + waiter_lease / 3 >= unclaimed,
         "server {server:?}"
     );
     assert!(local + SLACK >= server, "local {local:?} server {server:?}");
@@ -334,4 +344,99 @@ async fn a_try_dropped_before_its_answer_gives_back_what_it_was_granted() {
         .await
         .expect("available");
     assert_eq!(available, 1, "the dropped try's permit was not given back");
+}
+
+/// A waiter that dies at the head of the queue and is then granted costs no more than its
+/// waiter lease: its grant stays unclaimed and is given back when the waiter lease of its
+/// last check-in ends, and the live waiter behind it is granted then, not a whole lease later.
+#[tokio::test]
+async fn a_dead_waiter_granted_at_the_head_costs_no_more_than_its_waiter_lease() {
+    // Before: the live waiter was granted only after the dead one's 30 s lease.
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let waiter_lease = Duration::from_millis(1_500);
+    let options = LeaseOptions::default()
+        .lease(Duration::from_secs(30))
+        .waiter_lease(waiter_lease);
+    let (sem, holder, dead) = lease_waiter(&ctx, &proxy, &options).await;
+    let third = ctx.client().await;
+    let sem_c = third
+        .lease_semaphore_with("s", 1, options)
+        .expect("semaphore");
+    let live = tokio::spawn(async move { sem_c.acquire().await });
+    until("the live waiter queued behind the dead one", || async {
+        sem.status().await.expect("status").waiters.len() == 2
+    })
+    .await;
+    // The waiter at the head is cut off for good: it never checks in or claims again.
+    proxy.set_refusing(true);
+    let holder_token = holder.token();
+    holder.release().await.expect("release");
+    let released = Instant::now();
+    let permit = within(LIMIT, "the live waiter", live)
+        .await
+        .expect("task")
+        .expect("granted");
+    let waited = released.elapsed();
+    // Its waiter lease, then the live waiter's next check-in (every third of it), and slack.
+    assert!(
+        waited < waiter_lease * 3,
+        "granted {waited:?} after the release"
+    );
+    assert!(permit.token() > holder_token);
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.holders.len(), 1, "{status:?}");
+    assert_eq!(&status.holders[0].id, permit.id());
+    assert!(status.waiters.is_empty(), "{status:?}");
+    // The live waiter claimed its grant: a whole lease, kept.
+    assert!(
+        status.holders[0].expires_in > Duration::from_secs(20),
+        "{status:?}"
+    );
+    assert!(permit.is_held());
+    permit.release().await.expect("release");
+    dead.abort();
+}
+
+/// A live waiter woken by message keeps its grant past its waiter lease with no false loss:
+/// the keepalive's first renewal claims it (a whole lease from then).
+#[tokio::test]
+async fn a_live_waiter_woken_by_message_holds_past_its_waiter_lease() {
+    let ctx = TestContext::start().await;
+    let waiter_lease = Duration::from_millis(1_500);
+    let options = LeaseOptions::default()
+        .lease(Duration::from_secs(30))
+        .waiter_lease(waiter_lease);
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, options.clone())
+        .expect("semaphore");
+    let other = ctx.client().await;
+    let sem_b = other
+        .lease_semaphore_with("s", 1, options)
+        .expect("semaphore");
+    let holder = sem.try_acquire().await.expect("holder");
+    let waiter = tokio::spawn(async move { sem_b.acquire().await });
+    until("queued", || async {
+        sem.status().await.expect("status").waiters.len() == 1
+    })
+    .await;
+    holder.release().await.expect("release");
+    let permit = within(LIMIT, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("granted");
+    tokio::select! {
+        () = permit.lost() => panic!("a false loss"),
+        () = tokio::time::sleep(waiter_lease * 2) => {}
+    }
+    assert!(permit.is_held());
+    assert!(permit.time_left() > Duration::from_secs(20), "{permit:?}");
+    let status = sem.status().await.expect("status");
+    assert_eq!(&status.holders[0].id, permit.id());
+    assert!(
+        status.holders[0].expires_in > Duration::from_secs(20),
+        "claimed: a whole lease, {status:?}"
+    );
+    permit.release().await.expect("the grant was kept");
 }

@@ -577,7 +577,18 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
     // unpack()'s limit after the slot bits and tokens were written, and left `used` at 4,200
     // with no holder. Now grants are bounded per script and the fields written in slices.
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    // Not the default response timeout of 500 ms: the pipeline of 4,200 scripts and the
+    // status of 4,200 holders took longer on a loaded machine.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(LIMIT));
+    let mut conn = within(
+        LIMIT,
+        "connect",
+        server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .expect("connect");
     let k = keys();
     let n: u32 = 4_200;
     granted(acquire(&mut conn, req("big", n, MAX_UNITS_FOR_TESTS, true)).await);
@@ -885,6 +896,81 @@ async fn a_release_hands_grants_for_its_own_waiters_back_instead_of_publishing()
     assert!(!info.contains("cmdstat_publish"), "no PUBLISH: {info}");
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.holders[0].id, "b");
+}
+
+/// A grant woken by message is unclaimed: it lasts until the waiter lease of the waiter's
+/// last check-in ends (not a whole lease), and is dropped like an expired holder after that,
+/// freeing its unit and slot for the next waiter; the waiter's check-in claims it (its full
+/// lease from then). A grant handed back to the releasing process is claimed at once.
+#[tokio::test]
+async fn a_grant_woken_by_message_is_unclaimed_until_the_waiter_checks_in() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let waiting = |id| Request {
+        waiter_lease: Duration::from_millis(400),
+        ..req(id, 1, 1, true)
+    };
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    for id in ["dead", "live", "local"] {
+        assert!(matches!(
+            acquire(&mut conn, waiting(id)).await,
+            Acquire::Queued { .. }
+        ));
+    }
+    let left = |status: &RawStatus, id: &str| {
+        let holder = status.holders.iter().find(|h| h.id == id);
+        holder.map(|h| h.left_ms)
+    };
+    // Released from another process: "dead" is granted by message, unclaimed.
+    release(&mut conn, &k, "a").await.expect("release");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let dead_left = left(&status, "dead").expect("dead is granted");
+    assert!(dead_left <= 400, "only its waiter lease: {status:?}");
+    // "live" checks in meanwhile; "dead" never does: its grant is dropped, "live" granted.
+    let mut next = None;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let polled = lease_poll(
+            &mut conn,
+            &k,
+            "live",
+            Duration::from_secs(30),
+            Duration::from_millis(400),
+        )
+        .await
+        .expect("poll");
+        if let Acquire::Granted { token, slots } = polled {
+            next = Some((token, slots));
+            break;
+        }
+        lease_poll(
+            &mut conn,
+            &k,
+            "local",
+            Duration::from_secs(30),
+            Duration::from_millis(400),
+        )
+        .await
+        .expect("poll");
+    }
+    let (_, slots) = next.expect("live granted once the dead grant's waiter lease ended");
+    assert_eq!(slots, vec![0], "the dead grant's slot came back");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(left(&status, "dead"), None, "{status:?}");
+    // Its check-in claimed it: a whole lease.
+    assert!(left(&status, "live").expect("live") > 20_000, "{status:?}");
+    assert_eq!(status.in_use, 1);
+    // Released by the process of "local" (its channel): handed back and claimed at once.
+    let released = lease_release(&mut conn, &k, "live", CHANNEL, "1")
+        .await
+        .expect("release");
+    assert_eq!(released.handed.len(), 1, "{released:?}");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert!(
+        left(&status, "local").expect("local") > 20_000,
+        "{status:?}"
+    );
 }
 
 #[tokio::test]
