@@ -440,3 +440,50 @@ async fn a_live_waiter_woken_by_message_holds_past_its_waiter_lease() {
     );
     permit.release().await.expect("the grant was kept");
 }
+
+/// A waiter woken by message that cannot claim its grant (cut off right after the wake-up)
+/// learns it lost the permit no later than the server gives the unclaimed grant back: the
+/// local validity of an unclaimed grant never outlives its waiter lease.
+#[tokio::test]
+async fn a_woken_waiter_that_cannot_claim_its_grant_loses_it_before_the_server_gives_it_back() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let waiter_lease = Duration::from_millis(1_500);
+    let options = LeaseOptions::default()
+        .lease(Duration::from_secs(30))
+        .waiter_lease(waiter_lease);
+    let (sem, holder, b) = lease_waiter(&ctx, &proxy, &options).await;
+    holder.release().await.expect("release");
+    let permit = within(LIMIT, "b", b).await.expect("task").expect("granted");
+    // Cut off before its first renewal (due within half of its waiter lease) can claim it.
+    proxy.set_refusing(true);
+    let status = sem.status().await.expect("status");
+    let read = Instant::now();
+    assert_eq!(&status.holders[0].id, permit.id());
+    let left = status.holders[0].expires_in;
+    assert!(left <= waiter_lease, "unclaimed: {status:?}");
+    // (The server counts whole ms.)
+    let server_end = read + left + Duration::from_millis(1);
+    let local_end = permit.expires_at();
+    assert!(
+        local_end <= server_end,
+        "the local validity ends {:?} after the server's",
+        local_end - server_end
+    );
+    within(LIMIT, "the loss", permit.lost()).await;
+    // (Its timer may fire a little late on a busy machine.)
+    let lost_at = Instant::now();
+    assert!(
+        lost_at <= server_end + Duration::from_millis(100),
+        "lost {:?} after the server gave the grant back",
+        lost_at - server_end
+    );
+    // And the unit came back to others.
+    until("the unit is free again", || async {
+        match sem.try_acquire().await {
+            Ok(next) => next.release().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+}
