@@ -34,6 +34,8 @@ pub use crate::types::{MAX_LEASE, MAX_UNITS, MIN_LEASE};
 ///   a slot number in `0..capacity`, distinct among live holders.
 /// * Waiters are served strictly first-in-first-out; a `try_acquire` fails while anyone waits.
 /// * A permit is renewed in the background; if its holder dies, it comes back within one lease.
+///   A waiter that dies keeps its place, and a grant made to it afterwards, no longer than
+///   its waiter lease ([`LeaseOptions::waiter_lease`]).
 ///
 /// Cloning is cheap and clones share the capacity set by [`LeaseSemaphore::set_capacity`].
 ///

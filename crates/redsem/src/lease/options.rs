@@ -23,7 +23,10 @@ pub struct LeaseOptions {
     /// third of this.
     pub lease: Duration,
     /// How long a queued request keeps its place without checking in (default 10 s). A waiter
-    /// checks in every third of it; a crashed waiter stops blocking the queue after this.
+    /// checks in every third of it; a crashed waiter stops blocking the queue after this, also
+    /// when it was granted after it crashed (the grant is given back unclaimed when the waiter
+    /// lease of its last check-in ends). A permit handed over with a wake-up starts with no
+    /// more than what is left of this, until its first renewal claims the whole lease.
     pub waiter_lease: Duration,
     /// A label recorded with each permit (a host name, an IP, a job id); shown by `status`.
     pub label: Option<String>,
