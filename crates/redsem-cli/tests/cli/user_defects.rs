@@ -15,7 +15,7 @@ const WAITER_LEASE: Duration = Duration::from_secs(10);
 /// A one-node cluster (`--cluster-enabled yes`, every slot added, never met another node)
 /// answers CLUSTER SLOTS and CLUSTER NODES with an empty address for itself, meaning "the
 /// address you asked": `--url redis+cluster://` to it works (it failed with exit 69, "failed
-/// to lookup address information").
+/// to lookup address information"), and `doctor` checks it.
 #[test]
 fn status_through_a_one_node_cluster_that_reports_an_empty_address() {
     let server = RedisServer::start_with(&["--cluster-enabled", "yes"]);
@@ -42,6 +42,16 @@ fn status_through_a_one_node_cluster_that_reports_an_empty_address() {
         .trim()
         .to_owned();
     finish(bare(&["--url", &url, "release", "x", &id])).success();
+    // doctor finds the one primary at the address it asked (it found none: "16384 of 16384
+    // slots have no primary", exit 78).
+    let doctor = finish(bare(&["--url", &url, "doctor"]));
+    assert!(
+        doctor
+            .stdout
+            .contains("1 primaries, 16384 of 16384 slots assigned"),
+        "{doctor:?}"
+    );
+    assert_ne!(doctor.code(), 78, "{doctor:?}");
 }
 
 /// A queued `acquire --wait` killed with SIGKILL, then granted when the holder releases,

@@ -56,7 +56,10 @@ pub(super) async fn cluster_checks(
         .query_async(&mut seed)
         .await;
     let primaries = match topology {
-        Ok(text) => primaries(&text),
+        Ok(text) => {
+            let asked = seed_addr.rsplit_once(':').map_or("", |(host, _)| host);
+            primaries(&text, asked.trim_matches(['[', ']']))
+        }
         Err(err) => {
             checks.push(check(
                 "cluster",
@@ -135,8 +138,10 @@ fn seeds_as_primaries(nodes: &Nodes) -> Vec<Primary> {
         .collect()
 }
 
-/// The primaries that serve slots, from the text of `CLUSTER NODES`, in slot order.
-fn primaries(text: &str) -> Vec<Primary> {
+/// The primaries that serve slots, from the text of `CLUSTER NODES` as the node at host
+/// `asked` answered it, in slot order. An empty address is `asked`'s: a node that never met
+/// another one (a one-node cluster) lists itself so.
+fn primaries(text: &str, asked: &str) -> Vec<Primary> {
     let lines: Vec<Vec<&str>> = text
         .lines()
         .map(|l| l.split_whitespace().collect())
@@ -156,9 +161,10 @@ fn primaries(text: &str) -> Vec<Primary> {
         let Ok(port) = port.parse::<u16>() else {
             continue;
         };
-        if host.is_empty() || port == 0 {
+        if port == 0 {
             continue;
         }
+        let host = if host.is_empty() { asked } else { host };
         let ranges: Vec<(u32, u32)> = fields[8..]
             .iter()
             .filter(|s| !s.starts_with('['))
@@ -311,7 +317,7 @@ e7d1eec 127.0.0.1:30002@40002 master - 0 1700000000000 2 connected 5461-10922
 
     #[test]
     fn primaries_are_read_from_cluster_nodes_in_slot_order() {
-        let found = primaries(NODES);
+        let found = primaries(NODES, "10.0.0.9");
         let summary: Vec<(String, u32, usize, bool)> = found
             .iter()
             .map(|p| (p.addr(), p.slots, p.replicas, p.failing))
@@ -327,8 +333,19 @@ e7d1eec 127.0.0.1:30002@40002 master - 0 1700000000000 2 connected 5461-10922
     }
 
     #[test]
+    fn an_empty_address_is_the_asked_nodes() {
+        let one = "07c3 :7391@17391 myself,master - 0 0 1 connected 0-16383\n";
+        let found = primaries(one, "127.0.0.1");
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].addr(), found[0].slots),
+            ("127.0.0.1:7391".to_owned(), 16384)
+        );
+    }
+
+    #[test]
     fn coverage_fails_on_a_failing_primary_and_names_it() {
-        let found = primaries(NODES);
+        let found = primaries(NODES, "10.0.0.9");
         let ok: HashMap<String, String> = [("cluster_state", "ok")]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
