@@ -93,6 +93,8 @@ struct Entry {
     next: Option<Duration>,
     /// A renewal was sent and has not answered.
     in_flight: bool,
+    /// The primary moved while a renewal was in flight: renew again as soon as it answers.
+    again: bool,
 }
 
 impl Entry {
@@ -154,6 +156,7 @@ impl Keepalive {
             at: Duration::ZERO,
             next,
             in_flight: false,
+            again: false,
         };
         entry.at = entry.event_at();
         let start = {
@@ -196,6 +199,44 @@ impl Keepalive {
         }
     }
 
+    /// Renew every renewed permit at once, whatever its schedule says, each time `moved`
+    /// changes (the primary moved: behind Sentinels, after a failover), for as long as the
+    /// `Redsem` is open.
+    ///
+    /// A grant or renewal that the old primary made after the promoted replica stopped
+    /// following it is unknown to the new primary: the renewal answers that the permit is not
+    /// held, and its holder is told at once ([`Renewable::lose`]) instead of at its next
+    /// renewal, a third of a lease later. A renewal in flight when the primary moves may have
+    /// gone to the old primary: its permit is renewed again as soon as it answers.
+    pub(crate) fn renew_all_when(&self, mut moved: tokio::sync::watch::Receiver<u64>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        let closed = self.closed.clone();
+        moved.mark_unchanged();
+        runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = closed.cancelled() => return,
+                    changed = moved.changed() => if changed.is_err() { return },
+                }
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let now = clock::now();
+                let due = lock(&inner.schedule).renew_all(now);
+                if due > 0 {
+                    tracing::info!(
+                        permits = due,
+                        "the primary moved: renewing every permit now"
+                    );
+                    inner.wake.notify_one();
+                }
+            }
+        });
+    }
+
     fn start_driver(&self) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -230,6 +271,28 @@ impl Schedule {
             }
         }
         Some(entry)
+    }
+
+    /// Make every renewed permit's renewal due at `now`; one in flight is renewed again when
+    /// it answers. Returns how many permits are renewed.
+    fn renew_all(&mut self, now: Duration) -> usize {
+        let tickets: Vec<u64> = self
+            .permits
+            .iter()
+            .filter(|(_, entry)| entry.next.is_some())
+            .map(|(&ticket, _)| ticket)
+            .collect();
+        for &ticket in &tickets {
+            if let Some(entry) = self.permits.get_mut(&ticket) {
+                if entry.in_flight {
+                    entry.again = true;
+                } else {
+                    entry.next = Some(now);
+                }
+            }
+            self.reschedule(ticket);
+        }
+        tickets.len()
     }
 
     /// Move the timer of `ticket` to its entry's next event.
@@ -290,7 +353,9 @@ impl Schedule {
         let entry = self.permits.get_mut(&ticket)?;
         entry.in_flight = false;
         let period = entry.period();
+        let again = std::mem::take(&mut entry.again);
         match outcome {
+            Some(Ok(true)) if again => entry.next = Some(now),
             Some(Ok(true)) => entry.next = entry.next.map(|next| next.max(now) + period),
             Some(Ok(false)) => return self.remove(ticket).map(|entry| entry.state),
             Some(Err(err)) => {

@@ -55,8 +55,9 @@ fn addr_of(client: &redis::Client) -> String {
 ///
 /// Behind Sentinels the manager would reconnect to the old primary forever. Every command
 /// first checks (one read of a counter) whether the Sentinels named a new primary since its
-/// manager was made, and starts a new manager for it if so. They are asked each second (see
-/// [`Sentinels::locate`]) and after an error that says the primary may have moved (I/O, a
+/// manager was made, and starts a new manager for it if so. They are asked when one of them
+/// announces a new primary (`+switch-master`), each second (see [`Sentinels::locate`]) and
+/// after an error that says the primary may have moved (I/O, a
 /// refused connection, a timeout, `READONLY` from a demoted primary); such a command is sent
 /// once more when the primary did move.
 #[derive(Clone)]
