@@ -190,8 +190,8 @@ impl Single {
     /// Send through the current manager; if that fails because the primary moved and the
     /// manager was replaced meanwhile (by this call or another), send once more through the
     /// new one. Resending is safe: every script applies a resent request once (see the
-    /// README's guarantees), a command refused with `READONLY` or `NOREPLICAS` did not run, and one that
-    /// reached the old primary otherwise is lost with it.
+    /// README's guarantees), a command refused with `READONLY` or `NOREPLICAS` did not run,
+    /// and one that reached the old primary otherwise is lost with it.
     async fn send<T, Fut>(
         &self,
         send: impl Fn(ConnectionManager) -> Fut,
