@@ -22,7 +22,8 @@ impl Redsem {
     /// dropped connection, `READONLY` from a demoted primary, a timeout; at most one question
     /// at a time, at most every 250 ms). So every client moves when the failover's leader
     /// announces it, within milliseconds of each other, and the once-a-second look remains
-    /// for a Sentinel whose events are missed. When the client moves, every permit held
+    /// for a Sentinel whose events are missed (or whose user may not `SUBSCRIBE` to
+    /// `+switch-master`). When the client moves, every permit held
     /// through it is renewed at once on the new primary: a grant the new primary does not
     /// have fires its holder's [`LeasePermit::lost`](crate::LeasePermit::lost) then, not a
     /// third of a lease later. When they name another one, the next
