@@ -251,7 +251,8 @@ fn judge_min_replicas(to_write: Option<u64>, max_lag: Option<u64>, replicas: u64
                 "min-replicas-to-write 0: after a failover the old primary takes writes until \
                  the Sentinels demote it (about 10 s after a forced one), and clients that have \
                  not moved yet lose the grants made there; {ADVICE}, so that it refuses them \
-                 once no replica follows it"
+                 once no replica follows it (a new primary then also refuses writes until the \
+                 replica re-pointed to it has synced)"
             ),
         );
     }
