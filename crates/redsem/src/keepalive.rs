@@ -420,3 +420,92 @@ async fn renewal(ticket: u64, state: Arc<dyn Renewable>) -> Renewed {
         outcome = state.refresh() => (ticket, Some(outcome.map(|sent| sent.is_some()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A permit that only answers what the schedule asks.
+    struct Fake {
+        ticket: u64,
+        id: PermitId,
+    }
+
+    impl Renewable for Fake {
+        fn ticket(&self) -> u64 {
+            self.ticket
+        }
+        fn lease(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn valid_until(&self) -> Duration {
+            Duration::from_secs(1_000)
+        }
+        fn semaphore(&self) -> &str {
+            "s"
+        }
+        fn id(&self) -> &PermitId {
+            &self.id
+        }
+        fn lose(&self, _why: &str) {}
+        fn gone(&self) -> BoxFuture<'_, ()> {
+            Box::pin(std::future::pending())
+        }
+        fn refresh(&self) -> BoxFuture<'_, Result<Option<Duration>>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    fn entry(ticket: u64, next: Option<Duration>) -> Entry {
+        let mut entry = Entry {
+            state: Arc::new(Fake {
+                ticket,
+                id: PermitId::random(),
+            }),
+            at: Duration::ZERO,
+            next,
+            in_flight: false,
+            again: false,
+        };
+        entry.at = entry.event_at();
+        entry
+    }
+
+    #[test]
+    fn after_a_move_every_renewed_permit_is_due_at_once_and_one_in_flight_again_on_its_answer() {
+        let mut schedule = Schedule::default();
+        let lease = Duration::from_secs(30);
+        let now = Duration::from_secs(100);
+        // Renewed at 110 s; renewed, its renewal in flight; not renewed.
+        schedule.insert(1, entry(1, Some(Duration::from_secs(110))), lease);
+        schedule.insert(2, entry(2, Some(Duration::from_secs(99))), lease);
+        schedule.insert(3, entry(3, None), lease);
+        let (mut renew, mut lost) = (Vec::new(), Vec::new());
+        schedule.fire(now, &mut renew, &mut lost);
+        assert_eq!(
+            renew.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [2],
+            "only the due one"
+        );
+        renew.clear();
+
+        assert_eq!(schedule.renew_all(now), 2, "the two renewed permits");
+        schedule.fire(now, &mut renew, &mut lost);
+        assert_eq!(
+            renew.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [1],
+            "the idle one at once"
+        );
+        assert!(schedule.permits[&2].again, "the one in flight is marked");
+
+        // Its answer (from the old primary, maybe) makes it due at once, not a third later.
+        let later = now + Duration::from_millis(5);
+        assert!(schedule.completed((2, Some(Ok(true))), later).is_none());
+        assert_eq!(schedule.permits[&2].next, Some(later));
+        assert!(!schedule.permits[&2].again);
+        // An answer without a move schedules the next renewal a third of the lease later.
+        assert!(schedule.completed((1, Some(Ok(true))), later).is_none());
+        assert_eq!(schedule.permits[&1].next, Some(later + lease / 3));
+        assert!(schedule.permits[&3].next.is_none(), "not renewed stays so");
+    }
+}
