@@ -13,7 +13,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How many times `redis-cli --cluster create` is tried.
 const CREATE_ATTEMPTS: usize = 3;
 
-/// A Redis Cluster of masters without replicas, each a [`RedisServer`] in cluster mode.
+/// A Redis Cluster of masters, each a [`RedisServer`] in cluster mode; without replicas
+/// unless started with [`start_with_replicas`](Self::start_with_replicas).
 ///
 /// Started with [`start_behind_proxies`](Self::start_behind_proxies), every node is reached
 /// through its own [`FaultProxy`], so a test can cut, delay or lose the replies of one node.
@@ -24,6 +25,8 @@ pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     /// Empty, or `proxies[i]` in front of `nodes[i]`.
     proxies: Vec<FaultProxy>,
+    /// Replicas per master (`redis-cli --cluster create --cluster-replicas`).
+    replicas: usize,
 }
 
 impl RedisCluster {
@@ -50,10 +53,216 @@ impl RedisCluster {
         let cluster = RedisCluster {
             nodes,
             proxies: Vec::new(),
+            replicas: 0,
         };
         cluster.create();
         cluster.wait_ready();
         cluster
+    }
+
+    /// Like [`start`](Self::start), with one replica per master (`2 * masters` nodes, joined by
+    /// `redis-cli --cluster create --cluster-replicas 1`; the nodes' `cluster-node-timeout` is
+    /// 2 s, so a dead master's replica is elected in a few seconds). Returns once every replica
+    /// is in sync with its master.
+    ///
+    /// Which node became a replica of which is read from the cluster:
+    /// [`replica_for_key`](Self::replica_for_key), [`failover_for_key`](Self::failover_for_key).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also if a replica is not in sync within 20 s.
+    pub fn start_with_replicas(masters: usize) -> RedisCluster {
+        assert!(
+            masters >= 3,
+            "a Redis Cluster needs at least 3 masters, got {masters}"
+        );
+        let nodes = (0..masters * 2)
+            .map(|_| RedisServer::start_cluster_node())
+            .collect();
+        let cluster = RedisCluster {
+            nodes,
+            proxies: Vec::new(),
+            replicas: 1,
+        };
+        cluster.create();
+        cluster.wait_ready();
+        cluster.wait_replicas_in_sync();
+        cluster
+    }
+
+    /// The replica of the master serving the slot of `key` now.
+    ///
+    /// # Panics
+    ///
+    /// If the cluster has no replicas, or as [`node_for_key`](Self::node_for_key).
+    pub fn replica_for_key(&self, key: &str) -> &RedisServer {
+        &self.nodes[self.replica_index(key)]
+    }
+
+    /// Wait until the replica of the master serving `key` has every write its master took
+    /// (`WAIT 1` on the master).
+    ///
+    /// # Panics
+    ///
+    /// If it does not within 10 s.
+    pub fn wait_key_replicated(&self, key: &str) {
+        let owner = self.node_for_key(key);
+        let acked: i64 = owner
+            .query(redis::cmd("WAIT").arg(1).arg(10_000))
+            .unwrap_or_else(|e| self.fail(&format!("WAIT on node {}: {e}", owner.port())));
+        if acked < 1 {
+            self.fail(&format!(
+                "the replica of node {} did not acknowledge its writes within 10 s",
+                owner.port()
+            ));
+        }
+    }
+
+    /// `CLUSTER FAILOVER` on the replica of the master serving `key` (a manual failover: the
+    /// master stops taking writes until the replica has them all, then they swap roles), and
+    /// wait until every node says the replica serves the slot. Returns its port.
+    ///
+    /// # Panics
+    ///
+    /// If the replica refuses, or the nodes do not agree within 20 s.
+    pub fn failover_for_key(&self, key: &str) -> u16 {
+        let old = self.node_for_key(key).port();
+        let replica = self.replica_for_key(key);
+        let () = replica
+            .query(redis::cmd("CLUSTER").arg("FAILOVER"))
+            .unwrap_or_else(|e| self.fail(&format!("CLUSTER FAILOVER on {}: {e}", replica.port())));
+        let new = self.wait_key_moved(key, old, READY_TIMEOUT);
+        assert_eq!(
+            new,
+            replica.port(),
+            "the replica took over the slot of {key:?}"
+        );
+        new
+    }
+
+    /// Kill (`SIGKILL`) the master serving `key`; returns its port. Its replica is elected after
+    /// the node timeout (2 s): wait for it with [`wait_key_moved`](Self::wait_key_moved).
+    ///
+    /// # Panics
+    ///
+    /// As [`node_for_key`](Self::node_for_key).
+    pub fn kill_owner_of(&mut self, key: &str) -> u16 {
+        let index = self.owner_of(key);
+        let port = self.nodes[index].port();
+        self.nodes[index].stop();
+        port
+    }
+
+    /// Wait until every running node says that a master other than the one on `old` serves
+    /// the slot of `key`, and that master answers `ROLE` as one; returns its port.
+    ///
+    /// # Panics
+    ///
+    /// If that does not happen within `limit`.
+    pub fn wait_key_moved(&self, key: &str, old: u16, limit: Duration) -> u16 {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut named = Vec::new();
+            let mut slot = None;
+            for node in &self.nodes {
+                let asked: redis::RedisResult<(u16, String)> = node
+                    .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+                    .and_then(|slot| {
+                        let nodes: String = node.query(redis::cmd("CLUSTER").arg("NODES"))?;
+                        Ok((slot, nodes))
+                    });
+                // A stopped node does not answer: the others decide.
+                if let Ok((s, listing)) = asked {
+                    slot = Some(s);
+                    named.push(master_of_slot(&listing, s));
+                }
+            }
+            let agreed = named
+                .first()
+                .copied()
+                .flatten()
+                .filter(|first| *first != old && named.iter().all(|n| *n == Some(*first)));
+            if let Some(port) = agreed
+                && let Some(node) = self.nodes.iter().find(|n| n.port() == port)
+            {
+                let role: redis::RedisResult<Vec<redis::Value>> = node.query(&redis::cmd("ROLE"));
+                let first = role.ok().and_then(|r| {
+                    r.first()
+                        .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                });
+                if first.as_deref() == Some("master") {
+                    return port;
+                }
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "the nodes did not agree on a new master of slot {slot:?} of {key:?} (old \
+                     {old}) within {limit:?}: they name {named:?}"
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// The index in `nodes` of the replica of the master serving `key`.
+    fn replica_index(&self, key: &str) -> usize {
+        assert!(
+            self.replicas > 0,
+            "replica_for_key needs a cluster started with RedisCluster::start_with_replicas"
+        );
+        let owner = self.nodes[self.owner_of(key)].port();
+        self.nodes
+            .iter()
+            .position(|node| {
+                let Ok(info) = node.query::<String>(redis::cmd("INFO").arg("replication")) else {
+                    return false;
+                };
+                info.lines().any(|l| l.trim() == "role:slave")
+                    && info
+                        .lines()
+                        .any(|l| l.trim() == format!("master_port:{owner}"))
+            })
+            .unwrap_or_else(|| self.fail(&format!("no replica of node {owner} (serving {key:?})")))
+    }
+
+    /// Poll until every replica's link to its master is up and synced.
+    fn wait_replicas_in_sync(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let pending: Vec<String> = self
+                .nodes
+                .iter()
+                .filter_map(|node| {
+                    let info: String = match node.query(redis::cmd("INFO").arg("replication")) {
+                        Ok(info) => info,
+                        Err(e) => return Some(format!("node {}: {e}", node.port())),
+                    };
+                    let has = |line: &str| info.lines().any(|l| l.trim() == line);
+                    let replica = has("role:slave");
+                    (replica && !(has("master_link_status:up") && has("master_sync_in_progress:0")))
+                        .then(|| format!("node {}: replica not in sync", node.port()))
+                })
+                .collect();
+            let replicas = self
+                .nodes
+                .iter()
+                .filter(|node| {
+                    node.query::<String>(redis::cmd("INFO").arg("replication"))
+                        .is_ok_and(|info| info.lines().any(|l| l.trim() == "role:slave"))
+                })
+                .count();
+            if pending.is_empty() && replicas == self.nodes.len() / (self.replicas + 1) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "the replicas were not in sync within {READY_TIMEOUT:?} ({replicas} \
+                     replicas):\n{}",
+                    pending.join("\n")
+                ));
+            }
+            thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// Like [`start`](Self::start), with a [`FaultProxy`] in front of every node, and every node
@@ -87,7 +296,11 @@ impl RedisCluster {
             node.set_config_persistently("cluster-announce-port", &proxy.port().to_string());
             node.set_config_persistently("cluster-announce-bus-port", &bus_port.to_string());
         }
-        let cluster = RedisCluster { nodes, proxies };
+        let cluster = RedisCluster {
+            nodes,
+            proxies,
+            replicas: 0,
+        };
         cluster.create();
         cluster.wait_ready();
         cluster.wait_announced();
@@ -163,7 +376,11 @@ impl RedisCluster {
             let output = Command::new(&cli)
                 .args(["--cluster", "create"])
                 .args(&addresses)
-                .args(["--cluster-replicas", "0", "--cluster-yes"])
+                .args([
+                    "--cluster-replicas",
+                    &self.replicas.to_string(),
+                    "--cluster-yes",
+                ])
                 .stdin(Stdio::null())
                 .output()
                 .unwrap_or_else(|e| spawn_failed(&cli, "REDSEM_REDIS_CLI", &e));

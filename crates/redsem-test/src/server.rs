@@ -30,9 +30,9 @@ const FILLER_TTL_MS: u64 = 3_600_000;
 /// A `redis-server` process on a free port of 127.0.0.1, with its own temporary directory.
 ///
 /// Dropping it kills and reaps the process and removes the directory. On Linux the server also
-/// gets `SIGKILL` when the thread that started it exits (`PR_SET_PDEATHSIG`), so a test killed by
-/// a timeout leaves no server behind; start servers on the test's own thread, not on a
-/// short-lived one.
+/// gets `SIGKILL` when the test process exits (`PR_SET_PDEATHSIG`, set from one spawning thread
+/// that lives as long as the process), so a test killed by a timeout leaves no server behind;
+/// a server may be started on any thread, a short-lived one too.
 #[derive(Debug)]
 pub struct RedisServer {
     process: Option<Child>,
@@ -614,8 +614,42 @@ pub(crate) fn spawn_redis_server(args: impl FnOnce(&mut Command), stderr: fs::Fi
         .stdout(Stdio::null())
         .stderr(stderr);
     die_with_parent(&mut cmd);
-    cmd.spawn()
-        .unwrap_or_else(|e| spawn_failed(&bin, "REDSEM_REDIS_SERVER", &e))
+    spawn_from_the_spawner(cmd).unwrap_or_else(|e| spawn_failed(&bin, "REDSEM_REDIS_SERVER", &e))
+}
+
+/// A request to the spawner thread: the command, and where to send the child.
+type SpawnRequest = (Command, std::sync::mpsc::Sender<io::Result<Child>>);
+
+/// Spawn `cmd` from one thread that lives as long as the process.
+///
+/// The kernel's parent-death signal (`PR_SET_PDEATHSIG`, see `die_with_parent`) fires when the
+/// *thread* that forked the child exits, not the process. A server started on a transient
+/// thread (a `spawn_blocking` thread of tokio, which idles out after 10 s) would be killed with
+/// it; spawned from here, every server dies with the process instead.
+fn spawn_from_the_spawner(cmd: Command) -> io::Result<Child> {
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<SpawnRequest>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (requests, incoming) = std::sync::mpsc::channel::<SpawnRequest>();
+        thread::Builder::new()
+            .name("redsem-test-spawner".to_owned())
+            .spawn(move || {
+                for (mut cmd, reply) in incoming {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("start the thread that spawns the test servers");
+        std::sync::Mutex::new(requests)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send((cmd, reply))
+        .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the spawner thread did not answer"))?
 }
 
 /// Panic because `bin` (configured by `$var`) could not be run.
@@ -642,7 +676,8 @@ fn last_lines(text: &str) -> String {
     lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
 }
 
-/// Have the kernel kill the server with `SIGKILL` when the spawning thread dies.
+/// Have the kernel kill the server with `SIGKILL` when the spawning thread dies (the spawner
+/// thread, which lives as long as the process).
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn die_with_parent(cmd: &mut Command) {

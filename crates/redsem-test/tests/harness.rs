@@ -108,14 +108,58 @@ fn drop_kills_the_process_and_removes_the_dir() {
     assert!(!dir.exists(), "{} was not removed", dir.display());
 }
 
+/// A server started on a thread that exits (as a `spawn_blocking` thread of tokio does when it
+/// idles out) keeps running: the parent-death signal is tied to the kit's spawner thread, which
+/// lives as long as the process. It used to be tied to the starting thread, and a
+/// `RedisSentinels` started on a `spawn_blocking` thread lost all its servers ~10 s later.
 #[cfg(target_os = "linux")]
 #[test]
-fn server_dies_with_the_thread_that_started_it() {
+fn a_server_started_on_a_short_lived_thread_outlives_it() {
     let mut server = std::thread::spawn(RedisServer::start)
         .join()
         .expect("the starting thread did not panic");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.is_running(),
+        "the server died with the thread that started it"
+    );
+    let pong: String = redis::cmd("PING")
+        .query(&mut server.connection())
+        .expect("PING");
+    assert_eq!(pong, "PONG");
+}
+
+/// Run by [`a_server_dies_with_the_process_that_started_it`] in a child process: start a server,
+/// print its pid, and leave without stopping it.
+#[test]
+#[ignore = "run by a_server_dies_with_the_process_that_started_it"]
+fn start_a_server_and_leave_it() {
+    let server = RedisServer::start();
+    println!("server pid {}", server.pid());
+    std::mem::forget(server);
+}
+
+/// A server whose test process exits without stopping it gets `SIGKILL`.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_dies_with_the_process_that_started_it() {
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "start_a_server_and_leave_it",
+            "--nocapture",
+        ])
+        .output()
+        .expect("run the test binary");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let pid: u32 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("server pid "))
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in the child's output:\n{stdout}"));
     eventually(LIMIT, "the orphaned server gets SIGKILL", || {
-        !server.is_running()
+        !process_exists(pid)
     });
 }
 

@@ -93,6 +93,8 @@ struct Entry {
     next: Option<Duration>,
     /// A renewal was sent and has not answered.
     in_flight: bool,
+    /// The primary moved while a renewal was in flight: renew again as soon as it answers.
+    again: bool,
 }
 
 impl Entry {
@@ -154,6 +156,7 @@ impl Keepalive {
             at: Duration::ZERO,
             next,
             in_flight: false,
+            again: false,
         };
         entry.at = entry.event_at();
         let start = {
@@ -196,6 +199,44 @@ impl Keepalive {
         }
     }
 
+    /// Renew every renewed permit at once, whatever its schedule says, each time `moved`
+    /// changes (the primary moved: behind Sentinels, after a failover), for as long as the
+    /// `Redsem` is open.
+    ///
+    /// A grant or renewal that the old primary made after the promoted replica stopped
+    /// following it is unknown to the new primary: the renewal answers that the permit is not
+    /// held, and its holder is told at once ([`Renewable::lose`]) instead of at its next
+    /// renewal, a third of a lease later. A renewal in flight when the primary moves may have
+    /// gone to the old primary: its permit is renewed again as soon as it answers.
+    pub(crate) fn renew_all_when(&self, mut moved: tokio::sync::watch::Receiver<u64>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(&self.inner);
+        let closed = self.closed.clone();
+        moved.mark_unchanged();
+        runtime.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = closed.cancelled() => return,
+                    changed = moved.changed() => if changed.is_err() { return },
+                }
+                let Some(inner) = inner.upgrade() else {
+                    return;
+                };
+                let now = clock::now();
+                let due = lock(&inner.schedule).renew_all(now);
+                if due > 0 {
+                    tracing::info!(
+                        permits = due,
+                        "the primary moved: renewing every permit now"
+                    );
+                    inner.wake.notify_one();
+                }
+            }
+        });
+    }
+
     fn start_driver(&self) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -230,6 +271,28 @@ impl Schedule {
             }
         }
         Some(entry)
+    }
+
+    /// Make every renewed permit's renewal due at `now`; one in flight is renewed again when
+    /// it answers. Returns how many permits are renewed.
+    fn renew_all(&mut self, now: Duration) -> usize {
+        let tickets: Vec<u64> = self
+            .permits
+            .iter()
+            .filter(|(_, entry)| entry.next.is_some())
+            .map(|(&ticket, _)| ticket)
+            .collect();
+        for &ticket in &tickets {
+            if let Some(entry) = self.permits.get_mut(&ticket) {
+                if entry.in_flight {
+                    entry.again = true;
+                } else {
+                    entry.next = Some(now);
+                }
+            }
+            self.reschedule(ticket);
+        }
+        tickets.len()
     }
 
     /// Move the timer of `ticket` to its entry's next event.
@@ -290,7 +353,9 @@ impl Schedule {
         let entry = self.permits.get_mut(&ticket)?;
         entry.in_flight = false;
         let period = entry.period();
+        let again = std::mem::take(&mut entry.again);
         match outcome {
+            Some(Ok(true)) if again => entry.next = Some(now),
             Some(Ok(true)) => entry.next = entry.next.map(|next| next.max(now) + period),
             Some(Ok(false)) => return self.remove(ticket).map(|entry| entry.state),
             Some(Err(err)) => {
@@ -353,5 +418,94 @@ async fn renewal(ticket: u64, state: Arc<dyn Renewable>) -> Renewed {
         biased;
         () = state.gone() => (ticket, None),
         outcome = state.refresh() => (ticket, Some(outcome.map(|sent| sent.is_some()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A permit that only answers what the schedule asks.
+    struct Fake {
+        ticket: u64,
+        id: PermitId,
+    }
+
+    impl Renewable for Fake {
+        fn ticket(&self) -> u64 {
+            self.ticket
+        }
+        fn lease(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn valid_until(&self) -> Duration {
+            Duration::from_secs(1_000)
+        }
+        fn semaphore(&self) -> &str {
+            "s"
+        }
+        fn id(&self) -> &PermitId {
+            &self.id
+        }
+        fn lose(&self, _why: &str) {}
+        fn gone(&self) -> BoxFuture<'_, ()> {
+            Box::pin(std::future::pending())
+        }
+        fn refresh(&self) -> BoxFuture<'_, Result<Option<Duration>>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    fn entry(ticket: u64, next: Option<Duration>) -> Entry {
+        let mut entry = Entry {
+            state: Arc::new(Fake {
+                ticket,
+                id: PermitId::random(),
+            }),
+            at: Duration::ZERO,
+            next,
+            in_flight: false,
+            again: false,
+        };
+        entry.at = entry.event_at();
+        entry
+    }
+
+    #[test]
+    fn after_a_move_every_renewed_permit_is_due_at_once_and_one_in_flight_again_on_its_answer() {
+        let mut schedule = Schedule::default();
+        let lease = Duration::from_secs(30);
+        let now = Duration::from_secs(100);
+        // Renewed at 110 s; renewed, its renewal in flight; not renewed.
+        schedule.insert(1, entry(1, Some(Duration::from_secs(110))), lease);
+        schedule.insert(2, entry(2, Some(Duration::from_secs(99))), lease);
+        schedule.insert(3, entry(3, None), lease);
+        let (mut renew, mut lost) = (Vec::new(), Vec::new());
+        schedule.fire(now, &mut renew, &mut lost);
+        assert_eq!(
+            renew.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [2],
+            "only the due one"
+        );
+        renew.clear();
+
+        assert_eq!(schedule.renew_all(now), 2, "the two renewed permits");
+        schedule.fire(now, &mut renew, &mut lost);
+        assert_eq!(
+            renew.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [1],
+            "the idle one at once"
+        );
+        assert!(schedule.permits[&2].again, "the one in flight is marked");
+
+        // Its answer (from the old primary, maybe) makes it due at once, not a third later.
+        let later = now + Duration::from_millis(5);
+        assert!(schedule.completed((2, Some(Ok(true))), later).is_none());
+        assert_eq!(schedule.permits[&2].next, Some(later));
+        assert!(!schedule.permits[&2].again);
+        // An answer without a move schedules the next renewal a third of the lease later.
+        assert!(schedule.completed((1, Some(Ok(true))), later).is_none());
+        assert_eq!(schedule.permits[&1].next, Some(later + lease / 3));
+        assert!(schedule.permits[&3].next.is_none(), "not renewed stays so");
     }
 }

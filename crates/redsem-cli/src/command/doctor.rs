@@ -46,7 +46,9 @@ On a cluster (redis+cluster://) every primary is checked, each row naming its no
 assigned and served, and the primaries without a replica. Behind Sentinels
 (redis+sentinel://) the primary they name is checked, and a sentinel row says which
 Sentinels answer and whether they agree on the primary, the quorum and whether a failover
-can be authorized (CKQUORUM), and the replicas known with their link and lag.
+can be authorized (CKQUORUM), and the replicas known with their link and lag; a
+min-replicas row advises min-replicas-to-write 1 (a primary left by its replicas after a
+failover then refuses the writes that would be lost).
 
 Exit codes: 0 every check ok · 1 the worst is a warning · 78 a check failed (redsem's
 guarantees would not hold, or it cannot work) · 2 usage error · 69 Redis unreachable";
@@ -131,11 +133,12 @@ struct Report {
 }
 
 /// The order of the rows: every node's row of one check, then the next check.
-const ORDER: [&str; 8] = [
+const ORDER: [&str; 9] = [
     "version",
     "maxmemory-policy",
     "persistence",
     "replication",
+    "min-replicas",
     "cluster",
     "sentinel",
     "acl",
@@ -171,6 +174,11 @@ impl Args {
                 let mut checks =
                     node_checks(ctx.replica_acks(), &mut conn, &info, &findings, Some(&node)).await;
                 checks.push(sentinel::row(ctx, &nodes, &master, (&host, port), &info).await);
+                checks.push(
+                    sentinel::min_replicas_row(&mut conn, &info)
+                        .await
+                        .on(Some(&node)),
+                );
                 checks
             }
             _ => return Err(crate::target::unsupported(ctx.url())),

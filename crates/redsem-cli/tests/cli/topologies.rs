@@ -378,6 +378,25 @@ fn doctor_behind_sentinels_checks_the_primary_and_reports_the_sentinels_and_repl
         );
     }
 
+    // min-replicas-to-write is advised (the kit's servers run without it), then passes.
+    let advice = rows(&report, "min-replicas");
+    assert_eq!(advice.len(), 1, "{report}");
+    assert_eq!(advice[0].1, "warn", "{report}");
+    assert!(
+        advice[0].2.contains("set min-replicas-to-write 1"),
+        "{report}"
+    );
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(1)
+        .query(&mut deployment.primary().connection())
+        .expect("CONFIG SET min-replicas-to-write");
+    let (_, report) = doctor(&deployment.url());
+    let advice = rows(&report, "min-replicas");
+    assert_eq!(advice[0].1, "ok", "{report}");
+    assert!(advice[0].2.contains("min-replicas-to-write 1"), "{report}");
+
     // A Sentinel that is gone is named, as a warning.
     let gone = crate::support::closed_port();
     let url = deployment.url().replacen(

@@ -14,11 +14,19 @@ impl Redsem {
     /// or another database, connect with a `redis+sentinel://` URL (see
     /// [`Redsem::connect`]).
     ///
-    /// The Sentinels are asked which primary they name once a second (`SENTINEL MASTER` to
-    /// each, on kept connections; the answer of the latest configuration epoch wins, so a
-    /// Sentinel that has not heard of a failover yet cannot move the client back), and after an error that says the primary may have
-    /// moved (a dropped connection, `READONLY` from a demoted primary, a timeout; at most one
-    /// question at a time, at most every 250 ms). When they name another one, the next
+    /// The Sentinels are asked which primary they name as soon as one of them announces a
+    /// new one (each client listens to every Sentinel's `+switch-master` events), once a
+    /// second (`SENTINEL MASTER` to each, on kept connections; the answer of the latest
+    /// configuration epoch wins, so a Sentinel that has not heard of a failover yet cannot
+    /// move the client back), and after an error that says the primary may have moved (a
+    /// dropped connection, `READONLY` from a demoted primary, a timeout; at most one question
+    /// at a time, at most every 250 ms). So every client moves when the failover's leader
+    /// announces it, within milliseconds of each other, and the once-a-second look remains
+    /// for a Sentinel whose events are missed (or whose user may not `SUBSCRIBE` to
+    /// `+switch-master`). When the client moves, every permit held
+    /// through it is renewed at once on the new primary: a grant the new primary does not
+    /// have fires its holder's [`LeasePermit::lost`](crate::LeasePermit::lost) then, not a
+    /// third of a lease later. When they name another one, the next
     /// command goes there (one refused with `READONLY` or a dropped connection is sent again,
     /// which every script applies once), and the pub/sub connection moves too, where queued
     /// requests subscribe again. The once-a-second look matters: after a forced failover
@@ -210,6 +218,13 @@ impl Redsem {
         let timeout = options.connect_timeout * 2 + options.response_timeout;
         let sentinels =
             crate::conn::Sentinels::start(asker, sentinels, master_name, timeout).await?;
-        Self::connect_primary(crate::conn::Source::Sentinel(sentinels), options).await
+        let source = crate::conn::Source::Sentinel(sentinels);
+        let moved = source.moved();
+        let redsem = Self::connect_primary(source, options).await?;
+        // Every permit held through this client proves itself on the new primary at once.
+        if let Some(moved) = moved {
+            redsem.shared.keepalive.renew_all_when(moved);
+        }
+        Ok(redsem)
     }
 }

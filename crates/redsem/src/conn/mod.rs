@@ -55,10 +55,11 @@ fn addr_of(client: &redis::Client) -> String {
 ///
 /// Behind Sentinels the manager would reconnect to the old primary forever. Every command
 /// first checks (one read of a counter) whether the Sentinels named a new primary since its
-/// manager was made, and starts a new manager for it if so. They are asked each second (see
-/// [`Sentinels::locate`]) and after an error that says the primary may have moved (I/O, a
-/// refused connection, a timeout, `READONLY` from a demoted primary); such a command is sent
-/// once more when the primary did move.
+/// manager was made, and starts a new manager for it if so. They are asked when one of them
+/// announces a new primary (`+switch-master`), each second (see [`Sentinels::locate`]) and
+/// after an error that says the primary may have moved (I/O, a
+/// refused connection, a timeout, `READONLY` from a demoted primary, `NOREPLICAS` from one
+/// its replicas left); such a command is sent once more when the primary did move.
 #[derive(Clone)]
 pub(crate) struct Single {
     inner: Arc<SingleInner>,
@@ -175,7 +176,8 @@ impl Single {
                         || err.is_connection_dropped()
                         || err.is_connection_refusal()
                         || err.is_timeout()
-                        || err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)) =>
+                        || err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+                        || err.code() == Some(NO_REPLICAS)) =>
             {
                 Failure::MayHaveMoved
             }
@@ -188,8 +190,8 @@ impl Single {
     /// Send through the current manager; if that fails because the primary moved and the
     /// manager was replaced meanwhile (by this call or another), send once more through the
     /// new one. Resending is safe: every script applies a resent request once (see the
-    /// README's guarantees), a command refused with `READONLY` did not run, and one that
-    /// reached the old primary otherwise is lost with it.
+    /// README's guarantees), a command refused with `READONLY` or `NOREPLICAS` did not run,
+    /// and one that reached the old primary otherwise is lost with it.
     async fn send<T, Fut>(
         &self,
         send: impl Fn(ConnectionManager) -> Fut,
@@ -234,13 +236,19 @@ enum Failure {
 fn describe<T>(result: &redis::RedisResult<T>) -> String {
     match result {
         Err(err) => err.to_string(),
-        Ok(_) => "READONLY: the server is a replica now".to_owned(),
+        Ok(_) => "READONLY or NOREPLICAS: the primary may have moved".to_owned(),
     }
 }
 
-/// Whether `reply` is a `READONLY` refusal.
+/// The refusal of a primary with `min-replicas-to-write` that fewer replicas follow: after a
+/// failover, the old primary once its replicas left it.
+const NO_REPLICAS: &str = "NOREPLICAS";
+
+/// Whether `reply` is a refusal that says the primary may have moved: `READONLY` (a demoted
+/// primary) or `NOREPLICAS` (one its replicas left). Neither ran the command.
 fn is_readonly(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::ReadOnly))
+    matches!(reply, Value::ServerError(err)
+        if err.kind() == Some(ServerErrorKind::ReadOnly) || err.code() == NO_REPLICAS)
 }
 
 /// Whether a reply of a pipeline is a `READONLY` refusal.

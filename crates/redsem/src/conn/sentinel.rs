@@ -164,6 +164,9 @@ impl Sentinels {
                 }
             }
         });
+        for (client, _) in &sentinels.sentinels {
+            tokio::spawn(listen(client.clone(), Arc::downgrade(&sentinels)));
+        }
         Ok(sentinels)
     }
 
@@ -282,6 +285,72 @@ impl Sentinels {
             *kept.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         answer
+    }
+}
+
+/// The channel on which a Sentinel announces that it names a new primary, at the end of a
+/// failover: `<master name> <old ip> <old port> <new ip> <new port>`.
+#[cfg(feature = "sentinel")]
+const SWITCH_MASTER: &str = "+switch-master";
+
+/// Listen to one Sentinel's `+switch-master` events, for as long as `sentinels` lives, and ask
+/// every Sentinel at once (decided by the configuration epoch, as every look is) when it
+/// announces one for our primary. So every client moves when the first Sentinel (the failover's
+/// leader) announces the switch, not at its own next look. Reconnects after
+/// [`WATCH_EVERY`] when the connection fails; the looks go on meanwhile.
+#[cfg(feature = "sentinel")]
+async fn listen(client: redis::Client, sentinels: std::sync::Weak<Sentinels>) {
+    use futures_util::StreamExt;
+    loop {
+        let Some(timeout) = sentinels.upgrade().map(|s| s.timeout) else {
+            return;
+        };
+        let subscribed = tokio::time::timeout(timeout, async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(SWITCH_MASTER).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+        .await;
+        let mut pubsub = match subscribed {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(err)) => {
+                tracing::debug!(sentinel = %addr_of(&client), error = %err, "cannot listen to the Sentinel's +switch-master");
+                tokio::time::sleep(WATCH_EVERY).await;
+                continue;
+            }
+            Err(_) => {
+                tokio::time::sleep(WATCH_EVERY).await;
+                continue;
+            }
+        };
+        let mut messages = pubsub.on_message();
+        loop {
+            let message = tokio::select! {
+                message = messages.next() => message,
+                // Stop listening soon after the client goes.
+                () = tokio::time::sleep(WATCH_EVERY) => {
+                    if sentinels.strong_count() == 0 {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(message) = message else {
+                break;
+            };
+            let Some(sentinels) = sentinels.upgrade() else {
+                return;
+            };
+            let payload: String = message.get_payload().unwrap_or_default();
+            if payload.split(' ').next() != Some(sentinels.master_name.as_str()) {
+                continue;
+            }
+            tracing::info!(sentinel = %addr_of(&client), switch = %payload, "a Sentinel announces a new primary");
+            if let Err(err) = sentinels.locate(true).await {
+                tracing::debug!(error = %err, "could not ask the Sentinels which primary they name");
+            }
+        }
+        tokio::time::sleep(crate::retry::RETRY_EVERY).await;
     }
 }
 

@@ -1,9 +1,9 @@
 //! The same primitives on a 3-master Redis Cluster: every script lands on the node that owns
 //! its semaphore's hash tag, and wake-ups cross nodes through cluster-wide pub/sub.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redsem::{Redsem, RedsemOptions};
+use redsem::{Error, Redsem, RedsemOptions};
 
 use crate::support::*;
 
@@ -148,4 +148,177 @@ async fn hand_off_on_every_node(a: &Redsem, b: &Redsem, names: &[String]) {
         assert!(next.token() > first_token, "{name}: tokens keep increasing");
         next.release().await.expect("release");
     }
+}
+
+/// How a node of a cluster fails over in [`across_a_node_failover`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// `CLUSTER FAILOVER` on its replica: the master stops taking writes until the replica has
+    /// them all, then they swap roles.
+    Manual,
+    /// The master is killed (`SIGKILL`); its replica is elected after the node timeout (2 s),
+    /// and the killed node is started again afterwards (it rejoins as a replica).
+    Kill,
+}
+
+/// What a lease semaphore does across a failover of the node serving it, inside a cluster
+/// with one replica per master: a holder across it, the first grant after it, tokens, and the
+/// limit. Returns whether the holder kept its permit.
+///
+/// The holder's lease outlasts the failover (1.5 s for a manual one, 15 s when the master is
+/// killed: the replica is elected after the 2 s node timeout). With replica acks the killed
+/// node is started again as soon as its replica took over: until it follows the new master
+/// as its replica, nothing acknowledges a change there.
+async fn across_a_node_failover(label: &str, options: RedsemOptions, fault: Fault) -> bool {
+    let mut cluster = redsem_test::RedisCluster::start_with_replicas(3);
+    let urls = cluster.urls();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let acks = options.replica_acks.is_some();
+    let redsem = within(
+        LIMIT,
+        "connect to the cluster",
+        Redsem::connect_cluster_with(&seeds, options.prefix("t")),
+    )
+    .await
+    .expect("connect to the cluster with replicas");
+    let key = "t:{lease:fo}:state";
+    let lease = match fault {
+        Fault::Manual => 1_500,
+        Fault::Kill => 15_000,
+    };
+    let sem = redsem
+        .lease_semaphore_with("fo", 2, short(lease))
+        .expect("semaphore");
+    let mut highest = 0;
+    for _ in 0..5 {
+        let permit = within(LIMIT, "try_acquire", sem.try_acquire())
+            .await
+            .expect("a free unit");
+        highest = highest.max(permit.token().get());
+        permit.release().await.expect("release");
+    }
+    let held = within(LIMIT, "try_acquire", sem.try_acquire())
+        .await
+        .expect("the holder across the failover");
+    highest = highest.max(held.token().get());
+
+    let faulted = Instant::now();
+    let (old, new) = match fault {
+        Fault::Manual => {
+            let old = cluster.node_for_key(key).port();
+            (old, cluster.failover_for_key(key))
+        }
+        Fault::Kill => {
+            let old = cluster.kill_owner_of(key);
+            (
+                old,
+                cluster.wait_key_moved(key, old, Duration::from_secs(30)),
+            )
+        }
+    };
+    let moved_after = faulted.elapsed();
+    let restarted = (fault == Fault::Kill && acks).then(|| {
+        if let Some(node) = cluster.nodes_mut().iter_mut().find(|n| n.port() == old) {
+            node.restart();
+        }
+        faulted.elapsed()
+    });
+
+    // The first grant after the failover (refusals meanwhile: a node down, CLUSTERDOWN, MOVED
+    // being followed, a grant not acknowledged by a replica).
+    let mut refusals = std::collections::BTreeMap::<String, usize>::new();
+    let after = within(
+        Duration::from_secs(40),
+        "a grant after the failover",
+        async {
+            loop {
+                match sem.try_acquire().await {
+                    Ok(permit) => break permit,
+                    Err(err) => {
+                        let kind = format!("{err:?}")
+                            .split(['(', ' ', '{'])
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned();
+                        *refusals.entry(kind).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        },
+    )
+    .await;
+    let first_grant = faulted.elapsed();
+    assert!(
+        after.token().get() > highest,
+        "[{label}] tokens keep increasing: {} after {highest}",
+        after.token()
+    );
+    // The holder: renewed on the new master, or told it lost its permit.
+    let lost = tokio::select! {
+        () = held.lost() => true,
+        () = tokio::time::sleep(Duration::from_millis(3_000)) => false,
+    };
+    let kept = !lost && held.is_held();
+    // The limit across the failover: with the holder kept, both units are taken.
+    let third = sem.try_acquire().await;
+    if kept {
+        assert!(
+            third.as_ref().is_err_and(Error::is_not_acquired),
+            "[{label}] a third unit of two: {third:?}"
+        );
+        held.refresh()
+            .await
+            .expect("the kept holder renews on the new master");
+    }
+    eprintln!(
+        "cluster node failover [{label}, {fault:?}]: master {old} -> {new} agreed {moved_after:?} \
+         after the fault; first grant {first_grant:?} after the fault (refused meanwhile: \
+         {refusals:?}; killed node started again at {restarted:?}); token {} after {highest}; \
+         holder across it: kept {kept}, lost() {lost}; third unit of two: {:?}",
+        after.token(),
+        third.as_ref().map(|p| p.token()).map_err(|e| e.to_string()),
+    );
+    drop(third);
+    after.release().await.expect("release on the new master");
+    if kept {
+        held.release().await.expect("the kept holder releases");
+    }
+    kept
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_inside_a_cluster_keeps_every_grant() {
+    let kept = across_a_node_failover("no acks", RedsemOptions::default(), Fault::Manual).await;
+    assert!(
+        kept,
+        "CLUSTER FAILOVER loses no write: the holder keeps its permit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_failover_inside_a_cluster_with_replica_acks_keeps_every_grant() {
+    let acks = RedsemOptions::default().replica_acks(1, Duration::from_millis(100));
+    let kept = across_a_node_failover("acks 1, 100 ms", acks, Fault::Manual).await;
+    assert!(
+        kept,
+        "CLUSTER FAILOVER loses no write: the holder keeps its permit"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_inside_a_cluster_is_replaced_by_its_replica() {
+    // Without acks the holder's grant may not have reached the replica: it keeps its permit or
+    // is told (`lost()`); either way the asserts above hold.
+    across_a_node_failover("no acks", RedsemOptions::default(), Fault::Kill).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_inside_a_cluster_with_replica_acks_loses_no_grant() {
+    let acks = RedsemOptions::default().replica_acks(1, Duration::from_millis(100));
+    let kept = across_a_node_failover("acks 1, 100 ms", acks, Fault::Kill).await;
+    assert!(
+        kept,
+        "a grant acknowledged by the replica survives the master's death"
+    );
 }

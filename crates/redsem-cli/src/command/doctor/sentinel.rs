@@ -202,9 +202,115 @@ fn judge(
     check("sentinel", status, detail)
 }
 
+/// The `min-replicas` row behind Sentinels: `min-replicas-to-write` and `min-replicas-max-lag`
+/// of the primary (`CONFIG GET`), judged against its replicas (`INFO`).
+pub(super) async fn min_replicas_row(
+    conn: &mut redis::aio::MultiplexedConnection,
+    info: &HashMap<String, String>,
+) -> Check {
+    let to_write = super::config(conn, "min-replicas-to-write")
+        .await
+        .and_then(|v| v.parse().ok());
+    let max_lag = super::config(conn, "min-replicas-max-lag")
+        .await
+        .and_then(|v| v.parse().ok());
+    let replicas = info
+        .get("connected_slaves")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    judge_min_replicas(to_write, max_lag, replicas)
+}
+
+/// What `min-replicas-to-write` (`to_write`) and `min-replicas-max-lag` (`max_lag`, seconds) buy
+/// behind Sentinels, on a primary with `replicas` connected.
+///
+/// A forced failover (or one of a primary cut off from the others) leaves the old primary a
+/// primary, taking writes, until the Sentinels demote it (about 10 s after a forced one); a
+/// client that has not moved yet is granted there, and those grants are lost. With
+/// `min-replicas-to-write 1` the old primary refuses writes (`NOREPLICAS`) once no replica
+/// follows it any more (at once when its last replica leaves it, `max_lag` seconds after its
+/// last acknowledgement when cut off). Every replica counted is one the new primary must also
+/// have after a failover, where the old primary is not yet its replica: asking for all of them
+/// refuses every write until it is.
+fn judge_min_replicas(to_write: Option<u64>, max_lag: Option<u64>, replicas: u64) -> Check {
+    const ADVICE: &str = "set min-replicas-to-write 1 and min-replicas-max-lag 10 (or less) \
+                          on every data node (CONFIG SET, and in redis.conf)";
+    let Some(to_write) = to_write else {
+        return check(
+            "min-replicas",
+            Status::Warn,
+            format!("unknown: CONFIG GET is refused; behind Sentinels, {ADVICE}"),
+        );
+    };
+    let lag = max_lag.map_or_else(|| "?".to_owned(), |l| l.to_string());
+    if to_write == 0 {
+        return check(
+            "min-replicas",
+            Status::Warn,
+            format!(
+                "min-replicas-to-write 0: after a failover the old primary takes writes until \
+                 the Sentinels demote it (about 10 s after a forced one), and clients that have \
+                 not moved yet lose the grants made there; {ADVICE}, so that it refuses them \
+                 once no replica follows it (a new primary then also refuses writes until the \
+                 replica re-pointed to it has synced)"
+            ),
+        );
+    }
+    if to_write > replicas {
+        return check(
+            "min-replicas",
+            Status::Fail,
+            format!(
+                "min-replicas-to-write {to_write} with {replicas} replica(s) connected: every \
+                 write is refused (NOREPLICAS)"
+            ),
+        );
+    }
+    if to_write == replicas {
+        return check(
+            "min-replicas",
+            Status::Warn,
+            format!(
+                "min-replicas-to-write {to_write} with {replicas} replica(s): after a failover \
+                 the new primary has one replica fewer until the old one follows it (about 10 s \
+                 after a forced failover) and refuses every write meanwhile; use at most {}",
+                replicas.saturating_sub(1).max(1)
+            ),
+        );
+    }
+    check(
+        "min-replicas",
+        Status::Ok,
+        format!(
+            "min-replicas-to-write {to_write}, min-replicas-max-lag {lag}s: a primary that no \
+             replica follows any more (demoted by a failover, or cut off) refuses writes"
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn min_replicas_is_advised_behind_sentinels_and_judged_against_the_replicas() {
+        let row = judge_min_replicas(Some(0), Some(10), 2);
+        assert_eq!(row.status, Status::Warn, "{row:?}");
+        assert!(
+            row.detail.contains("set min-replicas-to-write 1"),
+            "{row:?}"
+        );
+        let row = judge_min_replicas(Some(1), Some(10), 2);
+        assert_eq!(row.status, Status::Ok, "{row:?}");
+        assert!(row.detail.contains("max-lag 10s"), "{row:?}");
+        let row = judge_min_replicas(Some(2), Some(10), 2);
+        assert_eq!(row.status, Status::Warn, "{row:?}");
+        assert!(row.detail.contains("use at most 1"), "{row:?}");
+        let row = judge_min_replicas(Some(3), Some(10), 2);
+        assert_eq!(row.status, Status::Fail, "{row:?}");
+        let row = judge_min_replicas(None, None, 2);
+        assert_eq!(row.status, Status::Warn, "{row:?}");
+    }
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
