@@ -68,6 +68,8 @@ struct Shared {
     target_port: u16,
     stopping: AtomicBool,
     refusing: AtomicBool,
+    /// While set, nothing is forwarded either way (connections stay open).
+    frozen: AtomicBool,
     delay_micros: AtomicU64,
     /// The pattern of an armed lost-reply fault.
     armed: Mutex<Option<Vec<u8>>>,
@@ -116,6 +118,7 @@ impl FaultProxy {
             target_port,
             stopping: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
             delay_micros: AtomicU64::new(0),
             armed: Mutex::new(None),
             triggered: AtomicUsize::new(0),
@@ -197,6 +200,12 @@ impl FaultProxy {
         if on {
             self.shared.cut_all();
         }
+    }
+
+    /// While `on`, nothing is forwarded in either direction: connections stay open but go
+    /// silent, as for a partitioned or frozen client. Turned off, what waited is forwarded.
+    pub fn set_frozen(&self, on: bool) {
+        self.shared.frozen.store(on, Ordering::SeqCst);
     }
 
     /// How many connections are open through the proxy now.
@@ -390,6 +399,14 @@ fn pump(direction: Direction, mut reader: TcpStream, conn: &Arc<Conn>, shared: &
             }
         }
         if !sleep_unless_closed(shared.delay(), conn) {
+            break;
+        }
+        while shared.frozen.load(Ordering::SeqCst) {
+            if !sleep_unless_closed(POLL_INTERVAL, conn) {
+                break;
+            }
+        }
+        if conn.is_closed() {
             break;
         }
         let mut writer = match direction {

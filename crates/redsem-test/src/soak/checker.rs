@@ -1,0 +1,487 @@
+//! The offline checker: reads a history and reports every guarantee it shows broken.
+//!
+//! The rules (see docs/SOAK.md for why each is sound under faults):
+//!
+//! * `capacity`: at no instant do the believed intervals of one semaphore's grants hold more
+//!   units than its capacity. A believed interval runs from the grant's reply to the earliest of
+//!   the release being sent, `lost()` firing and the end of the local validity.
+//! * `token`: if grant A's reply came before grant B was invoked, A's token is below B's.
+//! * `slots`: a grant has as many distinct slots as units, each below the capacity, and
+//!   overlapping believed intervals share no slot.
+//! * `fifo`: a waiter A that saw itself queued before B was invoked, and whose wait no fault
+//!   overlapped, is granted before B: A's token is below B's.
+//! * `latch`: a wait never succeeds, nor a count reads lower, than the count-downs sent by then
+//!   allow; a count never reads higher, nor a wait times out without a fault, once enough
+//!   count-downs were acknowledged.
+//! * `permits`: the permits held at once never exceed those there could be; the final count
+//!   matches the ledger of acknowledged operations (within what unacknowledged ones allow).
+//! * `reconcile`: at the end no lease unit is in use and no one waits.
+//!
+//! Under `deployment == "volatile"` (no persistence, restarts lose the state) the capacity and
+//! slot rules compare only grants made between the same two state losses, as README's "Safety by
+//! deployment" promises; tokens are checked across losses.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::history::{Fault, LatchOp, LeaseOp, Meta, PermitOp, Record};
+
+/// One broken guarantee, with the records that show it.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub detail: String,
+    pub excerpt: Vec<Record>,
+}
+
+/// Fault kinds that lose state (volatile deployment).
+fn loses_state(fault: &Fault, meta: &Meta) -> bool {
+    fault.kind == "lose_state" || (meta.deployment == "volatile" && fault.kind == "restart")
+}
+
+pub fn check(records: &[Record]) -> Vec<Violation> {
+    let mut meta = Meta::default();
+    let mut faults = Vec::new();
+    let mut lease: BTreeMap<&str, Vec<&LeaseOp>> = BTreeMap::new();
+    let mut permits: BTreeMap<&str, Vec<&PermitOp>> = BTreeMap::new();
+    let mut latches: BTreeMap<&str, Vec<&LatchOp>> = BTreeMap::new();
+    let mut finals = Vec::new();
+    for record in records {
+        match record {
+            Record::Meta(m) => meta = m.clone(),
+            Record::Fault(f) => faults.push(f.clone()),
+            Record::Lease(op) => lease.entry(&op.name).or_default().push(op),
+            Record::Permit(op) => permits.entry(&op.name).or_default().push(op),
+            Record::Latch(op) => latches.entry(&op.name).or_default().push(op),
+            Record::Final(f) => finals.push(f.clone()),
+        }
+    }
+    let mut out = Vec::new();
+    for (name, ops) in &lease {
+        let capacity = meta.capacity.get(*name).copied().unwrap_or(u32::MAX);
+        let losses: Vec<&Fault> = faults
+            .iter()
+            .filter(|f| loses_state(f, &meta) && (f.target == "server" || f.target == *name))
+            .collect();
+        check_capacity_and_slots(name, capacity, ops, &losses, &mut out);
+        check_tokens(name, ops, &mut out);
+        check_fifo(name, ops, &faults, &meta, &mut out);
+    }
+    for (name, ops) in &latches {
+        check_latch(
+            name,
+            meta.latch_count,
+            ops,
+            &faults,
+            meta.waiter_lease_ms * 1000,
+            &mut out,
+        );
+    }
+    for (name, ops) in &permits {
+        let initial = meta.permits.get(*name).copied().unwrap_or(0);
+        let fin = finals
+            .iter()
+            .find(|f| f.kind == "permits" && f.name == *name);
+        check_permits(name, i64::from(initial), ops, fin, &mut out);
+    }
+    for fin in &finals {
+        if fin.kind == "lease" && (fin.value != 0 || fin.waiters != 0) {
+            out.push(Violation {
+                rule: "reconcile",
+                detail: format!(
+                    "{}: {} units in use and {} waiting at the end, after every lease could have ended",
+                    fin.name, fin.value, fin.waiters
+                ),
+                excerpt: vec![Record::Final(fin.clone())],
+            });
+        }
+    }
+    out
+}
+
+/// Which state epoch `op`'s grant belongs to (the number of losses before it), or `None` if a
+/// loss overlaps the grant itself.
+fn epoch(op: &LeaseOp, losses: &[&Fault]) -> Option<usize> {
+    let mut n = 0;
+    for f in losses {
+        if f.end_us < op.inv_us {
+            n += 1;
+        } else if f.start_us <= op.ret_us {
+            return None;
+        }
+    }
+    Some(n)
+}
+
+fn check_capacity_and_slots(
+    name: &str,
+    capacity: u32,
+    ops: &[&LeaseOp],
+    losses: &[&Fault],
+    out: &mut Vec<Violation>,
+) {
+    let mut by_epoch: BTreeMap<usize, Vec<&LeaseOp>> = BTreeMap::new();
+    for op in ops.iter().filter(|op| op.granted()) {
+        let distinct: std::collections::BTreeSet<u32> = op.slots.iter().copied().collect();
+        if distinct.len() != op.units as usize || op.slots.iter().any(|&s| s >= capacity) {
+            out.push(Violation {
+                rule: "slots",
+                detail: format!(
+                    "{name}: a grant of {} units has slots {:?} (capacity {capacity})",
+                    op.units, op.slots
+                ),
+                excerpt: vec![Record::Lease((*op).clone())],
+            });
+        }
+        if let Some(e) = epoch(op, losses) {
+            by_epoch.entry(e).or_default().push(op);
+        }
+    }
+    for grants in by_epoch.values() {
+        // Ends before starts at the same instant: intervals are half-open.
+        let mut events: Vec<(u64, bool, usize)> = Vec::new();
+        for (i, op) in grants.iter().enumerate() {
+            if let Some((start, end)) = op.believed() {
+                if end > start {
+                    events.push((start, true, i));
+                    events.push((end, false, i));
+                }
+            }
+        }
+        events.sort_by_key(|&(t, is_start, i)| (t, is_start, i));
+        let mut active: Vec<usize> = Vec::new();
+        let mut used: u64 = 0;
+        let mut slot_owner: HashMap<u32, usize> = HashMap::new();
+        let (mut over_reported, mut slot_reported) = (false, false);
+        for (_, is_start, i) in events {
+            let op = grants[i];
+            if is_start {
+                for &slot in &op.slots {
+                    if let Some(&other) = slot_owner.get(&slot) {
+                        if !slot_reported {
+                            slot_reported = true;
+                            out.push(Violation {
+                                rule: "slots",
+                                detail: format!(
+                                    "{name}: slot {slot} given to token {:?} while token {:?} believed it held it",
+                                    op.token, grants[other].token
+                                ),
+                                excerpt: vec![
+                                    Record::Lease(grants[other].clone()),
+                                    Record::Lease(op.clone()),
+                                ],
+                            });
+                        }
+                    }
+                }
+                for &slot in &op.slots {
+                    slot_owner.insert(slot, i);
+                }
+                active.push(i);
+                used += u64::from(op.units);
+                if used > u64::from(capacity) && !over_reported {
+                    over_reported = true;
+                    out.push(Violation {
+                        rule: "capacity",
+                        detail: format!(
+                            "{name}: {used} units believed held at once, capacity {capacity}"
+                        ),
+                        excerpt: active
+                            .iter()
+                            .map(|&j| Record::Lease(grants[j].clone()))
+                            .collect(),
+                    });
+                }
+            } else {
+                active.retain(|&j| j != i);
+                used -= u64::from(op.units);
+                for slot in &op.slots {
+                    if slot_owner.get(slot) == Some(&i) {
+                        slot_owner.remove(slot);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// For each grant B, the largest token among grants whose reply came before B's invocation.
+fn check_tokens(name: &str, ops: &[&LeaseOp], out: &mut Vec<Violation>) {
+    let mut grants: Vec<&LeaseOp> = ops.iter().copied().filter(|op| op.granted()).collect();
+    grants.sort_by_key(|op| op.ret_us);
+    // prefix[k] = index (in `grants`) of the largest token among grants[..=k].
+    let mut prefix: Vec<usize> = Vec::with_capacity(grants.len());
+    for (k, op) in grants.iter().enumerate() {
+        let best = match prefix.last() {
+            Some(&b) if grants[b].token >= op.token => b,
+            _ => k,
+        };
+        prefix.push(best);
+    }
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    let mut reported = 0;
+    for (k, b) in grants.iter().enumerate() {
+        let token = b.token.unwrap_or(0);
+        if let Some(&other) = seen.get(&token) {
+            if reported < 3 {
+                out.push(Violation {
+                    rule: "token",
+                    detail: format!("{name}: token {token} granted twice"),
+                    excerpt: vec![
+                        Record::Lease(grants[other].clone()),
+                        Record::Lease((*b).clone()),
+                    ],
+                });
+            }
+            reported += 1;
+        }
+        seen.insert(token, k);
+        let before = grants.partition_point(|a| a.ret_us < b.inv_us);
+        if before == 0 {
+            continue;
+        }
+        let a = grants[prefix[before - 1]];
+        if a.token >= b.token {
+            if reported < 3 {
+                out.push(Violation {
+                    rule: "token",
+                    detail: format!(
+                        "{name}: token {} granted after token {:?} was already answered",
+                        token, a.token
+                    ),
+                    excerpt: vec![Record::Lease(a.clone()), Record::Lease((*b).clone())],
+                });
+            }
+            reported += 1;
+        }
+    }
+}
+
+/// Whether a fault that reaches `client` (one on its proxy, or on the server), widened by
+/// `slack` after its end, overlaps `from..=to`.
+fn faulted(faults: &[Fault], client: u32, from: u64, to: u64, slack: u64) -> bool {
+    faults.iter().any(|f| {
+        let reaches = !f.target.starts_with("client") || f.target == format!("client{client}");
+        reaches && f.start_us <= to && f.end_us.saturating_add(slack) >= from
+    })
+}
+
+fn check_fifo(
+    name: &str,
+    ops: &[&LeaseOp],
+    faults: &[Fault],
+    meta: &Meta,
+    out: &mut Vec<Violation>,
+) {
+    let slack = meta.waiter_lease_ms * 1000;
+    // Waiters that queued and were granted with no fault during their wait.
+    let mut waiters: Vec<(u64, &LeaseOp)> = ops
+        .iter()
+        .filter(|op| op.granted() && !faulted(faults, op.client, op.inv_us, op.ret_us, slack))
+        .filter_map(|op| op.queued_us.map(|q| (q, *op)))
+        .collect();
+    waiters.sort_by_key(|&(q, _)| q);
+    let mut prefix: Vec<usize> = Vec::with_capacity(waiters.len());
+    for (k, (_, op)) in waiters.iter().enumerate() {
+        let best = match prefix.last() {
+            Some(&b) if waiters[b].1.token >= op.token => b,
+            _ => k,
+        };
+        prefix.push(best);
+    }
+    let mut reported = 0;
+    for b in ops.iter().filter(|op| op.granted()) {
+        let before = waiters.partition_point(|&(q, _)| q < b.inv_us);
+        if before == 0 {
+            continue;
+        }
+        let a = waiters[prefix[before - 1]].1;
+        if a.token > b.token {
+            if reported < 3 {
+                out.push(Violation {
+                    rule: "fifo",
+                    detail: format!(
+                        "{name}: token {:?} invoked after token {:?} was queued, but granted first",
+                        b.token, a.token
+                    ),
+                    excerpt: vec![Record::Lease(a.clone()), Record::Lease((*b).clone())],
+                });
+            }
+            reported += 1;
+        }
+    }
+}
+
+fn check_latch(
+    name: &str,
+    count: u64,
+    ops: &[&LatchOp],
+    faults: &[Fault],
+    slack: u64,
+    out: &mut Vec<Violation>,
+) {
+    let mut downs: Vec<&LatchOp> = ops
+        .iter()
+        .copied()
+        .filter(|o| o.op == "count_down")
+        .collect();
+    let mut sent: Vec<u64> = downs.iter().map(|o| o.inv_us).collect();
+    sent.sort_unstable();
+    downs.retain(|o| o.outcome == "ok");
+    downs.sort_by_key(|o| o.ret_us);
+    let acked: Vec<u64> = downs.iter().map(|o| o.ret_us).collect();
+    let mut reported = 0;
+    let mut report = |detail: String, op: &LatchOp, extra: Option<&LatchOp>| {
+        if reported < 3 {
+            let mut excerpt = Vec::new();
+            if let Some(e) = extra {
+                excerpt.push(Record::Latch(e.clone()));
+            }
+            excerpt.push(Record::Latch(op.clone()));
+            out.push(Violation {
+                rule: "latch",
+                detail,
+                excerpt,
+            });
+        }
+        reported += 1;
+    };
+    for op in ops {
+        if op.outcome != "ok" && op.outcome != "timeout" {
+            continue;
+        }
+        let sent_before = sent.partition_point(|&t| t < op.ret_us) as u64;
+        let acked_before = acked.partition_point(|&t| t < op.inv_us) as u64;
+        let least = count.saturating_sub(sent_before);
+        let most = count.saturating_sub(acked_before);
+        let seen = match (op.op.as_str(), op.outcome.as_str()) {
+            ("wait", "ok") => Some(0),
+            ("count", "ok") => op.count,
+            ("wait", "timeout") => {
+                if most == 0 && !faulted(faults, op.client, op.inv_us, op.ret_us, slack) {
+                    let last = downs.get(count as usize - 1).copied();
+                    report(
+                        format!(
+                            "{name}: a wait timed out although {count} count-downs were acknowledged before it began"
+                        ),
+                        op,
+                        last,
+                    );
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(seen) = seen {
+            if seen < least {
+                report(
+                    format!(
+                        "{name}: {} read {seen} when only {sent_before} of {count} count-downs had been sent",
+                        op.op
+                    ),
+                    op,
+                    None,
+                );
+            } else if seen > most {
+                let last = downs.get(acked_before as usize - 1).copied();
+                report(
+                    format!(
+                        "{name}: count read {seen} after {acked_before} of {count} count-downs were acknowledged"
+                    ),
+                    op,
+                    last,
+                );
+            }
+        }
+    }
+}
+
+fn check_permits(
+    name: &str,
+    initial: i64,
+    ops: &[&PermitOp],
+    fin: Option<&super::history::Final>,
+    out: &mut Vec<Violation>,
+) {
+    // Inflation. Every permit held at once was held on the server at the latest of their
+    // grants, which came after each of them was invoked: the permits that existed then are at
+    // most the initial ones, plus the additions sent before now, minus the removals
+    // acknowledged before the latest invocation among the holders.
+    let mut additions: Vec<(u64, i64)> = Vec::new();
+    let mut removals: Vec<(u64, i64)> = Vec::new();
+    let mut events: Vec<(u64, bool, usize)> = Vec::new();
+    let (mut lo, mut hi, mut bounded) = (initial, initial, true);
+    for (i, op) in ops.iter().enumerate() {
+        let ok = op.outcome == "ok";
+        if op.op == "add" {
+            if op.n > 0 {
+                additions.push((op.inv_us, op.n));
+            } else if ok {
+                removals.push((op.ret_us, op.n));
+            }
+            if ok {
+                lo += op.n;
+                hi += op.n;
+            } else if op.n > 0 {
+                hi += op.n;
+            } else {
+                lo += op.n;
+            }
+        } else if ok {
+            if op.n > 0 {
+                events.push((op.ret_us, true, i));
+                events.push((op.release_inv_us.unwrap_or(u64::MAX), false, i));
+            }
+            if op.n > 0 && op.release_outcome.as_deref() != Some("ok") {
+                lo -= op.n;
+            }
+        } else if op.op == "drain" && op.outcome.starts_with("error") {
+            bounded = false;
+        } else if op.outcome.starts_with("error") {
+            lo -= op.n;
+        }
+    }
+    additions.sort_unstable();
+    removals.sort_unstable();
+    let sum_before = |list: &[(u64, i64)], t: u64| -> i64 {
+        list[..list.partition_point(|&(at, _)| at < t)]
+            .iter()
+            .map(|&(_, n)| n)
+            .sum()
+    };
+    // Releases first at equal times.
+    events.sort_by_key(|&(t, is_start, i)| (t, is_start, i));
+    let mut holding: Vec<usize> = Vec::new();
+    for (t, is_start, i) in events {
+        if !is_start {
+            holding.retain(|&j| j != i);
+            continue;
+        }
+        holding.push(i);
+        let held: i64 = holding.iter().map(|&j| ops[j].n).sum();
+        let latest = holding.iter().map(|&j| ops[j].inv_us).max().unwrap_or(0);
+        let most = initial + sum_before(&additions, t) + sum_before(&removals, latest);
+        if held > most {
+            out.push(Violation {
+                rule: "permits",
+                detail: format!("{name}: {held} permits held at once, at most {most} existed"),
+                excerpt: holding
+                    .iter()
+                    .map(|&j| Record::Permit(ops[j].clone()))
+                    .collect(),
+            });
+            return;
+        }
+    }
+    if let Some(fin) = fin {
+        if fin.value > hi || (bounded && fin.value < lo) || fin.waiters != 0 {
+            out.push(Violation {
+                rule: "permits",
+                detail: format!(
+                    "{name}: {} permits available and {} waiting at the end; the ledger allows {lo}..={hi} and none waiting",
+                    fin.value, fin.waiters
+                ),
+                excerpt: vec![Record::Final(fin.clone())],
+            });
+        }
+    }
+}

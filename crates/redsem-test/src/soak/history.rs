@@ -1,0 +1,193 @@
+//! The history: one JSON line per record. Times are microseconds since the soak started,
+//! read from one monotonic clock shared by every client (they all run in this process).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// One line of the history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// The run's settings (first line).
+    Meta(Meta),
+    /// A fault the nemesis injected: `start_us..end_us` is when it was in force (a kill has
+    /// `end_us == start_us`).
+    Fault(Fault),
+    /// A lease semaphore operation; a grant carries its whole holding (release or drop).
+    Lease(LeaseOp),
+    /// A permit semaphore operation; an acquire carries its release.
+    Permit(PermitOp),
+    /// A countdown latch operation.
+    Latch(LatchOp),
+    /// What `status` showed after the nemesis stopped and every lease could have ended.
+    Final(Final),
+}
+
+/// The run's settings, as the checker needs them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Meta {
+    pub seed: u64,
+    pub deployment: String,
+    /// Capacity of each lease semaphore.
+    pub capacity: BTreeMap<String, u32>,
+    /// Permits each permit semaphore was set to at the start.
+    pub permits: BTreeMap<String, u32>,
+    /// The count each latch was set to.
+    pub latch_count: u64,
+    pub lease_ms: u64,
+    pub waiter_lease_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Fault {
+    pub kind: String,
+    /// Which client's proxy, `server`, or a semaphore name.
+    pub target: String,
+    pub start_us: u64,
+    pub end_us: u64,
+}
+
+/// `acquire`, `acquire_many`, `try`, `timeout`, `cancel` (dropped mid-wait), `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct LeaseOp {
+    pub client: u32,
+    pub task: u32,
+    pub name: String,
+    pub op: String,
+    pub units: u32,
+    pub inv_us: u64,
+    pub ret_us: u64,
+    /// `ok`, `busy`, `timeout`, `cancelled`, `stopped` or `error: ...`.
+    pub outcome: String,
+    /// When the client first learned it was queued (the first progress report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<u32>,
+    /// For a grant, how it ended: `release`, `drop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    /// When the release was sent (or the permit dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_ret_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_outcome: Option<String>,
+    /// When `lost()` fired, if it did while held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_us: Option<u64>,
+    /// The end of the local validity the client believed last (`expires_at`), read just
+    /// before the release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until_us: Option<u64>,
+    /// `status`: units in use it showed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<u64>,
+}
+
+impl LeaseOp {
+    /// Whether the operation was granted a permit.
+    pub fn granted(&self) -> bool {
+        self.outcome == "ok" && self.token.is_some()
+    }
+
+    /// The interval the holder believed it held the permit: from the grant's reply to the
+    /// earliest of the release (or drop), `lost()` and the end of its local validity.
+    pub fn believed(&self) -> Option<(u64, u64)> {
+        if !self.granted() {
+            return None;
+        }
+        let mut end = u64::MAX;
+        for t in [self.end_us, self.lost_us, self.valid_until_us]
+            .into_iter()
+            .flatten()
+        {
+            end = end.min(t);
+        }
+        if end == u64::MAX {
+            end = self.ret_us;
+        }
+        Some((self.ret_us, end.max(self.ret_us)))
+    }
+}
+
+/// `acquire`, `try`, `timeout`, `cancel`, `drain`, `add`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct PermitOp {
+    pub client: u32,
+    pub task: u32,
+    pub name: String,
+    pub op: String,
+    /// Permits asked for (`acquire`), taken (`drain`) or added (`add`, may be negative).
+    pub n: i64,
+    pub inv_us: u64,
+    pub ret_us: u64,
+    pub outcome: String,
+    /// For permits taken: when their release was sent, its reply and its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_inv_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_ret_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_outcome: Option<String>,
+}
+
+/// `count_down`, `wait`, `count`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct LatchOp {
+    pub client: u32,
+    pub task: u32,
+    pub name: String,
+    pub op: String,
+    pub inv_us: u64,
+    pub ret_us: u64,
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+/// What a primitive showed at the end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Final {
+    pub kind: String,
+    pub name: String,
+    /// Lease: units in use; permits: available permits.
+    pub value: i64,
+    pub waiters: u64,
+    pub at_us: u64,
+}
+
+/// How many operations (calls into the library) a record stands for.
+pub fn operations(record: &Record) -> u64 {
+    match record {
+        Record::Lease(op) => 1 + u64::from(op.end.is_some()),
+        Record::Permit(op) => 1 + u64::from(op.release_inv_us.is_some()),
+        Record::Latch(_) => 1,
+        _ => 0,
+    }
+}
+
+pub fn write(out: &mut impl Write, records: &[Record]) -> std::io::Result<()> {
+    for record in records {
+        serde_json::to_writer(&mut *out, record)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+pub fn read(input: impl BufRead) -> Result<Vec<Record>, String> {
+    let mut records = Vec::new();
+    for (n, line) in input.lines().enumerate() {
+        let line = line.map_err(|e| format!("line {}: {e}", n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        records.push(serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", n + 1))?);
+    }
+    Ok(records)
+}

@@ -1,0 +1,401 @@
+//! The clients' tasks: random operations on a few names, each recorded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redsem::{CountDownLatch, LeasePermit, LeaseSemaphore, PermitSemaphore};
+use tokio::sync::watch;
+
+use super::history::{LatchOp, LeaseOp, PermitOp, Record};
+use super::rng::Rng;
+
+/// Where every client writes its records; times are microseconds since `start`.
+#[derive(Debug)]
+pub struct Recorder {
+    pub start: Instant,
+    pub records: Mutex<Vec<Record>>,
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder {
+            start: Instant::now(),
+            records: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn now(&self) -> u64 {
+        self.at(Instant::now())
+    }
+
+    pub fn at(&self, instant: Instant) -> u64 {
+        u64::try_from(instant.saturating_duration_since(self.start).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    pub fn push(&self, record: Record) {
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(record);
+    }
+}
+
+/// One task's handles and identity.
+pub struct Task {
+    pub client: u32,
+    pub task: u32,
+    pub rec: Arc<Recorder>,
+    pub leases: Vec<LeaseSemaphore>,
+    pub permits: Vec<PermitSemaphore>,
+    /// Latches by epoch: the task moves to the next one once it saw the current one open.
+    pub latch: Box<dyn Fn(u64) -> Option<CountDownLatch> + Send + Sync>,
+    /// The latches set so far (by [`latch_setter`], once each: setting an opened latch again
+    /// would start it over), and the furthest epoch a task has reached.
+    pub latches_set: Arc<AtomicU64>,
+    pub latch_reached: Arc<AtomicU64>,
+    pub stop: watch::Receiver<bool>,
+    pub rng: Rng,
+    /// Weights of lease, permit and latch rounds.
+    pub weights: [u32; 3],
+}
+
+fn outcome(err: &redsem::Error) -> String {
+    if err.is_not_acquired() {
+        "busy".into()
+    } else if err.is_timeout() {
+        "timeout".into()
+    } else {
+        format!("error: {err}")
+    }
+}
+
+impl Task {
+    pub async fn run(mut self) {
+        let mut epoch = 0;
+        while !*self.stop.borrow() {
+            let total: u32 = self.weights.iter().sum();
+            let pick = self.rng.below(u64::from(total)) as u32;
+            if pick < self.weights[0] {
+                self.lease_round().await;
+            } else if pick < self.weights[0] + self.weights[1] {
+                self.permit_round().await;
+            } else {
+                self.latch_round(&mut epoch).await;
+            }
+        }
+    }
+
+    async fn stopped(&self) {
+        let mut stop = self.stop.clone();
+        let _ = stop.wait_for(|s| *s).await;
+    }
+
+    async fn lease_round(&mut self) {
+        let sem = self.leases[self.rng.below(self.leases.len() as u64) as usize].clone();
+        let cap = sem.capacity();
+        let units = if cap > 1 && self.rng.chance(0.15) {
+            2
+        } else {
+            1
+        };
+        let kind = self.rng.below(100);
+        let mut op = LeaseOp {
+            client: self.client,
+            task: self.task,
+            name: sem.name().to_owned(),
+            units,
+            ..LeaseOp::default()
+        };
+        if kind < 5 {
+            op.op = "status".into();
+            op.inv_us = self.rec.now();
+            let r = sem.status().await;
+            op.ret_us = self.rec.now();
+            match r {
+                Ok(status) => {
+                    op.outcome = "ok".into();
+                    op.in_use = Some(status.in_use);
+                }
+                Err(e) => op.outcome = outcome(&e),
+            }
+            self.rec.push(Record::Lease(op));
+            return;
+        }
+        let queued = Arc::new(AtomicU64::new(0));
+        let progress = {
+            let (queued, rec) = (Arc::clone(&queued), Arc::clone(&self.rec));
+            move |_ahead: u64| {
+                let _ = queued.compare_exchange(
+                    0,
+                    rec.now().max(1),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+            }
+        };
+        op.inv_us = self.rec.now();
+        let result: Result<LeasePermit, String> = if kind < 30 {
+            op.op = "try".into();
+            let r = if units == 1 {
+                sem.try_acquire().await
+            } else {
+                sem.try_acquire_many(units).await
+            };
+            r.map_err(|e| outcome(&e))
+        } else if kind < 50 {
+            op.op = "timeout".into();
+            let wait = Duration::from_millis(20 + self.rng.below(300));
+            sem.acquire_with_progress(units, Some(wait), progress)
+                .await
+                .map_err(|e| outcome(&e))
+        } else if kind < 62 {
+            op.op = "cancel".into();
+            let after = Duration::from_millis(5 + self.rng.below(100));
+            match tokio::time::timeout(after, sem.acquire_with_progress(units, None, progress))
+                .await
+            {
+                Ok(r) => r.map_err(|e| outcome(&e)),
+                Err(_) => Err("cancelled".into()),
+            }
+        } else {
+            op.op = if units == 1 {
+                "acquire"
+            } else {
+                "acquire_many"
+            }
+            .into();
+            tokio::select! {
+                r = sem.acquire_with_progress(units, None, progress) => r.map_err(|e| outcome(&e)),
+                () = self.stopped() => Err("stopped".into()),
+            }
+        };
+        op.ret_us = self.rec.now();
+        let q = queued.load(Ordering::SeqCst);
+        op.queued_us = (q != 0).then_some(q);
+        let permit = match result {
+            Ok(permit) => permit,
+            Err(outcome) => {
+                op.outcome = outcome;
+                self.rec.push(Record::Lease(op));
+                return;
+            }
+        };
+        op.outcome = "ok".into();
+        op.token = Some(permit.token().get());
+        op.slots = permit.slots().to_vec();
+        let hold = Duration::from_micros(self.rng.below(8000));
+        tokio::select! {
+            () = tokio::time::sleep(hold) => {}
+            () = permit.lost() => op.lost_us = Some(self.rec.now()),
+        }
+        if op.lost_us.is_none() && !permit.is_held() {
+            op.lost_us = Some(self.rec.now());
+        }
+        op.valid_until_us = Some(self.rec.at(permit.expires_at().into_std()));
+        let end = self.rng.below(100);
+        if end < 10 {
+            op.end = Some("drop".into());
+            op.end_us = Some(self.rec.now());
+            drop(permit);
+        } else {
+            op.end = Some("release".into());
+            op.end_us = Some(self.rec.now());
+            let r = permit.release().await;
+            op.release_ret_us = Some(self.rec.now());
+            op.release_outcome = Some(match r {
+                Ok(()) => "ok".into(),
+                Err(e) if e.is_not_held() => "not_held".into(),
+                Err(e) => outcome(&e),
+            });
+        }
+        self.rec.push(Record::Lease(op));
+    }
+
+    async fn permit_round(&mut self) {
+        let sem = self.permits[self.rng.below(self.permits.len() as u64) as usize].clone();
+        let kind = self.rng.below(100);
+        let n = 1 + self.rng.below(2);
+        let mut op = PermitOp {
+            client: self.client,
+            task: self.task,
+            name: sem.name().to_owned(),
+            n: i64::try_from(n).unwrap_or(1),
+            ..PermitOp::default()
+        };
+        let n32 = u32::try_from(n).unwrap_or(1);
+        if kind < 6 {
+            // Add a permit, hold the addition a moment, take it away again.
+            for delta in [1i64, -1] {
+                let mut add = op.clone();
+                add.op = "add".into();
+                add.n = delta;
+                add.inv_us = self.rec.now();
+                let r = sem.add_permits(delta).await;
+                add.ret_us = self.rec.now();
+                add.outcome = match r {
+                    Ok(()) => "ok".into(),
+                    Err(e) => outcome(&e),
+                };
+                self.rec.push(Record::Permit(add));
+                tokio::time::sleep(Duration::from_micros(self.rng.below(5000))).await;
+            }
+            return;
+        }
+        op.inv_us = self.rec.now();
+        let result: Result<i64, String> = if kind < 14 {
+            op.op = "drain".into();
+            sem.drain_permits()
+                .await
+                .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
+                .map_err(|e| outcome(&e))
+        } else if kind < 40 {
+            op.op = "try".into();
+            sem.try_acquire(n32)
+                .await
+                .map(|()| op.n)
+                .map_err(|e| outcome(&e))
+        } else if kind < 60 {
+            op.op = "timeout".into();
+            let wait = Duration::from_millis(20 + self.rng.below(300));
+            sem.acquire_timeout(n32, wait)
+                .await
+                .map(|()| op.n)
+                .map_err(|e| outcome(&e))
+        } else if kind < 70 {
+            op.op = "cancel".into();
+            let after = Duration::from_millis(5 + self.rng.below(100));
+            match tokio::time::timeout(after, sem.acquire(n32)).await {
+                Ok(r) => r.map(|()| op.n).map_err(|e| outcome(&e)),
+                Err(_) => Err("cancelled".into()),
+            }
+        } else {
+            op.op = "acquire".into();
+            tokio::select! {
+                r = sem.acquire(n32) => r.map(|()| op.n).map_err(|e| outcome(&e)),
+                () = self.stopped() => Err("stopped".into()),
+            }
+        };
+        op.ret_us = self.rec.now();
+        let taken = match result {
+            Ok(taken) => taken,
+            Err(outcome) => {
+                op.outcome = outcome;
+                self.rec.push(Record::Permit(op));
+                return;
+            }
+        };
+        op.outcome = "ok".into();
+        op.n = taken;
+        if taken > 0 {
+            tokio::time::sleep(Duration::from_micros(self.rng.below(8000))).await;
+            op.release_inv_us = Some(self.rec.now());
+            let r = sem.release(u32::try_from(taken).unwrap_or(u32::MAX)).await;
+            op.release_ret_us = Some(self.rec.now());
+            op.release_outcome = Some(match r {
+                Ok(()) => "ok".into(),
+                Err(e) => outcome(&e),
+            });
+        }
+        self.rec.push(Record::Permit(op));
+    }
+
+    async fn latch_round(&mut self, epoch: &mut u64) {
+        if *epoch >= self.latches_set.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            return;
+        }
+        let Some(latch) = (self.latch)(*epoch) else {
+            return;
+        };
+        let mut op = LatchOp {
+            client: self.client,
+            task: self.task,
+            name: latch.name().to_owned(),
+            ..LatchOp::default()
+        };
+        let kind = self.rng.below(100);
+        op.inv_us = self.rec.now();
+        let mut open = false;
+        if kind < 50 {
+            op.op = "count_down".into();
+            let r = latch.count_down().await;
+            op.outcome = match r {
+                Ok(()) => "ok".into(),
+                Err(e) => outcome(&e),
+            };
+        } else if kind < 75 {
+            op.op = "count".into();
+            match latch.count().await {
+                Ok(c) => {
+                    op.outcome = "ok".into();
+                    op.count = Some(c);
+                    open = c == 0;
+                }
+                Err(e) => op.outcome = outcome(&e),
+            }
+        } else {
+            op.op = "wait".into();
+            let wait = Duration::from_millis(200 + self.rng.below(800));
+            match latch.wait_timeout(wait).await {
+                Ok(()) => {
+                    op.outcome = "ok".into();
+                    open = true;
+                }
+                Err(e) => op.outcome = outcome(&e),
+            }
+        }
+        op.ret_us = self.rec.now();
+        self.rec.push(Record::Latch(op));
+        if open {
+            *epoch += 1;
+            self.latch_reached.fetch_max(*epoch, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Set each latch once, a few epochs ahead of the furthest task, until `stop`.
+pub async fn latch_setter(
+    latch: impl Fn(u64) -> Option<CountDownLatch>,
+    count: u64,
+    rec: Arc<Recorder>,
+    set: Arc<AtomicU64>,
+    reached: Arc<AtomicU64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let next = set.load(Ordering::SeqCst);
+        if next > reached.load(Ordering::SeqCst) + 3 {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            continue;
+        }
+        let Some(l) = latch(next) else { return };
+        let mut op = LatchOp {
+            name: l.name().to_owned(),
+            op: "set".into(),
+            client: u32::MAX,
+            ..LatchOp::default()
+        };
+        op.inv_us = rec.now();
+        let r = l.try_set_count(count).await;
+        op.ret_us = rec.now();
+        op.outcome = match &r {
+            Ok(true) => "ok".into(),
+            Ok(false) => "already".into(),
+            Err(e) => outcome(e),
+        };
+        rec.push(Record::Latch(op));
+        match r {
+            Ok(_) => set.store(next + 1, Ordering::SeqCst),
+            Err(_) => {
+                if *stop.borrow() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
