@@ -9,6 +9,7 @@ mod core;
 mod cost;
 mod counters;
 mod ctx;
+mod many;
 mod overhead;
 mod raw;
 mod report;

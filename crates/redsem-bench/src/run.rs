@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cost, counters, raw, scale};
+use crate::{acks, cost, counters, many, raw, scale};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -184,6 +184,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     }
     if args.runs(9) {
         figures.s9 = step("S9 the polling baseline", e, s9(&ctx)).await;
+    }
+    if args.runs(10) {
+        figures.s10 = step("S10 many waiters", e, many::run(&ctx)).await;
     }
     if args.runs(8) {
         let mut points = vec![(1, 1)];
