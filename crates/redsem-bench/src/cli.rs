@@ -40,6 +40,12 @@ pub(crate) struct Args {
     /// acknowledgements cost.
     #[arg(long)]
     pub(crate) acks: bool,
+
+    /// Also run S2's hold loop (64 tasks, capacity 8, hold 1 ms) with every step of every
+    /// cycle timestamped, for redsem on 1 and 4 clients and the polling baseline: where the
+    /// hand-off time goes.
+    #[arg(long)]
+    pub(crate) hold_stages: bool,
 }
 
 impl Args {

@@ -16,6 +16,7 @@ mod report;
 mod run;
 mod scale;
 mod sem;
+mod stages;
 mod stats;
 
 use std::process::ExitCode;

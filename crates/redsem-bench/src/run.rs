@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cost, counters, many, raw, scale};
+use crate::{acks, cost, counters, many, raw, scale, stages};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -46,6 +46,9 @@ struct Output<'a> {
     /// `--acks`: S1 without and with replica acknowledgements.
     #[serde(skip_serializing_if = "Option::is_none")]
     acks_overhead: Option<&'a acks::AcksOverhead>,
+    /// `--hold-stages`: S2's hold loop, stage by stage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_stages: Option<&'a [stages::StagesRun]>,
 }
 
 fn cpu_model() -> String {
@@ -153,6 +156,10 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         )
         .await;
     }
+    let mut hold_stages = None;
+    if args.hold_stages {
+        hold_stages = step("S2 hold loop, stage by stage", e, stages::run(&ctx)).await;
+    }
     if args.runs(2)
         && let Some((s2, s2_hold)) = step("S2 contended", e, s2(&ctx)).await
     {
@@ -230,6 +237,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if let Some(a) = &acks_overhead {
         println!("\n{}", a.summary());
     }
+    if let Some(s) = &hold_stages {
+        print!("\n{}", stages::summary(s));
+    }
     for err in &errors {
         println!("  ERROR {err}");
     }
@@ -249,6 +259,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             errors: &errors,
             recorder_overhead: recorder_overhead.as_ref(),
             acks_overhead: acks_overhead.as_ref(),
+            hold_stages: hold_stages.as_deref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
