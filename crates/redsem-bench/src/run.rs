@@ -26,6 +26,8 @@ struct Machine {
     redis_version: String,
     /// "own redis-server" or the URL given.
     server: String,
+    /// `/proc/loadavg` when the run started: the machine is shared.
+    load_average: String,
 }
 
 #[derive(Serialize)]
@@ -119,6 +121,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model: cpu_model(),
         redis_version: admin.redis_version().await?,
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
         server: if args.url.is_some() {
             url.clone()
         } else {
@@ -208,11 +213,12 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     let targets = figures.targets();
     let invariants = figures.invariants();
     println!(
-        "redsem-bench {} — {} cores, {}, Redis {}\n",
+        "redsem-bench {} — {} cores, {}, Redis {}, load average {} at the start\n",
         if args.smoke { "smoke" } else { "full run" },
         machine.nproc,
         machine.cpu_model,
-        machine.redis_version
+        machine.redis_version,
+        machine.load_average
     );
     print!("{}", figures.table(&targets, &invariants));
     if let Some(o) = &recorder_overhead {

@@ -52,6 +52,8 @@ struct Cycle {
     /// Releases of this process in flight (sent, not answered) when this one was sent, itself
     /// included.
     releases_in_flight: usize,
+    /// The release returned within the time (counted in the cycles/s).
+    in_time: bool,
 }
 
 /// Share of a sample in each band of milliseconds.
@@ -121,6 +123,10 @@ pub(crate) struct StagesRun {
     /// Client→server round trips per cycle (redsem: `FCALL`s from commandstats; polling: its
     /// own count).
     pub(crate) round_trips_per_cycle: f64,
+    /// This process's CPU (user + system, all threads) per cycle, µs: the client side's work,
+    /// on the cores Redis shares.
+    pub(crate) client_cpu_us_per_cycle: f64,
+    /// Per cycle of the whole run (the cycles that ended after the time included).
     pub(crate) server: ServerLoad,
 }
 
@@ -158,6 +164,7 @@ where
     let in_flight = Arc::new(AtomicUsize::new(0));
     let trips_before = trips.map(|t| t.load(Ordering::Relaxed));
     let snap = Snap::take(admin).await?;
+    let cpu_before = process_cpu_seconds();
     let start = Instant::now();
     let deadline = start + time;
     let mut set = tokio::task::JoinSet::new();
@@ -177,16 +184,15 @@ where
                 sem.release(permit).await?;
                 in_flight.fetch_sub(1, Ordering::SeqCst);
                 let released = start.elapsed();
-                if Instant::now() <= deadline {
-                    log.push(Cycle {
-                        slot,
-                        called,
-                        granted,
-                        slept,
-                        released,
-                        releases_in_flight,
-                    });
-                }
+                log.push(Cycle {
+                    slot,
+                    called,
+                    granted,
+                    slept,
+                    released,
+                    releases_in_flight,
+                    in_time: Instant::now() <= deadline,
+                });
             }
             BenchResult::Ok(log)
         });
@@ -199,12 +205,21 @@ where
         BenchResult::Ok(())
     })
     .await??;
-    let all: Vec<Cycle> = per_task.iter().flatten().copied().collect();
+    let client_cpu = process_cpu_seconds() - cpu_before;
+    // Every cycle, the last ones that ended after the time included: the per-cycle ratios
+    // count the commands of those too.
+    let every = per_task.iter().map(Vec::len).sum::<usize>().max(1) as u64;
+    let all: Vec<Cycle> = per_task
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|c| c.in_time)
+        .collect();
     let n = all.len() as u64;
-    let mut server = snap.load(admin, n).await?;
+    let mut server = snap.load(admin, every).await?;
     server.count_direct(S::DIRECT_COMMANDS);
     let round_trips_per_cycle = match (trips, trips_before) {
-        (Some(t), Some(before)) => (t.load(Ordering::Relaxed) - before) as f64 / n.max(1) as f64,
+        (Some(t), Some(before)) => (t.load(Ordering::Relaxed) - before) as f64 / every as f64,
         _ => server.evalsha_per_cycle,
     };
 
@@ -220,6 +235,7 @@ where
         .iter()
         .flat_map(|log| {
             log.windows(2)
+                .filter(|w| w[1].in_time)
                 .map(|w| w[1].granted.saturating_sub(w[0].released))
         })
         .collect();
@@ -273,8 +289,30 @@ where
         releases_in_flight: lat(&flights),
         mean_sleep_group,
         round_trips_per_cycle,
+        client_cpu_us_per_cycle: client_cpu * 1e6 / every as f64,
         server,
     })
+}
+
+/// CPU seconds (user + system) this process has used, from `/proc/self/stat` (0 elsewhere).
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which ends with the last ')'): utime and stime are the
+    // 12th and 13th of them, in clock ticks (100 a second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// redsem on 1 and 4 clients, then the polling baseline on 1 connection, each the S2 hold
@@ -331,14 +369,16 @@ pub(crate) fn summary(runs: &[StagesRun]) -> String {
     for r in runs {
         let _ = writeln!(
             out,
-            "  {} on {} client(s), hold {} ms: {:.0} cycles/s, {:.2} round trips and {:.1} commands per cycle, Redis busy {:.0} %",
+            "  {} on {} client(s), hold {} ms: {:.0} cycles/s, {:.2} round trips and {:.1} commands per cycle, Redis busy {:.0} %, {:.0} µs of Redis CPU and {:.0} µs of this process's per cycle",
             r.algorithm,
             r.clients,
             r.hold_ms,
             r.cycles_per_s,
             r.round_trips_per_cycle,
             r.server.commands_per_cycle,
-            r.server.redis_cpu_share * 1e2
+            r.server.redis_cpu_share * 1e2,
+            r.server.redis_cpu_us_per_cycle,
+            r.client_cpu_us_per_cycle
         );
         let _ = writeln!(
             out,

@@ -433,5 +433,8 @@ fn every_section_is_printed_once_in_order() {
     );
     assert!(table.contains("0; 984"), "{table}");
     assert!(table.contains("12; 984"), "{table}");
-    assert!(table.contains("625.0 ms / 1250.0 ms / 1875.0 ms"), "{table}");
+    assert!(
+        table.contains("625.0 ms / 1250.0 ms / 1875.0 ms"),
+        "{table}"
+    );
 }
