@@ -159,6 +159,14 @@ impl Admin {
         Ok(get("used_cpu_user") + get("used_cpu_sys"))
     }
 
+    /// `total_commands_processed` of `INFO stats`: every command the server has run.
+    pub(crate) async fn total_commands(&self) -> BenchResult<u64> {
+        let info = self.info("stats").await?;
+        Ok(info_field(&info, "total_commands_processed")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
     pub(crate) async fn used_memory(&self) -> BenchResult<i64> {
         let info = self.info("memory").await?;
         Ok(info_field(&info, "used_memory")

@@ -26,7 +26,7 @@ pub(crate) struct Args {
     pub(crate) smoke: bool,
 
     /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4,
-    /// S9 = the polling baseline through S1–S4).
+    /// S9 = the polling baseline through S1–S4, S10 = many waiters, redsem and polling).
     #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
     pub(crate) only: Option<BTreeSet<u8>>,
 
@@ -40,6 +40,12 @@ pub(crate) struct Args {
     /// acknowledgements cost.
     #[arg(long)]
     pub(crate) acks: bool,
+
+    /// Also run S2's hold loop (64 tasks, capacity 8, hold 1 ms) with every step of every
+    /// cycle timestamped, for redsem on 1 and 4 clients and the polling baseline: where the
+    /// hand-off time goes.
+    #[arg(long)]
+    pub(crate) hold_stages: bool,
 }
 
 impl Args {
@@ -55,8 +61,8 @@ fn parse_scenarios(s: &str) -> Result<BTreeSet<u8>, String> {
         .map(|p| {
             p.strip_prefix(['S', 's'])
                 .and_then(|n| n.parse::<u8>().ok())
-                .filter(|n| (1..=9).contains(n))
-                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S9"))
+                .filter(|n| (1..=10).contains(n))
+                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S10"))
         })
         .collect::<Result<BTreeSet<u8>, String>>()
         .and_then(|set| {
@@ -75,10 +81,10 @@ mod tests {
     #[test]
     fn scenario_lists_accept_either_case_and_reject_unknown_ones() {
         assert_eq!(
-            parse_scenarios("S1, s3,S7,S9").unwrap(),
-            BTreeSet::from([1, 3, 7, 9])
+            parse_scenarios("S1, s3,S7,S9,S10").unwrap(),
+            BTreeSet::from([1, 3, 7, 9, 10])
         );
-        assert!(parse_scenarios("S10").is_err());
+        assert!(parse_scenarios("S11").is_err());
         assert!(parse_scenarios("S0").is_err());
         assert!(parse_scenarios("x").is_err());
         assert!(parse_scenarios("").is_err());

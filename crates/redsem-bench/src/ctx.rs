@@ -41,6 +41,13 @@ pub(crate) struct Sizes {
     pub(crate) s6_idle: usize,
     /// S8: measuring time per point.
     pub(crate) s8_time: Duration,
+    /// S10, many waiters: tasks, clients they are spread over, capacity, hold, measuring time
+    /// (for redsem and again for the polling baseline).
+    pub(crate) s10_tasks: usize,
+    pub(crate) s10_clients: usize,
+    pub(crate) s10_capacity: usize,
+    pub(crate) s10_hold: Duration,
+    pub(crate) s10_time: Duration,
 }
 
 impl Sizes {
@@ -62,6 +69,11 @@ impl Sizes {
             s6_waiters: 2_000,
             s6_idle: 1_000,
             s8_time: Duration::from_secs(1),
+            s10_tasks: 1_000,
+            s10_clients: 4,
+            s10_capacity: 16,
+            s10_hold: Duration::from_millis(20),
+            s10_time: Duration::from_secs(10),
         }
     }
 
@@ -83,6 +95,11 @@ impl Sizes {
             s6_waiters: 100,
             s6_idle: 30,
             s8_time: Duration::from_millis(100),
+            s10_tasks: 40,
+            s10_clients: 2,
+            s10_capacity: 4,
+            s10_hold: Duration::from_millis(5),
+            s10_time: Duration::from_millis(250),
         }
     }
 }

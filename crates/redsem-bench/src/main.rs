@@ -9,12 +9,14 @@ mod core;
 mod cost;
 mod counters;
 mod ctx;
+mod many;
 mod overhead;
 mod raw;
 mod report;
 mod run;
 mod scale;
 mod sem;
+mod stages;
 mod stats;
 
 use std::process::ExitCode;

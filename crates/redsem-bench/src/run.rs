@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cost, counters, raw, scale};
+use crate::{acks, cost, counters, many, raw, scale, stages};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -26,6 +26,8 @@ struct Machine {
     redis_version: String,
     /// "own redis-server" or the URL given.
     server: String,
+    /// `/proc/loadavg` when the run started: the machine is shared.
+    load_average: String,
 }
 
 #[derive(Serialize)]
@@ -46,6 +48,9 @@ struct Output<'a> {
     /// `--acks`: S1 without and with replica acknowledgements.
     #[serde(skip_serializing_if = "Option::is_none")]
     acks_overhead: Option<&'a acks::AcksOverhead>,
+    /// `--hold-stages`: S2's hold loop, stage by stage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_stages: Option<&'a [stages::StagesRun]>,
 }
 
 fn cpu_model() -> String {
@@ -116,6 +121,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
         cpu_model: cpu_model(),
         redis_version: admin.redis_version().await?,
+        load_average: std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
         server: if args.url.is_some() {
             url.clone()
         } else {
@@ -153,6 +161,10 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         )
         .await;
     }
+    let mut hold_stages = None;
+    if args.hold_stages {
+        hold_stages = step("S2 hold loop, stage by stage", e, stages::run(&ctx)).await;
+    }
     if args.runs(2)
         && let Some((s2, s2_hold)) = step("S2 contended", e, s2(&ctx)).await
     {
@@ -185,6 +197,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if args.runs(9) {
         figures.s9 = step("S9 the polling baseline", e, s9(&ctx)).await;
     }
+    if args.runs(10) {
+        figures.s10 = step("S10 many waiters", e, many::run(&ctx)).await;
+    }
     if args.runs(8) {
         let mut points = vec![(1, 1)];
         for &c in &ctx.sizes.s2_clients {
@@ -198,11 +213,12 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     let targets = figures.targets();
     let invariants = figures.invariants();
     println!(
-        "redsem-bench {} — {} cores, {}, Redis {}\n",
+        "redsem-bench {} — {} cores, {}, Redis {}, load average {} at the start\n",
         if args.smoke { "smoke" } else { "full run" },
         machine.nproc,
         machine.cpu_model,
-        machine.redis_version
+        machine.redis_version,
+        machine.load_average
     );
     print!("{}", figures.table(&targets, &invariants));
     if let Some(o) = &recorder_overhead {
@@ -227,6 +243,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if let Some(a) = &acks_overhead {
         println!("\n{}", a.summary());
     }
+    if let Some(s) = &hold_stages {
+        print!("\n{}", stages::summary(s));
+    }
     for err in &errors {
         println!("  ERROR {err}");
     }
@@ -246,6 +265,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             errors: &errors,
             recorder_overhead: recorder_overhead.as_ref(),
             acks_overhead: acks_overhead.as_ref(),
+            hold_stages: hold_stages.as_deref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::core::{ContendedRun, CycleRun, FairnessRun, HandoffRun};
 use crate::cost::CostRun;
 use crate::counters::CountersRun;
+use crate::many::{ManyRun, ManyWaitersRun};
 use crate::raw::RawRun;
 use crate::scale::ScaleRun;
 use table::Table;
@@ -45,13 +46,16 @@ pub(crate) struct Figures {
     pub(crate) s8: Option<RawRun>,
     /// The polling baseline (npm `redis-semaphore`'s algorithm).
     pub(crate) s9: Option<BaselineRun>,
+    /// Many waiters: redsem and the polling baseline (issue 19).
+    pub(crate) s10: Option<ManyWaitersRun>,
     /// The S1 and S3 equivalents for the permit semaphore and the latch.
     pub(crate) permit_and_latch: Option<CountersRun>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Target {
-    /// The issue that set it (6: the first targets; 10: against the polling baseline).
+    /// The issue that set it (6: the first targets; 10: against the polling baseline;
+    /// 19: many waiters).
     pub(crate) issue: u32,
     pub(crate) scenario: &'static str,
     pub(crate) target: String,
@@ -150,6 +154,29 @@ impl Figures {
                 contended(&mut out, "S9", "polling: ", run);
             }
         }
+        if let Some(s10) = &self.s10 {
+            let many = |out: &mut Vec<Invariant>, who: &str, run: &ManyRun| {
+                let point = format!(
+                    "{who}{} tasks / {} clients, hold {} ms",
+                    run.tasks, run.clients, run.hold_ms
+                );
+                out.push(Invariant {
+                    scenario: "S10",
+                    what: format!(
+                        "{point}: max simultaneous holders {} ≤ capacity {}",
+                        run.max_holders, run.capacity
+                    ),
+                    held: run.max_holders <= run.capacity,
+                });
+                out.push(Invariant {
+                    scenario: "S10",
+                    what: format!("{point}: every task finished"),
+                    held: run.all_finished,
+                });
+            };
+            many(&mut out, "", &s10.redsem);
+            many(&mut out, "polling: ", &s10.polling);
+        }
         if let Some(s4) = &self.s4 {
             out.push(Invariant {
                 scenario: "S4",
@@ -179,6 +206,7 @@ impl Figures {
         self.s2_section(&mut t, true);
         self.s3_section(&mut t);
         self.s4_section(&mut t);
+        self.s10_section(&mut t);
         self.s5_section(&mut t);
         self.s6_section(&mut t);
         self.s8_section(&mut t);

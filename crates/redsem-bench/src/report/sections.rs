@@ -7,6 +7,7 @@ use super::table::{Table, dash};
 use super::{BaselineRun, Figures, Invariant, Target, find, num, pct, us, us1};
 use crate::core::{ContendedRun, CycleRun, FairnessRun, HandoffRun};
 use crate::cost::Wire;
+use crate::many::ManyRun;
 use crate::stats::Latency;
 
 /// "p50 / p99" of `l`.
@@ -221,6 +222,55 @@ impl Figures {
         }
     }
 
+    /// S10: many waiters, redsem beside the polling baseline.
+    pub(super) fn s10_section(&self, t: &mut Table) {
+        let Some(s10) = &self.s10 else {
+            return;
+        };
+        let (r, p) = (&s10.redsem, &s10.polling);
+        t.head(&format!(
+            "S10 many waiters: {} tasks on {} clients, capacity {}, hold {} ms, {} s",
+            num(r.tasks as f64),
+            r.clients,
+            r.capacity,
+            r.hold_ms,
+            r.elapsed_s
+        ));
+        let row = |t: &mut Table, figure: &str, f: &dyn Fn(&ManyRun) -> String| {
+            t.row(figure, f(r), dash(), f(p), dash());
+        };
+        row(t, "cycles/s (of the ceiling capacity ÷ hold)", &|m| {
+            format!(
+                "{} ({} of {})",
+                num(m.cycles_per_s),
+                pct(m.cycles_per_s / m.ceiling_per_s.max(1e-9)),
+                num(m.ceiling_per_s)
+            )
+        });
+        row(t, "wait p50 / p99 / max", &|m| {
+            format!(
+                "{} / {} / {}",
+                us(m.wait.p50_us),
+                us(m.wait.p99_us),
+                us(m.wait.max_us)
+            )
+        });
+        row(t, "tasks never granted; waiting at the end", &|m| {
+            format!("{}; {}", m.never_granted, m.waiting_at_end)
+        });
+        row(t, "Redis CPU share (INFO cpu)", &|m| pct(m.redis_cpu_share));
+        row(t, "commands/s (total; sent by clients)", &|m| {
+            format!(
+                "{}; {}",
+                num(m.commands_per_s),
+                num(m.client_commands_per_s)
+            )
+        });
+        row(t, "max holders seen", &|m| {
+            format!("{} (≤ {})", m.max_holders, m.capacity)
+        });
+    }
+
     /// S5: the cycle at each level of holders, and what many waiters cost this process.
     pub(super) fn s5_section(&self, t: &mut Table) {
         if let Some(s5) = &self.s5 {
@@ -369,6 +419,10 @@ pub(super) fn footer(out: &mut String, targets: &[Target], invariants: &[Invaria
         (
             10,
             "Targets (issue 10: redsem against the polling baseline, same run)",
+        ),
+        (
+            19,
+            "Targets (issue 19: many waiters, redsem against the polling baseline, same run)",
         ),
     ] {
         let _ = writeln!(out, "\n{title}");

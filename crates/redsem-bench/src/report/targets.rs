@@ -189,7 +189,57 @@ impl Figures {
             None => out.push(unmeasured(6, "S6", "2 commands per uncontended cycle")),
         }
         out.extend(self.issue10_targets());
+        out.extend(self.issue19_targets());
         out
+    }
+
+    /// Issue 19: S10, redsem against the polling baseline in the same run: at least its
+    /// cycles/s, at most a fifth of its Redis CPU, a lower p99 wait.
+    fn issue19_targets(&self) -> Vec<Target> {
+        let Some(s10) = &self.s10 else {
+            return vec![unmeasured(
+                19,
+                "S10",
+                "many waiters: redsem ≥ 1.0× polling cycles/s, ≤ 1/5 of its Redis CPU, lower p99 wait",
+            )];
+        };
+        let (r, p) = (&s10.redsem, &s10.polling);
+        let ratio = r.cycles_per_s / p.cycles_per_s.max(1e-9);
+        let cpu = r.redis_cpu_share / p.redis_cpu_share.max(1e-9);
+        vec![
+            Target {
+                issue: 19,
+                scenario: "S10",
+                target: format!(
+                    "many waiters: redsem ≥ 1.0× polling cycles/s ({}/s; ceiling {}/s)",
+                    num(p.cycles_per_s),
+                    num(p.ceiling_per_s)
+                ),
+                figure: format!("{}/s ({ratio:.2}×)", num(r.cycles_per_s)),
+                met: Some(ratio >= 1.0),
+            },
+            Target {
+                issue: 19,
+                scenario: "S10",
+                target: format!(
+                    "many waiters: redsem Redis CPU ≤ 1/5 of polling's ({} / 5 = {})",
+                    pct(p.redis_cpu_share),
+                    pct(p.redis_cpu_share / 5.0)
+                ),
+                figure: format!("{} ({cpu:.2}× polling's)", pct(r.redis_cpu_share)),
+                met: Some(5.0 * r.redis_cpu_share <= p.redis_cpu_share),
+            },
+            Target {
+                issue: 19,
+                scenario: "S10",
+                target: format!(
+                    "many waiters: redsem wait p99 < polling's ({})",
+                    us(p.wait.p99_us)
+                ),
+                figure: us(r.wait.p99_us),
+                met: Some(r.wait.p99_us < p.wait.p99_us),
+            },
+        ]
     }
 
     /// Issue 10: redsem against the polling baseline (S9), measured in the same run.

@@ -3,6 +3,7 @@
 use super::*;
 
 use crate::core::ServerLoad;
+use crate::many::{ManyRun, ManyWaitersRun};
 use crate::stats::Latency;
 
 fn latency(p50_us: f64) -> Latency {
@@ -41,6 +42,32 @@ fn contended(tasks: usize, cycles_per_s: f64, max_holders: usize) -> ContendedRu
         wait: latency(100.0),
         max_holders,
         all_finished: true,
+        server: ServerLoad::default(),
+    }
+}
+
+/// An S10 run at `cycles_per_s`, Redis `cpu_share` busy and a wait p99 of `p99_ms`.
+fn many(cycles_per_s: f64, cpu_share: f64, p99_ms: f64) -> ManyRun {
+    ManyRun {
+        tasks: 1_000,
+        clients: 4,
+        capacity: 16,
+        hold_ms: 20.0,
+        elapsed_s: 10.0,
+        cycles: (cycles_per_s * 10.0) as u64,
+        cycles_per_s,
+        ceiling_per_s: 800.0,
+        wait: Latency {
+            p99_us: p99_ms * 1e3,
+            ..latency(p99_ms * 500.0)
+        },
+        waiting_at_end: 984,
+        never_granted: 0,
+        max_holders: 16,
+        all_finished: true,
+        redis_cpu_share: cpu_share,
+        commands_per_s: 1_000.0,
+        client_commands_per_s: 100.0,
         server: ServerLoad::default(),
     }
 }
@@ -174,6 +201,58 @@ fn the_polling_baseline_is_held_to_the_limit_but_not_to_fifo_order() {
     );
 }
 
+fn issue19(f: &Figures) -> Vec<(String, String, Option<bool>)> {
+    f.targets()
+        .into_iter()
+        .filter(|t| t.issue == 19)
+        .map(|t| (t.target, t.figure, t.met))
+        .collect()
+}
+
+#[test]
+fn issue_19_targets_judge_s10_against_the_polling_baseline_on_three_counts() {
+    let mut f = figures(30_000.0, 9_000.0);
+    f.s10 = Some(ManyWaitersRun {
+        redsem: many(790.0, 0.10, 1_250.0),
+        polling: many(780.0, 0.50, 2_000.0),
+    });
+    let met = issue19(&f);
+    assert_eq!(met.len(), 3, "{met:?}");
+    assert!(met.iter().all(|t| t.2 == Some(true)), "{met:?}");
+    assert!(
+        met[0]
+            .0
+            .contains("≥ 1.0× polling cycles/s (780/s; ceiling 800/s)")
+    );
+    assert!(met[0].1.starts_with("790/s (1.01×)"), "{}", met[0].1);
+    assert!(met[1].0.contains("(50 % / 5 = 10 %)"), "{}", met[1].0);
+
+    // Each count on its own: slower, a hair over a fifth of the CPU, the same p99.
+    let s10 = f.s10.as_mut().unwrap();
+    s10.redsem = many(779.0, 0.1001, 2_000.0);
+    assert_eq!(
+        issue19(&f).iter().map(|t| t.2).collect::<Vec<_>>(),
+        vec![Some(false), Some(false), Some(false)]
+    );
+    // Timing targets never fail the run; more holders than units do.
+    assert!(f.invariants().iter().all(|i| i.held));
+    f.s10.as_mut().unwrap().polling.max_holders = 17;
+    let violated: Vec<Invariant> = f.invariants().into_iter().filter(|i| !i.held).collect();
+    assert_eq!(violated.len(), 1);
+    assert_eq!(violated[0].scenario, "S10");
+    assert!(
+        violated[0].what.starts_with("polling: 1000 tasks"),
+        "{}",
+        violated[0].what
+    );
+
+    f.s10 = None;
+    assert_eq!(
+        issue19(&f).iter().map(|t| t.2).collect::<Vec<_>>(),
+        vec![None]
+    );
+}
+
 #[test]
 fn numbers_get_thousands_separators() {
     assert_eq!(num(1234567.4), "1,234,567");
@@ -299,6 +378,13 @@ fn every_scenario() -> Figures {
             point(64, 4, 262_296.0),
         ],
     });
+    f.s10 = Some(ManyWaitersRun {
+        redsem: many(790.0, 0.10, 1_250.0),
+        polling: ManyRun {
+            never_granted: 12,
+            ..many(780.0, 0.50, 2_000.0)
+        },
+    });
     f.permit_and_latch = Some(CountersRun {
         permits_s1: Some(cycles(14_698.0, 5.0)),
         permits_s3: Some(handoff(360.0)),
@@ -326,16 +412,29 @@ fn every_section_is_printed_once_in_order() {
             "S2 contended, hold 1 ms",
             "S3 hand-off",
             "S4 fairness",
+            "S10 many waiters",
             "S5 scale",
             "S6 Redis cost",
             "S8 raw limit",
             "PermitSemaphore and CountDownLatch",
             "Targets (issue 6)",
             "Targets (issue 10",
+            "Targets (issue 19",
             "Invariants (a violation fails the run)",
         ],
         "{table}"
     );
     // The rows of the last section too.
     assert!(table.contains("  latch count_down() → waiting wait(): p50 / p99"));
+    // S10's starved tasks and its wait tail.
+    assert!(
+        table.contains("tasks never granted; waiting at the end"),
+        "{table}"
+    );
+    assert!(table.contains("0; 984"), "{table}");
+    assert!(table.contains("12; 984"), "{table}");
+    assert!(
+        table.contains("625.0 ms / 1250.0 ms / 1875.0 ms"),
+        "{table}"
+    );
 }
