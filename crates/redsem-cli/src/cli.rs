@@ -540,12 +540,25 @@ fn runs_a_command(args: &[OsString]) -> bool {
     false
 }
 
-/// The clap error on one line: its first paragraph, without the `error:` tag.
+/// The clap error on one line: its first paragraph, without the `error:` tag, and its tips
+/// ("a similar argument exists: '--limit'"), but not the one that says to put a value after
+/// `--` (after `--`, `run` takes the command).
 fn usage_error(err: &clap::Error) -> CliError {
     let text = err.render().to_string();
-    let first = text.split("\n\n").next().unwrap_or_default();
-    let first = first.trim().strip_prefix("error:").unwrap_or(first);
-    CliError::new(exit::USAGE, format!("{} (see --help)", first.trim()))
+    let mut paragraphs = text.split("\n\n");
+    let first = paragraphs.next().unwrap_or_default().trim();
+    let first = first.strip_prefix("error:").unwrap_or(first).trim();
+    let tips: Vec<&str> = paragraphs
+        .flat_map(str::lines)
+        .map(str::trim)
+        .filter(|line| line.starts_with("tip:") && !line.starts_with("tip: to pass"))
+        .collect();
+    let mut message = first.to_owned();
+    for tip in tips {
+        message.push_str("; ");
+        message.push_str(tip);
+    }
+    CliError::new(exit::USAGE, format!("{message} (see --help)"))
 }
 
 /// Whether `err` comes from a failed TLS handshake: rustls errors reach us as I/O errors of
