@@ -21,3 +21,31 @@ fn a_mistyped_option_or_subcommand_gets_the_suggestion_on_its_one_line() {
     let out = world.run(&["status", "--jsn"]).expect(2);
     assert!(out.error().contains("'--json'"), "{out:?}");
 }
+
+#[test]
+fn a_bad_duration_names_the_units_accepted_not_the_parsers_list() {
+    let out = finish(bare(&["status", "x", "--watch", "5x"])).expect(2);
+    assert!(out.error().contains("unknown unit \"x\""), "{out:?}");
+    assert!(out.error().contains("500ms, 2s, 1m 30s"), "{out:?}");
+    assert!(!out.error().contains("supported units"), "{out:?}");
+    let out = finish(bare(&["run", "x", "-w", "5x", "--", "true"])).expect(125);
+    assert!(out.error().contains("500ms, 2s"), "{out:?}");
+}
+
+#[test]
+fn a_url_of_an_unknown_scheme_names_the_schemes_accepted() {
+    for url in ["foo://127.0.0.1:6379", "redis+clutser://127.0.0.1:7000"] {
+        let out = finish(bare(&["--url", url, "status"])).expect(2);
+        let scheme = url.split("://").next().unwrap_or_default();
+        assert!(
+            out.error().contains(&format!("unknown scheme \"{scheme}\"")),
+            "{out:?}"
+        );
+        for form in ["redis://", "rediss://", "redis+cluster://", "redis+sentinel://"] {
+            assert!(out.error().contains(form), "{form} in {out:?}");
+        }
+        assert!(!out.error().contains("InvalidClientConfig"), "{out:?}");
+    }
+    let out = finish(bare(&["--url", "localhost:6379", "status"])).expect(2);
+    assert!(out.error().contains("no scheme"), "{out:?}");
+}
