@@ -88,11 +88,7 @@ mod tests {
 
     #[test]
     fn plain_urls_are_left_to_the_redis_crate() {
-        for url in [
-            "redis://h:1/2",
-            "rediss://u:p@h",
-            "unix:///tmp/r.sock",
-        ] {
+        for url in ["redis://h:1/2", "rediss://u:p@h", "unix:///tmp/r.sock"] {
             assert_eq!(parse(url).unwrap(), Target::Server);
         }
         for url in ["h:6379", "foo://h", "redis+clutser://h:1"] {

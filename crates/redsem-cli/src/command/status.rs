@@ -46,7 +46,7 @@ Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
 /// Show the holders and queue, permits and latch of NAME, or every semaphore under the prefix
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES)]
+#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The semaphore's name [default: list them all]
     #[arg(value_name = "NAME", value_parser = values::name)]

@@ -14,7 +14,8 @@ fn a_mistyped_option_or_subcommand_gets_the_suggestion_on_its_one_line() {
     assert!(!out.error().contains("to pass"), "{out:?}");
     let out = finish(bare(&["stauts"])).expect(2);
     assert!(
-        out.error().contains("a similar subcommand exists: 'status'"),
+        out.error()
+            .contains("a similar subcommand exists: 'status'"),
         "{out:?}"
     );
     let world = World::new();
@@ -38,14 +39,63 @@ fn a_url_of_an_unknown_scheme_names_the_schemes_accepted() {
         let out = finish(bare(&["--url", url, "status"])).expect(2);
         let scheme = url.split("://").next().unwrap_or_default();
         assert!(
-            out.error().contains(&format!("unknown scheme \"{scheme}\"")),
+            out.error()
+                .contains(&format!("unknown scheme \"{scheme}\"")),
             "{out:?}"
         );
-        for form in ["redis://", "rediss://", "redis+cluster://", "redis+sentinel://"] {
+        for form in [
+            "redis://",
+            "rediss://",
+            "redis+cluster://",
+            "redis+sentinel://",
+        ] {
             assert!(out.error().contains(form), "{form} in {out:?}");
         }
         assert!(!out.error().contains("InvalidClientConfig"), "{out:?}");
     }
     let out = finish(bare(&["--url", "localhost:6379", "status"])).expect(2);
     assert!(out.error().contains("no scheme"), "{out:?}");
+}
+
+#[test]
+fn short_help_is_short_and_the_long_help_has_the_examples_and_exit_codes() {
+    for sub in [
+        &["run"][..],
+        &["lock"],
+        &["acquire"],
+        &["status"],
+        &["latch", "x", "await"],
+        &["permits", "x", "acquire"],
+        &[],
+    ] {
+        let mut short: Vec<&str> = sub.to_vec();
+        short.push("-h");
+        let out = finish(bare(&short)).success();
+        assert!(
+            !out.stdout.contains("Exit codes"),
+            "{short:?}: {}",
+            out.stdout
+        );
+        assert!(
+            !out.stdout.contains("--replica-acks"),
+            "{short:?}: {}",
+            out.stdout
+        );
+        assert!(out.stdout.contains("--help"), "{short:?}: {}", out.stdout);
+        let lines = out.stdout.lines().count();
+        assert!(lines <= 45, "{short:?}: {lines} lines: {}", out.stdout);
+        let mut long: Vec<&str> = sub.to_vec();
+        long.push("--help");
+        let out = finish(bare(&long)).success();
+        assert!(
+            out.stdout.contains("Exit codes"),
+            "{long:?}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("--replica-acks"),
+            "{long:?}: {}",
+            out.stdout
+        );
+    }
 }
