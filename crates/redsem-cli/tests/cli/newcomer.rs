@@ -99,3 +99,41 @@ fn short_help_is_short_and_the_long_help_has_the_examples_and_exit_codes() {
         );
     }
 }
+
+#[test]
+fn a_latch_never_set_is_told_from_an_open_one_and_await_can_require_a_set() {
+    let world = World::new();
+    let out = world.run(&["latch", "never", "count"]).success();
+    assert_eq!(out.stdout, "0\n");
+    assert!(out.stderr.contains("never set"), "{out:?}");
+    world.run(&["latch", "opened", "set", "1"]).success();
+    world.run(&["latch", "opened", "count-down"]).success();
+    let out = world.run(&["latch", "opened", "count"]).success();
+    assert_eq!(out.stdout, "0\n");
+    assert!(!out.stderr.contains("never set"), "{out:?}");
+    assert_eq!(world.status("never")["latch"]["state"], "never-set");
+    assert_eq!(world.status("opened")["latch"]["state"], "open");
+
+    // --require-set: a latch never set is not open.
+    let out = world
+        .run(&["latch", "never", "await", "--require-set", "--no-wait"])
+        .expect(75);
+    assert!(out.error().contains("never set"), "{out:?}");
+    world
+        .run(&["latch", "opened", "await", "--require-set", "--no-wait"])
+        .success();
+    let out = world
+        .run(&["latch", "never", "await", "--require-set", "-w", "300ms"])
+        .expect(75);
+    assert!(out.error().contains("never set"), "{out:?}");
+    // A worker that starts before the setter waits for the set, then for the count-down.
+    let worker = world.start(&["latch", "late", "await", "--require-set", "-w", "10s"]);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    world.run(&["latch", "late", "set", "1"]).success();
+    world.wait_for_latch_listeners("late", 1);
+    world.run(&["latch", "late", "count-down"]).success();
+    worker.wait().success();
+
+    let help = world.run(&["latch", "x", "await", "--help"]).success();
+    assert!(!help.stdout.contains("never queue"), "{}", help.stdout);
+}
