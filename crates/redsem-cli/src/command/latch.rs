@@ -55,7 +55,7 @@ Examples:
   redsem latch workers-ready await
   redsem latch workers-ready await -w 30s || redsem latch workers-ready count
   redsem latch workers-ready await --no-wait && echo open
-  redsem latch workers-ready await --require-set -w 10m   # may start before the setter
+  redsem latch workers-ready await --require-set -w 10m  # before the setter
 
 Returns when the count reaches 0, or at once if the latch is not counting (open, or never set:
 set it before anyone awaits it, or pass --require-set to wait for the set too). Leaves the
