@@ -144,8 +144,10 @@ async fn metrics(State(served): State<Arc<Served>>) -> Response {
 
 async fn json(State(served): State<Arc<Served>>) -> Response {
     #[derive(serde::Serialize)]
+    /// An entry of `status --json` without its permits and latch: one schema for both.
     struct Entry<'a> {
         name: &'a str,
+        #[serde(flatten)]
         status: &'a Status,
     }
     let snap = snapshot(&served).await;

@@ -137,3 +137,98 @@ fn a_latch_never_set_is_told_from_an_open_one_and_await_can_require_a_set() {
     let help = world.run(&["latch", "x", "await", "--help"]).success();
     assert!(!help.stdout.contains("never queue"), "{}", help.stdout);
 }
+
+#[test]
+fn status_without_a_name_lists_permit_pools_and_latches_too() {
+    let world = World::new();
+    world.acquire("exports", 2, &[]);
+    world.run(&["permits", "gpu", "try-set", "1"]).success();
+    world.run(&["latch", "ready", "set", "3"]).success();
+    let out = world.run(&["status"]).success();
+    for (name, what) in [("exports", "1"), ("gpu", "1"), ("ready", "3 to go")] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} listed: {out:?}"));
+        assert!(line.contains(what), "{line}");
+    }
+    let list: serde_json::Value =
+        serde_json::from_str(&world.run(&["status", "--json"]).success().stdout).expect("JSON");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|entry| entry["name"].as_str())
+        .collect();
+    assert_eq!(names, ["exports", "gpu", "ready"]);
+    assert_eq!(list[1]["permits"]["available"], 1);
+    assert_eq!(list[2]["latch"]["state"], "counting");
+    let out = world.run(&["status", "gpu"]).success();
+    assert_eq!(out.stdout, "gpu: 1 permit available\n");
+}
+
+#[test]
+fn status_json_and_serves_status_json_share_one_schema() {
+    use std::io::{Read as _, Write as _};
+    let world = World::new();
+    world.acquire("jobs", 2, &["--holder", "web-1", "--lease", "20s"]);
+    let cli = world.status("jobs");
+    let port = crate::support::closed_port();
+    let listen = format!("127.0.0.1:{port}");
+    let serve = world.start(&["serve", "--listen", &listen]);
+    let mut body = String::new();
+    redsem_test::eventually(crate::support::LIMIT, "serve answers", || {
+        let Ok(mut stream) = std::net::TcpStream::connect(&listen) else {
+            return false;
+        };
+        let request = format!("GET /status.json HTTP/1.0\r\nHost: {listen}\r\n\r\n");
+        let mut reply = String::new();
+        if stream.write_all(request.as_bytes()).is_err()
+            || stream.read_to_string(&mut reply).is_err()
+        {
+            return false;
+        }
+        body = reply
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200")
+    });
+    drop(serve);
+    let served: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let entry = &served[0];
+    let lease_keys = ["name", "capacity", "in_use", "holders", "waiters"];
+    for key in lease_keys {
+        assert!(entry.get(key).is_some(), "{key} in {entry}");
+        assert!(cli.get(key).is_some(), "{key} in {cli}");
+    }
+    assert_eq!(entry["name"], cli["name"]);
+    assert_eq!(entry["capacity"], cli["capacity"]);
+    let fields = |holder: &serde_json::Value| {
+        let mut keys: Vec<String> = holder
+            .as_object()
+            .expect("an object")
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(fields(&entry["holders"][0]), fields(&cli["holders"][0]));
+    assert_eq!(
+        fields(&cli["holders"][0]),
+        [
+            "expires_in_ms",
+            "held_for_ms",
+            "id",
+            "label",
+            "slots",
+            "token"
+        ]
+    );
+    assert_eq!(cli["holders"][0]["label"], "web-1");
+    assert!(cli["waiters"].is_array(), "{cli}");
+    assert!(entry["waiters"].is_array(), "{entry}");
+}
