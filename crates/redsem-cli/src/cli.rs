@@ -70,13 +70,17 @@ Exit codes (of `run` and `lock`: see `redsem run --help`):
   78  Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL
       rights on the prefix's keys, channels or commands (see --server-checks)";
 
+/// What `-h` says after the options: the examples, notes and exit codes are in `--help`.
+pub(crate) const MORE: &str = "Examples, details and exit codes: --help";
+
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
 #[derive(Debug, Parser)]
 #[command(
     name = "redsem",
     version,
-    after_help = EXAMPLES,
+    after_help = MORE,
+    after_long_help = EXAMPLES,
     max_term_width = 100,
     arg_required_else_help = true
 )]
@@ -92,9 +96,12 @@ pub(crate) struct Cli {
 #[derive(Debug, clap::Args)]
 #[command(next_help_heading = "Global options")]
 struct GlobalArgs {
-    /// Redis to use: redis://[user:password@]host[:port][/db] (rediss:// for TLS); a
-    /// cluster: redis+cluster://host:port[,host:port...]; the primary that Sentinels watch:
-    /// redis+sentinel://host[:port][,host[:port]...]/MASTER[/db]
+    /// Redis to use: one server, a cluster (redis+cluster://) or the primary behind Sentinels
+    /// (redis+sentinel://)
+    ///
+    /// One server: redis://[user:password@]host[:port][/db] (rediss:// for TLS); a cluster:
+    /// redis+cluster://host:port[,host:port...]; the primary that Sentinels watch:
+    /// redis+sentinel://host[:port][,host[:port]...]/MASTER[/db].
     ///
     /// A cluster URL lists seed nodes (any of them will do; default port 6379); a Sentinel URL
     /// lists Sentinels (default port 26379) and the name they monitor the primary under. A
@@ -116,6 +123,7 @@ struct GlobalArgs {
         global = true,
         value_name = "FILE",
         env = "REDSEM_TLS_CA",
+        hide_short_help = true,
         hide_env_values = true,
         value_parser = values::file
     )]
@@ -140,6 +148,7 @@ struct GlobalArgs {
         global = true,
         value_name = "WHAT",
         env = "REDSEM_SERVER_CHECKS",
+        hide_short_help = true,
         default_value = "enforce",
         hide_env_values = true
     )]
@@ -158,6 +167,7 @@ struct GlobalArgs {
         global = true,
         value_name = "N[/DUR]",
         env = "REDSEM_REPLICA_ACKS",
+        hide_short_help = true,
         hide_env_values = true,
         value_parser = values::replica_acks
     )]
@@ -489,8 +499,15 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
             return Ok(ExitCode::SUCCESS);
         }
         Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            // `redsem` alone: the help, on stderr as it is no answer, and a usage error.
-            let _ = err.print();
+            // `redsem` alone: the help, on stderr as it is no answer, and a usage error; the
+            // long one (examples and exit codes) for `redsem` itself.
+            if args.len() <= 1 {
+                use clap::CommandFactory as _;
+                let help = Cli::command().render_long_help().to_string();
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), help.as_bytes());
+            } else {
+                let _ = err.print();
+            }
             return Ok(ExitCode::from(exit::USAGE));
         }
         Err(err) if runs_a_command(&args) => {
@@ -540,12 +557,25 @@ fn runs_a_command(args: &[OsString]) -> bool {
     false
 }
 
-/// The clap error on one line: its first paragraph, without the `error:` tag.
+/// The clap error on one line: its first paragraph, without the `error:` tag, and its tips
+/// ("a similar argument exists: '--limit'"), but not the one that says to put a value after
+/// `--` (after `--`, `run` takes the command).
 fn usage_error(err: &clap::Error) -> CliError {
     let text = err.render().to_string();
-    let first = text.split("\n\n").next().unwrap_or_default();
-    let first = first.trim().strip_prefix("error:").unwrap_or(first);
-    CliError::new(exit::USAGE, format!("{} (see --help)", first.trim()))
+    let mut paragraphs = text.split("\n\n");
+    let first = paragraphs.next().unwrap_or_default().trim();
+    let first = first.strip_prefix("error:").unwrap_or(first).trim();
+    let tips: Vec<&str> = paragraphs
+        .flat_map(str::lines)
+        .map(str::trim)
+        .filter(|line| line.starts_with("tip:") && !line.starts_with("tip: to pass"))
+        .collect();
+    let mut message = first.to_owned();
+    for tip in tips {
+        message.push_str("; ");
+        message.push_str(tip);
+    }
+    CliError::new(exit::USAGE, format!("{message} (see --help)"))
 }
 
 /// Whether `err` comes from a failed TLS handshake: rustls errors reach us as I/O errors of

@@ -17,13 +17,48 @@ pub(crate) use redsem::{ConnectTarget as Target, TargetHosts as Nodes};
 /// Read `url`; a malformed cluster or sentinel URL is a usage error (exit 2) that says which
 /// part is wrong (without the password). Plain URLs are left to the `redis` crate.
 pub(crate) fn parse(url: &str) -> Result<Target, CliError> {
-    Target::parse(url).map_err(|err| match err {
+    let target = Target::parse(url).map_err(|err| match err {
         redsem::Error::InvalidArgument(why) => {
             CliError::new(exit::USAGE, why.replacen("bad url ", "bad --url ", 1))
         }
         other => CliError::new(exit::USAGE, other.to_string()),
-    })
+    })?;
+    if target == Target::Server && redsem::redis::Client::open(url).is_err() {
+        return Err(not_a_url(url));
+    }
+    Ok(target)
 }
+
+/// The forms `--url` takes, said when it is none of them.
+const FORMS: &str = "redis://[user:password@]host[:port][/db], rediss://... (TLS), \
+                     redis+cluster://host:port[,host:port...], \
+                     redis+sentinel://host[:port][,host[:port]...]/MASTER[/db] (rediss+ for \
+                     TLS) or unix:///path/to/redis.sock";
+
+/// A usage error for a `--url` the `redis` crate cannot read: which scheme is wrong, and the
+/// forms that work.
+fn not_a_url(url: &str) -> CliError {
+    let shown = crate::cli::redacted(url);
+    let what = match url.split_once("://") {
+        Some((scheme, _)) if !KNOWN_SCHEMES.contains(&scheme) => {
+            format!("--url {shown}: unknown scheme {scheme:?}")
+        }
+        Some(_) => format!("--url {shown} is not a URL redsem can read"),
+        None => format!("--url {shown} has no scheme"),
+    };
+    CliError::new(exit::USAGE, format!("{what}; write {FORMS}"))
+}
+
+/// The schemes of one server that the `redis` crate reads.
+const KNOWN_SCHEMES: [&str; 7] = [
+    "redis",
+    "rediss",
+    "unix",
+    "redis+unix",
+    "valkey",
+    "valkeys",
+    "valkey+unix",
+];
 
 /// Whether the data nodes behind `url` (read as `target`) are reached over TLS.
 pub(crate) fn is_tls(target: &Target, url: &str) -> bool {
@@ -53,14 +88,17 @@ mod tests {
 
     #[test]
     fn plain_urls_are_left_to_the_redis_crate() {
-        for url in [
-            "redis://h:1/2",
-            "rediss://u:p@h",
-            "unix:///tmp/r.sock",
-            "h:6379",
-        ] {
+        for url in ["redis://h:1/2", "rediss://u:p@h", "unix:///tmp/r.sock"] {
             assert_eq!(parse(url).unwrap(), Target::Server);
         }
+        for url in ["h:6379", "foo://h", "redis+clutser://h:1"] {
+            let err = parse(url).unwrap_err();
+            assert_eq!(err.code(), exit::USAGE);
+            assert!(err.to_string().contains("rediss://"), "{err}");
+        }
+        let err = parse("foo://u:secret@h").unwrap_err().to_string();
+        assert!(err.contains("unknown scheme \"foo\""), "{err}");
+        assert!(!err.contains("secret"), "{err}");
         assert!(is_tls(&Target::Server, "rediss://u:p@h"));
         assert!(!is_tls(&Target::Server, "redis://h"));
     }

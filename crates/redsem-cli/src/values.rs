@@ -151,9 +151,22 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
         return Duration::try_from_secs_f64(secs)
             .map_err(|_| format!("{text} seconds is not a duration redsem can wait"));
     }
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{e} (write a duration: 500ms, 2s, 1m, or a number of seconds)"))
+    humantime::parse_duration(text).map_err(|e| {
+        let what = match e {
+            humantime::DurationError::UnknownUnit { unit, .. } => {
+                format!("{text:?} has the unknown unit {unit:?}")
+            }
+            humantime::DurationError::NumberOverflow => format!("{text:?} is too long"),
+            humantime::DurationError::Empty => "the duration is empty".to_owned(),
+            _ => format!("{text:?} is not a duration"),
+        };
+        format!("{what}: {DURATIONS}")
+    })
 }
+
+/// What [`duration`] accepts, said in its errors.
+const DURATIONS: &str = "write a number of seconds (30, 0.5) or numbers with the units ms, s, \
+                         m, h or d (500ms, 2s, 1m 30s)";
 
 /// Any whole number, with its sign; a fraction or a word is an error.
 fn whole(text: &str) -> Result<i128, String> {
@@ -247,6 +260,13 @@ mod tests {
         assert!(duration("NaN").is_err());
         assert!(duration("1e400").is_err());
         assert!(duration("soon").is_err());
+    }
+
+    #[test]
+    fn a_bad_duration_says_what_is_accepted_and_not_the_parsers_unit_list() {
+        let why = duration("5x").unwrap_err();
+        assert!(why.contains("\"x\"") && why.contains("500ms, 2s"), "{why}");
+        assert!(!why.contains("supported units"), "{why}");
     }
 
     #[test]

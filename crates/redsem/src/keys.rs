@@ -58,6 +58,22 @@ pub(crate) fn lease_state_pattern(prefix: &str) -> String {
     format!("{}:{{lease:*}}:state", escape_glob(prefix))
 }
 
+/// A `SCAN MATCH` pattern for every key of every primitive of `kind` (`permits`, `latch`)
+/// under `prefix`.
+pub(crate) fn kind_pattern(prefix: &str, kind: &str) -> String {
+    format!("{}:{{{kind}:*}}:*", escape_glob(prefix))
+}
+
+/// The name in a key of a primitive of `kind` found by [`kind_pattern`], if the key is one of
+/// `parts` (the keys that exist while it has state).
+pub(crate) fn name_of_key(prefix: &str, kind: &str, parts: &[&str], key: &str) -> Option<String> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix(":{")?;
+    let rest = rest.strip_prefix(kind)?.strip_prefix(':')?;
+    parts
+        .iter()
+        .find_map(|part| rest.strip_suffix(&format!("}}:{part}")).map(str::to_owned))
+}
+
 /// A key under `prefix` that the connect-time ACL probe names (never written); `n` picks its
 /// hash tag, so that a key can be found for any cluster node.
 pub(crate) fn acl_probe_key(prefix: &str, n: u32) -> String {
@@ -183,6 +199,20 @@ mod tests {
             );
         }
         assert_eq!(lease_name_of_state("p", "q:{lease:x}:state"), None);
+        assert_eq!(
+            name_of_key(
+                "p",
+                "latch",
+                &["count", "done"],
+                &LatchKeys::new("p", "a}b").all[1]
+            ),
+            Some("a}b".to_owned())
+        );
+        assert_eq!(
+            name_of_key("p", "latch", &["count"], "p:{latch:x}:applied"),
+            None
+        );
+        assert_eq!(kind_pattern("a*", "permits"), "a\\*:{permits:*}:*");
     }
 
     #[test]

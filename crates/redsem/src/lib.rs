@@ -24,6 +24,9 @@
 //!
 //! # Examples
 //!
+//! The library runs on tokio; a program's own `main` needs its `macros` and
+//! `rt-multi-thread` features (`cargo add tokio --features macros,rt-multi-thread`).
+//!
 //! ```no_run
 //! # async fn example() -> redsem::Result<()> {
 //! let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
@@ -31,6 +34,29 @@
 //! let permit = sem.acquire().await?;
 //! println!("running in slot {} with token {}", permit.slot(), permit.token());
 //! permit.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Keys start with the prefix `redsem` unless [`RedsemOptions::prefix`] says otherwise (one
+//! per application sharing a Redis). [`LeaseSemaphore::try_acquire`] reports a busy semaphore
+//! as `Err(`[`Error::NoPermit`]`)`, which [`Error::is_not_acquired`] tells from a failure;
+//! [`LeasePermit::is_lost`] says, without a round trip, whether a held permit was lost.
+//!
+//! ```no_run
+//! # async fn example() -> redsem::Result<()> {
+//! use redsem::{Redsem, RedsemOptions};
+//!
+//! let options = RedsemOptions::default().prefix("billing");
+//! let redsem = Redsem::connect_with("redis://127.0.0.1:6379", options).await?;
+//! match redsem.lease_semaphore("nightly-export", 2)?.try_acquire().await {
+//!     Ok(permit) => {
+//!         assert!(!permit.is_lost());
+//!         permit.release().await?;
+//!     }
+//!     Err(err) if err.is_not_acquired() => println!("busy: try later"),
+//!     Err(err) => return Err(err),
+//! }
 //! # Ok(())
 //! # }
 //! ```
@@ -49,6 +75,7 @@
 //! |---|---|---|
 //! | `tls` | on | `rediss://` URLs through rustls (ring; no system OpenSSL), [`RedsemOptions::tls_root_cert`] |
 //! | `cluster` | on | `Redsem::connect_cluster`: Redis Cluster through redis-rs's async cluster client |
+//! | `sentinel` | on | `Redsem::connect_sentinel` and `redis+sentinel://` URLs: the primary behind Redis Sentinel, followed across failovers |
 //! | `blocking` | off | `redsem::blocking`: the same primitives for code without an async runtime |
 //! | `serde` | off | `serde::Serialize` for [`Status`], [`Holder`], [`Waiter`] and [`LatchState`] |
 //!

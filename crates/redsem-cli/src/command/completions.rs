@@ -17,7 +17,7 @@ Examples:
 
 /// Print the completion script for SHELL on stdout
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES)]
+#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The shell to complete in
     #[arg(value_name = "SHELL")]

@@ -1,5 +1,6 @@
 //! `redsem latch NAME set|count-down|await|count`: a countdown latch shared through Redis.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,7 +26,8 @@ Examples:
   redsem latch caches-warm count       # count-downs to go (0 once open)
 
 At 0 the latch opens: every `await`, on every machine, returns, and the latch is gone, so
-it can be set again. `await` on a latch that was never set returns at once.
+it can be set again. `await` on a latch that was never set returns at once; `await
+--require-set` waits for it to be set and open.
 
 Exit codes: 0 ok · 1 `set` found it already counting · 2 usage error ·
 69 Redis unreachable · 74 Redis lost the latch while awaited · 75 `await --wait` ran out";
@@ -53,25 +55,29 @@ Examples:
   redsem latch workers-ready await
   redsem latch workers-ready await -w 30s || redsem latch workers-ready count
   redsem latch workers-ready await --no-wait && echo open
+  redsem latch workers-ready await --require-set -w 10m  # before the setter
 
 Returns when the count reaches 0, or at once if the latch is not counting (open, or never set:
-set it before anyone awaits it). Leaves the latch as it is. --wait is also spelled --timeout.
+set it before anyone awaits it, or pass --require-set to wait for the set too). Leaves the
+latch as it is. --wait is also spelled --timeout.
 
 Exit codes: 0 open · 2 usage error · 69 Redis unreachable · 74 Redis lost the latch while it
-was awaited · 75 still counting at --wait (with --no-wait: counting now)";
+was awaited · 75 still counting (or, with --require-set, never set) at --wait (with --no-wait:
+now)";
 
 const COUNT_EXAMPLES: &str = "\
 Examples:
   redsem latch workers-ready count
   2
 
-Prints the count-downs to go on one line: 0 when the latch is open or was never set.
+Prints the count-downs to go on one line: 0 when the latch is open or was never set; for a
+latch never set (or open over an hour ago) a note on stderr says so.
 
 Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
 /// Set, count down, await or read the countdown latch NAME
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES, arg_required_else_help = false)]
+#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES, arg_required_else_help = false)]
 pub(crate) struct Args {
     /// The latch's name
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -84,23 +90,32 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum Action {
     /// Set the count to COUNT, unless the latch is counting already
-    #[command(after_help = SET_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::cli::MORE, after_long_help = SET_EXAMPLES, allow_negative_numbers = true)]
     Set {
         /// How many count-downs open the latch
         #[arg(value_name = "COUNT", value_parser = values::count)]
         count: u64,
     },
     /// Take one from the count; at 0 the latch opens
-    #[command(after_help = COUNT_DOWN_EXAMPLES)]
+    #[command(after_help = crate::cli::MORE, after_long_help = COUNT_DOWN_EXAMPLES)]
     CountDown,
     /// Wait until the count reaches 0
-    #[command(after_help = AWAIT_EXAMPLES)]
+    #[command(
+        after_help = crate::cli::MORE,
+        after_long_help = AWAIT_EXAMPLES,
+        mut_arg("no_wait", |arg| arg.help("Do not wait: exit 0 if the latch is open now, 75 if \
+            it is counting (or, with --require-set, never set)"))
+    )]
     Await {
         #[command(flatten)]
         patience: Patience,
+        /// Wait for the latch to be set too, when it was never set (a worker that may start
+        /// before the setter), instead of returning at once
+        #[arg(long)]
+        require_set: bool,
     },
     /// Print the count-downs to go (0 when not counting)
-    #[command(after_help = COUNT_EXAMPLES)]
+    #[command(after_help = crate::cli::MORE, after_long_help = COUNT_EXAMPLES)]
     Count,
 }
 
@@ -112,17 +127,45 @@ impl Args {
                 open(ctx, &self.name).await?.count_down().await?;
                 Ok(ExitCode::SUCCESS)
             }
-            Action::Await { patience } => {
+            Action::Await {
+                patience,
+                require_set,
+            } => {
                 // Before connecting, so a signal during the connect ends the wait too.
                 let mut signals = Signals::install()?;
                 let latch = open(ctx, &self.name).await?;
                 if patience.no_wait {
-                    return check(&latch).await;
+                    return check(&latch, require_set).await;
                 }
-                wait(&latch, patience.wait, ctx, &mut signals).await
+                let started = Instant::now();
+                if require_set {
+                    let set = until_set(&latch, patience.wait, &mut signals);
+                    if let Some(code) = set.await? {
+                        return Ok(code);
+                    }
+                }
+                let left = patience.wait.map(|w| w.saturating_sub(started.elapsed()));
+                wait(&latch, left, ctx, &mut signals).await
             }
             Action::Count => {
-                let count = open(ctx, &self.name).await?.count().await?;
+                let latch = open(ctx, &self.name).await?;
+                let count = match latch.state().await? {
+                    LatchState::Counting(n) => n,
+                    LatchState::Done => 0,
+                    LatchState::NeverSet => {
+                        output::print("0")?;
+                        // A note, not an error: 0 is the answer scripts read either way.
+                        tracing::info!("latch never set");
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "redsem: latch {:?} was never set (or opened over an hour ago): \
+                             not counting, and `await` returns at once (--require-set waits \
+                             for a set)",
+                            latch.name()
+                        );
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                };
                 output::print(&count.to_string())?;
                 Ok(ExitCode::SUCCESS)
             }
@@ -152,14 +195,57 @@ async fn set(latch: &CountDownLatch, count: u64) -> Result<ExitCode, CliError> {
     ))
 }
 
-/// `await --no-wait`: 0 if the latch is open now, 75 if it is counting.
-async fn check(latch: &CountDownLatch) -> Result<ExitCode, CliError> {
+/// `await --no-wait`: 0 if the latch is open now, 75 if it is counting (or never set, with
+/// `--require-set`).
+async fn check(latch: &CountDownLatch, require_set: bool) -> Result<ExitCode, CliError> {
     match latch.state().await? {
         LatchState::Counting(n) => Err(CliError::new(
             exit::NOT_ACQUIRED,
             format!("latch {:?} is still counting at {n}", latch.name()),
         )),
+        LatchState::NeverSet if require_set => Err(never_set(latch)),
         LatchState::NeverSet | LatchState::Done => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn never_set(latch: &CountDownLatch) -> CliError {
+    CliError::new(
+        exit::NOT_ACQUIRED,
+        format!("latch {:?} was never set (--require-set)", latch.name()),
+    )
+}
+
+/// How often `await --require-set` looks whether a latch never set has been set.
+const SET_POLL: Duration = Duration::from_millis(250);
+
+/// `await --require-set`: wait (at most `timeout`) until the latch is no longer "never set".
+/// `Some(0)` when it is already open (set and counted down since), `None` when it is counting.
+/// Silent: the wait that follows announces itself.
+async fn until_set(
+    latch: &CountDownLatch,
+    timeout: Option<Duration>,
+    signals: &mut Signals,
+) -> Result<Option<ExitCode>, CliError> {
+    let what = format!("latch {:?} to be set", latch.name());
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        match latch.state().await? {
+            LatchState::Counting(_) => return Ok(None),
+            LatchState::Done => return Ok(Some(ExitCode::SUCCESS)),
+            LatchState::NeverSet => {}
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(never_set(latch));
+        }
+        let nap = deadline.map_or(SET_POLL, |d| {
+            SET_POLL.min(d.saturating_duration_since(Instant::now()))
+        });
+        tokio::select! {
+            () = tokio::time::sleep(nap) => {}
+            signal = signals.recv() => {
+                return Err(signals::interrupted(signal, &format!("waiting for {what}")));
+            }
+        }
     }
 }
 

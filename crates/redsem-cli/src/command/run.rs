@@ -89,7 +89,7 @@ Examples:
 
 /// Run a command while holding a permit of NAME; release it when the command exits
 #[derive(Debug, clap::Args)]
-#[command(after_help = format!("{EXAMPLES}\n{HOW_IT_RUNS}"))]
+#[command(after_help = crate::cli::MORE, after_long_help = format!("{EXAMPLES}\n{HOW_IT_RUNS}"))]
 pub(crate) struct Args {
     #[command(flatten)]
     request: PermitRequest,
@@ -100,7 +100,7 @@ pub(crate) struct Args {
 
 /// Run a command while holding the lock NAME (run with --limit 1)
 #[derive(Debug, clap::Args)]
-#[command(after_help = format!("{LOCK_EXAMPLES}\n{HOW_IT_RUNS}"))]
+#[command(after_help = crate::cli::MORE, after_long_help = format!("{LOCK_EXAMPLES}\n{HOW_IT_RUNS}"))]
 pub(crate) struct LockArgs {
     /// The lock's name
     #[arg(value_name = "NAME", value_parser = values::name)]

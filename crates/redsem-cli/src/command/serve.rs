@@ -43,7 +43,7 @@ Exit codes: 0 stopped by a signal · 1 cannot listen · 2 usage error · 69 Redi
 
 /// Serve /metrics (Prometheus) and a live status page of the lease semaphores over HTTP
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES)]
+#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The address to listen on (a port of 0 picks a free one)
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
@@ -144,8 +144,10 @@ async fn metrics(State(served): State<Arc<Served>>) -> Response {
 
 async fn json(State(served): State<Arc<Served>>) -> Response {
     #[derive(serde::Serialize)]
+    /// An entry of `status --json` without its permits and latch: one schema for both.
     struct Entry<'a> {
         name: &'a str,
+        #[serde(flatten)]
         status: &'a Status,
     }
     let snap = snapshot(&served).await;

@@ -11,29 +11,30 @@ use serde::Serialize;
 
 use crate::cli::Context;
 use crate::error::CliError;
-use crate::output::{self, duration, millis, table};
+use crate::output::{self, duration, table};
 use crate::signals::Signals;
 use crate::values;
 
 const EXAMPLES: &str = "\
 Examples:
-  redsem status                    # every lease semaphore under the prefix
+  redsem status                    # every semaphore, permit pool and latch
   redsem status nightly-export     # its holders and its queue
   redsem status gpu                # permits: how many are free
   redsem status workers-ready      # latch: how many count-downs to go
   redsem status nightly-export --json
   redsem status nightly-export --watch     # redrawn every 2s until Ctrl-C
   redsem status --watch 500ms --json       # one JSON line per 500ms
-  {\"name\":\"nightly-export\",\"limit\":2,\"holders\":[{\"id\":\"9f2c...\",
-   \"holder\":\"web-1\",\"token\":17,\"slot\":0,\"expires_in_ms\":24100,
-   \"held_for_ms\":5900}],\"waiters\":1,\"queue\":[{\"id\":\"51ab...\",
-   \"holder\":null,\"units\":1,\"waiting_ms\":2300}],
+  {\"name\":\"nightly-export\",\"capacity\":2,\"in_use\":1,\"holders\":[{\"id\":
+   \"9f2c...\",\"label\":\"web-1\",\"token\":17,\"slots\":[0],
+   \"expires_in_ms\":24100,\"held_for_ms\":5900}],\"waiters\":[{\"id\":
+   \"51ab...\",\"label\":null,\"units\":1,\"waiting_for_ms\":2300}],
    \"permits\":{\"available\":0},\"latch\":{\"state\":\"never-set\",\"count\":0}}
 
 A NAME can be a lease semaphore (run, lock, acquire), counted permits (permits) and a latch
-(latch) at once: status shows each that has state. \"limit\" is the lease semaphore's
-capacity in force (null when none is stored: never used, or idle a long time); expired
-holders are not listed; \"waiters\" counts the queue, \"queue\" lists it in order.
+(latch) at once: status shows each that has state. Without NAME, --json prints a list of
+these objects, one per name. The lease part is the schema of serve's /status.json (and of the
+library's Status): \"capacity\" is the limit in force (null when none is stored: never used,
+or idle a long time); expired holders are not listed; \"waiters\" lists the queue in order.
 \"permits\".\"available\" may be negative, and is 0 both when never set and when all are
 taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
 
@@ -44,9 +45,9 @@ again at the next turn.
 
 Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
-/// Show the holders and queue, permits and latch of NAME, or every semaphore under the prefix
+/// Show the holders and queue, permits and latch of NAME, or list every one under the prefix
 #[derive(Debug, clap::Args)]
-#[command(after_help = EXAMPLES)]
+#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The semaphore's name [default: list them all]
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -67,14 +68,14 @@ pub(crate) struct Args {
     watch: Option<Duration>,
 }
 
-/// `status NAME --json`.
+/// `status NAME --json`, and each entry of `status --json` and `serve`'s `/status.json`: the
+/// name, then the library's [`Status`] as its `serde` feature writes it (one schema for all
+/// three), then (here only) the permits and the latch under the same name.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
     name: &'a str,
-    limit: Option<u32>,
-    holders: Vec<HolderReport<'a>>,
-    waiters: usize,
-    queue: Vec<WaiterReport<'a>>,
+    #[serde(flatten)]
+    lease: &'a Status,
     permits: PermitsReport,
     latch: LatchReport,
 }
@@ -88,33 +89,6 @@ struct PermitsReport {
 struct LatchReport {
     state: &'static str,
     count: u64,
-}
-
-#[derive(Debug, Serialize)]
-struct HolderReport<'a> {
-    id: &'a str,
-    holder: Option<&'a str>,
-    token: u64,
-    slot: u32,
-    expires_in_ms: i64,
-    held_for_ms: u64,
-}
-
-#[derive(Debug, Serialize)]
-struct WaiterReport<'a> {
-    id: &'a str,
-    holder: Option<&'a str>,
-    units: u32,
-    waiting_ms: u64,
-}
-
-/// One line of `status --json` without NAME.
-#[derive(Debug, Serialize)]
-struct Summary {
-    name: String,
-    limit: Option<u32>,
-    in_use: u64,
-    waiters: usize,
 }
 
 impl Args {
@@ -172,25 +146,34 @@ impl Args {
                 }
             }
             None => {
-                let mut summaries = Vec::new();
-                for name in redsem.lease_semaphore_names().await? {
-                    let status = status_of(redsem, &name).await?;
-                    summaries.push(Summary {
-                        name,
-                        limit: status.capacity,
-                        in_use: status.in_use,
-                        waiters: status.waiters.len(),
-                    });
+                let mut all = Vec::new();
+                for name in every_name(redsem).await? {
+                    let found = everything(redsem, &name).await?;
+                    all.push((name, found));
                 }
                 if self.json {
-                    output::json(&summaries)?
+                    let reports: Vec<Report<'_>> = all
+                        .iter()
+                        .map(|(name, found)| report(name, found))
+                        .collect();
+                    output::json(&reports)?
                 } else {
-                    list(&summaries, redsem.prefix())
+                    list(&all, redsem.prefix())
                 }
             }
         };
         Ok(text)
     }
+}
+
+/// The names of every lease semaphore, permit semaphore and latch with state, each once.
+async fn every_name(redsem: &Redsem) -> Result<Vec<String>, CliError> {
+    let mut names = redsem.lease_semaphore_names().await?;
+    names.extend(redsem.permit_semaphore_names().await?);
+    names.extend(redsem.count_down_latch_names().await?);
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 async fn status_of(redsem: &Redsem, name: &str) -> Result<Status, CliError> {
@@ -223,42 +206,23 @@ fn in_use(status: &Status) -> bool {
 }
 
 fn report<'a>(name: &'a str, all: &'a Everything) -> Report<'a> {
-    let status = &all.lease;
-    let (state, count) = match all.latch {
-        LatchState::NeverSet => ("never-set", 0),
-        LatchState::Counting(n) => ("counting", n),
-        LatchState::Done => ("open", 0),
-    };
+    let (state, count) = latch_state(all.latch);
     Report {
         name,
-        limit: status.capacity,
-        holders: status
-            .holders
-            .iter()
-            .map(|h| HolderReport {
-                id: h.id.as_str(),
-                holder: h.label.as_deref(),
-                token: h.token.get(),
-                slot: h.slots.first().copied().unwrap_or_default(),
-                expires_in_ms: i64::try_from(h.expires_in.as_millis()).unwrap_or(i64::MAX),
-                held_for_ms: millis(h.held_for),
-            })
-            .collect(),
-        waiters: status.waiters.len(),
-        queue: status
-            .waiters
-            .iter()
-            .map(|w| WaiterReport {
-                id: w.id.as_str(),
-                holder: w.label.as_deref(),
-                units: w.units,
-                waiting_ms: millis(w.waiting_for),
-            })
-            .collect(),
+        lease: &all.lease,
         permits: PermitsReport {
             available: all.available,
         },
         latch: LatchReport { state, count },
+    }
+}
+
+/// The latch's state as the JSON says it, and its count.
+fn latch_state(latch: LatchState) -> (&'static str, u64) {
+    match latch {
+        LatchState::NeverSet => ("never-set", 0),
+        LatchState::Counting(n) => ("counting", n),
+        LatchState::Done => ("open", 0),
     }
 }
 
@@ -272,7 +236,12 @@ fn describe(name: &str, all: &Everything) -> String {
         LatchState::Done => Some(format!("{name}: latch open (reached 0 within the hour)\n")),
     };
     if all.available != 0 {
-        out += &format!("{name}: {} permits available\n", all.available);
+        let noun = if all.available.abs() == 1 {
+            "permit"
+        } else {
+            "permits"
+        };
+        out += &format!("{name}: {} {noun} available\n", all.available);
     }
     out += latch.as_deref().unwrap_or_default();
     if in_use(&all.lease) || out.is_empty() {
@@ -342,23 +311,45 @@ fn lease_table(name: &str, status: &Status, available: i64) -> String {
     out
 }
 
-/// Every semaphore, one line each.
-fn list(summaries: &[Summary], prefix: &str) -> String {
-    if summaries.is_empty() {
-        return format!("no semaphores under the prefix {prefix:?}");
+/// Every name, one line each: its lease semaphore, permits and latch.
+fn list(all: &[(String, Everything)], prefix: &str) -> String {
+    if all.is_empty() {
+        return format!("no semaphores, permits or latches under the prefix {prefix:?}");
     }
-    let rows: Vec<Vec<String>> = summaries
+    let rows: Vec<Vec<String>> = all
         .iter()
-        .map(|s| {
+        .map(|(name, found)| {
+            let lease = &found.lease;
+            let latch = match found.latch {
+                LatchState::NeverSet => "-".to_owned(),
+                LatchState::Counting(n) => format!("{n} to go"),
+                LatchState::Done => "open".to_owned(),
+            };
+            let used = in_use(lease);
             vec![
-                s.name.clone(),
-                s.in_use.to_string(),
-                s.limit.map_or_else(|| "-".to_owned(), |c| c.to_string()),
-                s.waiters.to_string(),
+                name.clone(),
+                if used {
+                    lease.in_use.to_string()
+                } else {
+                    "-".to_owned()
+                },
+                lease
+                    .capacity
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+                if used {
+                    lease.waiters.len().to_string()
+                } else {
+                    "-".to_owned()
+                },
+                found.available.to_string(),
+                latch,
             ]
         })
         .collect();
-    table(&["NAME", "IN USE", "LIMIT", "WAITING"], &rows)
+    table(
+        &["NAME", "IN USE", "LIMIT", "WAITING", "PERMITS", "LATCH"],
+        &rows,
+    )
 }
 
 fn label(label: Option<&str>) -> String {

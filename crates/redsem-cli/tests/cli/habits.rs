@@ -148,7 +148,7 @@ fn status_recognises_permits_and_latches_and_its_json_carries_held_for() {
     let json = world.status("pool");
     assert_eq!(json["permits"]["available"], 2);
     assert_eq!(json["latch"]["state"], "never-set");
-    assert_eq!(json["limit"], Value::Null);
+    assert_eq!(json["capacity"], Value::Null);
 
     world.run(&["latch", "ready", "set", "3"]).success();
     world.run(&["latch", "ready", "count-down"]).success();

@@ -22,6 +22,9 @@ mod latch;
 mod manage;
 /// Figures for the closing note: printed (`--nocapture`), never asserted.
 mod measure;
+/// What a new user trips on: suggestions for typos, error texts, `status` of every
+/// primitive, one JSON schema, latches never set, short and long help.
+mod newcomer;
 /// `serve` over HTTP (`/metrics`, the status page, `/status.json`) and `status --watch`.
 mod observe;
 /// `permits NAME add|try-set|acquire|release|available`.

@@ -62,7 +62,7 @@ fn status_json_matches_the_contract() {
     assert_eq!(
         empty,
         serde_json::json!({
-            "name": "nothing-here", "limit": null, "holders": [], "waiters": 0, "queue": [],
+            "name": "nothing-here", "capacity": null, "in_use": 0, "holders": [], "waiters": [],
             "permits": {"available": 0}, "latch": {"state": "never-set", "count": 0}
         })
     );
@@ -76,12 +76,13 @@ fn status_json_matches_the_contract() {
     assert_eq!(
         keys_of(&status),
         set(&[
-            "name", "limit", "holders", "waiters", "queue", "permits", "latch"
+            "name", "capacity", "in_use", "holders", "waiters", "permits", "latch"
         ])
     );
     assert_eq!(status["name"], "jobs");
-    assert_eq!(status["limit"], 2);
-    assert_eq!(status["waiters"], 1);
+    assert_eq!(status["capacity"], 2);
+    assert_eq!(status["in_use"], 2);
+    assert_eq!(status["waiters"].as_array().map(Vec::len), Some(1));
     let holders = status["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 2);
     for (holder, id, label, slot) in [
@@ -92,29 +93,29 @@ fn status_json_matches_the_contract() {
             keys_of(holder),
             set(&[
                 "id",
-                "holder",
+                "label",
                 "token",
-                "slot",
+                "slots",
                 "expires_in_ms",
                 "held_for_ms"
             ])
         );
         assert_eq!(holder["id"], id.as_str());
-        assert_eq!(holder["holder"], label);
+        assert_eq!(holder["label"], label);
         assert!(holder["token"].is_u64());
-        assert_eq!(holder["slot"], slot);
+        assert_eq!(holder["slots"], serde_json::json!([slot]));
         assert!(holder["expires_in_ms"].is_i64());
     }
     let left = holders[0]["expires_in_ms"].as_i64().expect("i64");
     assert!(left > 15_000 && left <= 20_000, "{left}");
     assert!(holders[0]["token"].as_u64() < holders[1]["token"].as_u64());
-    let queue = status["queue"].as_array().expect("queue");
+    let queue = status["waiters"].as_array().expect("waiters");
     assert_eq!(queue.len(), 1);
     assert_eq!(
         keys_of(&queue[0]),
-        set(&["id", "holder", "units", "waiting_ms"])
+        set(&["id", "label", "units", "waiting_for_ms"])
     );
-    assert_eq!(queue[0]["holder"], "web-3");
+    assert_eq!(queue[0]["label"], "web-3");
     assert_eq!(queue[0]["units"], 1);
 
     world.run(&["release", "jobs", &anonymous]).success();
@@ -152,13 +153,20 @@ fn status_without_a_name_lists_the_semaphores_under_the_prefix() {
     world.acquire("other", 1, &["--prefix", "elsewhere"]);
     let out = world.run(&["status", "--json"]).success();
     let list: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|entry| entry["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
     assert_eq!(
-        list,
-        serde_json::json!([
-            {"name": "alpha", "limit": 2, "in_use": 1, "waiters": 0},
-            {"name": "beta", "limit": 1, "in_use": 1, "waiters": 0},
-        ])
+        keys_of(&list[0]),
+        keys_of(&world.status("alpha")),
+        "each entry as status NAME --json"
     );
+    assert_eq!(list[1]["capacity"], 1);
+    assert_eq!(list[1]["in_use"], 1);
     let table = world.run(&["status"]).success().stdout;
     assert!(table.contains("alpha") && table.contains("beta") && !table.contains("other"));
     let none = world.run(&["--prefix", "empty", "status"]).success().stdout;

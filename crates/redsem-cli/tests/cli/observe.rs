@@ -105,7 +105,7 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
     }
     // The queue in order: each waiter's id after the one before it.
     let mut from = 0;
-    for waiter in status["queue"].as_array().expect("queue") {
+    for waiter in status["waiters"].as_array().expect("waiters") {
         let id = waiter["id"].as_str().expect("id");
         let at = page[from..]
             .find(id)
@@ -120,14 +120,8 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
     assert_eq!(code, 200);
     let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
     assert_eq!(json[0]["name"], "demo");
-    assert_eq!(
-        json[0]["status"]["holders"].as_array().map(Vec::len),
-        Some(3)
-    );
-    assert_eq!(
-        json[0]["status"]["waiters"].as_array().map(Vec::len),
-        Some(5)
-    );
+    assert_eq!(json[0]["holders"].as_array().map(Vec::len), Some(3));
+    assert_eq!(json[0]["waiters"].as_array().map(Vec::len), Some(5));
 
     let (code, _) = get(port, "/nothing-here");
     assert_eq!(code, 404);
@@ -185,7 +179,7 @@ fn status_watch_prints_a_view_per_turn_until_interrupted() {
         .collect();
     assert!(views.len() >= 2, "one JSON line per turn: {out:?}");
     for view in &views {
-        assert_eq!(view["holders"][0]["holder"], "web-1");
+        assert_eq!(view["holders"][0]["label"], "web-1");
     }
 }
 

@@ -65,13 +65,13 @@ fn two_runs_take_turns_and_status_shows_the_holder(url: &str, dir: &Path) {
     });
     let second = turn(url, dir, "second");
     eventually(LIMIT, "the second run waits", || {
-        status(url, "jobs")["waiters"] == 1
+        status(url, "jobs")["waiters"].as_array().map(Vec::len) == Some(1)
     });
     let now = status(url, "jobs");
     let holders = now["holders"].as_array().expect("holders is an array");
     assert_eq!(holders.len(), 1, "{now}");
-    assert_eq!(holders[0]["holder"], "first", "{now}");
-    assert_eq!(now["limit"], 1, "{now}");
+    assert_eq!(holders[0]["label"], "first", "{now}");
+    assert_eq!(now["capacity"], 1, "{now}");
     assert!(
         !dir.join("second.started").exists(),
         "the second command waits while the first runs"
@@ -82,7 +82,7 @@ fn two_runs_take_turns_and_status_shows_the_holder(url: &str, dir: &Path) {
     eventually(LIMIT, "the second command started", || {
         dir.join("second.started").exists()
     });
-    assert_eq!(status(url, "jobs")["holders"][0]["holder"], "second");
+    assert_eq!(status(url, "jobs")["holders"][0]["label"], "second");
     std::fs::write(dir.join("second.go"), "").expect("write second.go");
     second.wait().success();
 
@@ -163,7 +163,7 @@ fn a_run_through_a_sentinel_url_keeps_its_permit_across_a_failover() {
     assert_ne!(old, new);
     std::thread::sleep(std::time::Duration::from_secs(6));
     let now = status(&url, "jobs");
-    assert_eq!(now["holders"][0]["holder"], "first", "{now}");
+    assert_eq!(now["holders"][0]["label"], "first", "{now}");
     std::fs::write(dir.join("first.go"), "").expect("write first.go");
     first.wait().success();
     let second = turn(&url, dir, "second");

@@ -139,6 +139,12 @@ impl LeasePermit {
         self.permit().is_held()
     }
 
+    /// True once the permit is known lost or its lease may have ended, as
+    /// [`crate::LeasePermit::is_lost`]: the opposite of [`is_held`](Self::is_held).
+    pub fn is_lost(&self) -> bool {
+        self.permit().is_lost()
+    }
+
     /// How long the lease is certain to last without another renewal.
     pub fn time_left(&self) -> Duration {
         self.permit().time_left()

@@ -189,6 +189,80 @@ impl Redsem {
     /// Cancel safe.
     pub async fn lease_semaphore_names(&self) -> Result<Vec<String>> {
         let pattern = keys::lease_state_pattern(&self.shared.prefix);
+        self.names(&pattern, |prefix, key| {
+            keys::lease_name_of_state(prefix, key)
+        })
+        .await
+    }
+
+    /// The names of the permit semaphores under this prefix whose count is stored. Uses
+    /// `SCAN`, never `KEYS`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// for name in redsem.permit_semaphore_names().await? {
+    ///     let free = redsem.permit_semaphore(&name)?.available_permits().await?;
+    ///     println!("{name}: {free} available");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Unavailable`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn permit_semaphore_names(&self) -> Result<Vec<String>> {
+        let pattern = keys::kind_pattern(&self.shared.prefix, "permits");
+        self.names(&pattern, |prefix, key| {
+            keys::name_of_key(prefix, "permits", &["count"], key)
+        })
+        .await
+    }
+
+    /// The names of the countdown latches under this prefix that are counting or opened
+    /// within [`crate::LATCH_DONE_TTL`]. Uses `SCAN`, never `KEYS`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(redsem: redsem::Redsem) -> redsem::Result<()> {
+    /// for name in redsem.count_down_latch_names().await? {
+    ///     let state = redsem.count_down_latch(&name)?.state().await?;
+    ///     println!("{name}: {state:?}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Unavailable`] when Redis cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn count_down_latch_names(&self) -> Result<Vec<String>> {
+        let pattern = keys::kind_pattern(&self.shared.prefix, "latch");
+        self.names(&pattern, |prefix, key| {
+            keys::name_of_key(prefix, "latch", &["count", "done"], key)
+        })
+        .await
+    }
+
+    /// The names in the keys matching `pattern` on every primary, as `name_of` reads them,
+    /// sorted, each once.
+    async fn names(
+        &self,
+        pattern: &str,
+        name_of: impl Fn(&str, &str) -> Option<String>,
+    ) -> Result<Vec<String>> {
+        let pattern = pattern.to_owned();
         let mut found = Vec::new();
         match self.shared.conn.clone() {
             Conn::Single(mut conn) => scan(&mut conn, &pattern, &mut found).await?,
@@ -211,7 +285,7 @@ impl Redsem {
         }
         let mut names: Vec<String> = found
             .iter()
-            .filter_map(|key| keys::lease_name_of_state(&self.shared.prefix, key))
+            .filter_map(|key| name_of(&self.shared.prefix, key))
             .collect();
         names.sort();
         names.dedup();

@@ -254,6 +254,32 @@ impl LeasePermit {
         !self.state.lost.is_cancelled() && clock::now() < self.state.valid_until()
     }
 
+    /// True once the permit is known lost or its lease may have ended unrenewed: the
+    /// opposite of [`is_held`](Self::is_held), to check between steps of work without
+    /// awaiting [`lost`](Self::lost). Reads local state only (no round trip).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn step(_: u32) {}
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.acquire().await?;
+    /// for n in 0..10 {
+    ///     if permit.is_lost() {
+    ///         return Err(redsem::Error::LeaseLost {
+    ///             name: permit.semaphore().to_owned(),
+    ///             id: permit.id().to_string(),
+    ///         });
+    ///     }
+    ///     step(n).await;
+    /// }
+    /// permit.release().await
+    /// # }
+    /// ```
+    pub fn is_lost(&self) -> bool {
+        !self.is_held()
+    }
+
     /// Resolves as soon as the permit is known lost, or its lease may have ended unrenewed
     /// (Redis unreachable, the process paused). Never resolves while the permit is renewed.
     ///

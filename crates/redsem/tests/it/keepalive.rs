@@ -234,8 +234,10 @@ async fn a_permit_without_keepalive_lives_as_long_as_it_is_refreshed_by_hand() {
         () = permit.lost() => panic!("lost while refreshed by hand"),
         () = refreshing => {}
     }
+    assert!(!permit.is_lost(), "is_lost() while refreshed");
     let last = Instant::now();
     within(LIMIT, "lost once refreshes stop", permit.lost()).await;
+    assert!(permit.is_lost(), "is_lost() after lost() resolved");
     let after = last.elapsed();
     assert!(
         after <= Duration::from_millis(300) + SCHEDULING_SLACK,
