@@ -140,11 +140,11 @@ fn check_capacity_and_slots(
         // Ends before starts at the same instant: intervals are half-open.
         let mut events: Vec<(u64, bool, usize)> = Vec::new();
         for (i, op) in grants.iter().enumerate() {
-            if let Some((start, end)) = op.believed() {
-                if end > start {
-                    events.push((start, true, i));
-                    events.push((end, false, i));
-                }
+            if let Some((start, end)) = op.believed()
+                && end > start
+            {
+                events.push((start, true, i));
+                events.push((end, false, i));
             }
         }
         events.sort_by_key(|&(t, is_start, i)| (t, is_start, i));
@@ -156,10 +156,11 @@ fn check_capacity_and_slots(
             let op = grants[i];
             if is_start {
                 for &slot in &op.slots {
-                    if let Some(&other) = slot_owner.get(&slot) {
-                        if !slot_reported {
-                            slot_reported = true;
-                            out.push(Violation {
+                    if let Some(&other) = slot_owner.get(&slot)
+                        && !slot_reported
+                    {
+                        slot_reported = true;
+                        out.push(Violation {
                                 rule: "slots",
                                 detail: format!(
                                     "{name}: slot {slot} given to token {:?} while token {:?} believed it held it",
@@ -170,7 +171,6 @@ fn check_capacity_and_slots(
                                     Record::Lease(op.clone()),
                                 ],
                             });
-                        }
                     }
                 }
                 for &slot in &op.slots {
@@ -472,9 +472,10 @@ fn check_permits(
             return;
         }
     }
-    if let Some(fin) = fin {
-        if fin.value > hi || (bounded && fin.value < lo) || fin.waiters != 0 {
-            out.push(Violation {
+    if let Some(fin) = fin
+        && (fin.value > hi || (bounded && fin.value < lo) || fin.waiters != 0)
+    {
+        out.push(Violation {
                 rule: "permits",
                 detail: format!(
                     "{name}: {} permits available and {} waiting at the end; the ledger allows {lo}..={hi} and none waiting",
@@ -482,6 +483,251 @@ fn check_permits(
                 ),
                 excerpt: vec![Record::Final(fin.clone())],
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::history::Final;
+    use super::*;
+
+    fn meta() -> Record {
+        Record::Meta(Meta {
+            seed: 1,
+            deployment: "single".into(),
+            capacity: [("m".to_owned(), 2)].into(),
+            permits: [("p".to_owned(), 2)].into(),
+            latch_count: 2,
+            lease_ms: 1000,
+            waiter_lease_ms: 1000,
+        })
+    }
+
+    /// A grant of `slots` on "m": invoked at `inv`, answered at `ret`, released at `end`.
+    fn grant(inv: u64, ret: u64, token: u64, slots: &[u32], end: u64) -> LeaseOp {
+        LeaseOp {
+            name: "m".into(),
+            op: "acquire".into(),
+            units: slots.len() as u32,
+            inv_us: inv,
+            ret_us: ret,
+            outcome: "ok".into(),
+            token: Some(token),
+            slots: slots.to_vec(),
+            end: Some("release".into()),
+            end_us: Some(end),
+            valid_until_us: Some(end + 1_000_000),
+            ..LeaseOp::default()
         }
+    }
+
+    fn rules(records: Vec<Record>) -> Vec<&'static str> {
+        check(&records).iter().map(|v| v.rule).collect()
+    }
+
+    fn lease(ops: Vec<LeaseOp>) -> Vec<Record> {
+        let mut records = vec![meta()];
+        records.extend(ops.into_iter().map(Record::Lease));
+        records
+    }
+
+    #[test]
+    fn capacity() {
+        // Two of capacity 2, then a third after one ended: fine.
+        let ok = lease(vec![
+            grant(0, 10, 1, &[0], 100),
+            grant(0, 20, 2, &[1], 50),
+            grant(40, 50, 3, &[1], 90),
+        ]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // The third while both still believe they hold: over capacity (and a slot shared).
+        let bad = lease(vec![
+            grant(0, 10, 1, &[0], 100),
+            grant(0, 20, 2, &[1], 100),
+            grant(25, 30, 3, &[1], 90),
+        ]);
+        assert!(rules(bad).contains(&"capacity"));
+        // lost() ends the believed interval: no longer over capacity.
+        let mut lost = grant(0, 20, 2, &[1], 100);
+        lost.lost_us = Some(25);
+        let ok = lease(vec![
+            grant(0, 10, 1, &[0], 100),
+            lost,
+            grant(26, 30, 3, &[1], 90),
+        ]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn tokens() {
+        let ok = lease(vec![grant(0, 10, 5, &[0], 11), grant(20, 30, 6, &[0], 31)]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // Concurrent grants may carry tokens in either order.
+        let ok = lease(vec![grant(0, 10, 6, &[0], 11), grant(5, 30, 5, &[1], 31)]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        let bad = lease(vec![grant(0, 10, 6, &[0], 11), grant(20, 30, 5, &[0], 31)]);
+        assert_eq!(rules(bad), vec!["token"]);
+        let bad = lease(vec![grant(0, 10, 6, &[0], 11), grant(20, 30, 6, &[0], 31)]);
+        assert!(rules(bad).contains(&"token"));
+    }
+
+    #[test]
+    fn slots() {
+        let ok = lease(vec![grant(0, 10, 1, &[0], 100), grant(0, 20, 2, &[1], 100)]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        let bad = lease(vec![grant(0, 10, 1, &[0], 100), grant(0, 20, 2, &[0], 100)]);
+        assert_eq!(rules(bad), vec!["slots"]);
+        // A slot beyond the capacity, or fewer slots than units.
+        assert_eq!(
+            rules(lease(vec![grant(0, 10, 1, &[2], 100)])),
+            vec!["slots"]
+        );
+        let mut short = grant(0, 10, 1, &[1], 100);
+        short.units = 2;
+        assert!(rules(lease(vec![short])).contains(&"slots"));
+    }
+
+    #[test]
+    fn fifo() {
+        let mut a = grant(0, 500, 10, &[0], 600);
+        a.queued_us = Some(5);
+        // B invoked after A queued, granted after A: fine.
+        let ok = lease(vec![a.clone(), grant(100, 700, 11, &[0], 800)]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // B invoked after A queued, granted before A (smaller token): not FIFO.
+        let bad = lease(vec![a.clone(), grant(100, 110, 9, &[1], 120)]);
+        assert_eq!(rules(bad), vec!["fifo"]);
+        // The same during a fault on A's client: not judged.
+        let mut faulted = lease(vec![a.clone(), grant(100, 110, 9, &[1], 120)]);
+        faulted.push(Record::Fault(Fault {
+            kind: "freeze".into(),
+            target: "client0".into(),
+            start_us: 50,
+            end_us: 60,
+        }));
+        assert_eq!(rules(faulted), Vec::<&str>::new());
+        // B invoked before A was known queued: either order.
+        let ok = lease(vec![a, grant(3, 110, 9, &[1], 120)]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+    }
+
+    fn latch(op: &str, inv: u64, ret: u64, outcome: &str, count: Option<u64>) -> Record {
+        Record::Latch(LatchOp {
+            name: "l".into(),
+            op: op.into(),
+            inv_us: inv,
+            ret_us: ret,
+            outcome: outcome.into(),
+            count,
+            ..LatchOp::default()
+        })
+    }
+
+    #[test]
+    fn latch_rules() {
+        let ok = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            latch("count", 11, 12, "ok", Some(1)),
+            latch("count_down", 20, 30, "ok", None),
+            latch("wait", 5, 31, "ok", None),
+            latch("wait", 40, 41, "ok", None),
+        ];
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // Opened after one count-down of two.
+        let early = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            latch("wait", 5, 15, "ok", None),
+            latch("count_down", 20, 30, "ok", None),
+        ];
+        assert_eq!(rules(early), vec!["latch"]);
+        // Still closed after both count-downs were acknowledged.
+        let late = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            latch("count_down", 20, 30, "ok", None),
+            latch("count", 40, 41, "ok", Some(1)),
+            latch("wait", 50, 500, "timeout", None),
+        ];
+        assert_eq!(rules(late), vec!["latch", "latch"]);
+    }
+
+    fn permit(op: &str, n: i64, inv: u64, ret: u64, release: Option<u64>) -> Record {
+        Record::Permit(PermitOp {
+            name: "p".into(),
+            op: op.into(),
+            n,
+            inv_us: inv,
+            ret_us: ret,
+            outcome: "ok".into(),
+            release_inv_us: release,
+            release_ret_us: release.map(|t| t + 1),
+            release_outcome: release.map(|_| "ok".into()),
+            ..PermitOp::default()
+        })
+    }
+
+    fn permits_final(value: i64) -> Record {
+        Record::Final(Final {
+            kind: "permits".into(),
+            name: "p".into(),
+            value,
+            waiters: 0,
+            at_us: 1000,
+        })
+    }
+
+    #[test]
+    fn permit_rules() {
+        let ok = vec![
+            meta(),
+            permit("acquire", 2, 0, 10, Some(50)),
+            permit("add", 1, 20, 21, None),
+            permit("acquire", 1, 22, 30, Some(40)),
+            permit("add", -1, 60, 61, None),
+            permits_final(2),
+        ];
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // Three held of two.
+        let inflated = vec![
+            meta(),
+            permit("acquire", 2, 0, 10, Some(50)),
+            permit("acquire", 1, 22, 30, Some(40)),
+            permits_final(2),
+        ];
+        assert_eq!(rules(inflated), vec!["permits"]);
+        // One permit gone at the end.
+        let leaked = vec![
+            meta(),
+            permit("acquire", 1, 0, 10, Some(50)),
+            permits_final(1),
+        ];
+        assert_eq!(rules(leaked), vec!["permits"]);
+    }
+
+    #[test]
+    fn reconcile() {
+        let fin = |value, waiters| {
+            Record::Final(Final {
+                kind: "lease".into(),
+                name: "m".into(),
+                value,
+                waiters,
+                at_us: 1000,
+            })
+        };
+        assert_eq!(rules(vec![meta(), fin(0, 0)]), Vec::<&str>::new());
+        assert_eq!(rules(vec![meta(), fin(1, 0)]), vec!["reconcile"]);
+        assert_eq!(rules(vec![meta(), fin(0, 1)]), vec!["reconcile"]);
+    }
+
+    #[test]
+    fn a_history_round_trips_through_json_lines() {
+        let records = lease(vec![grant(0, 10, 1, &[0], 100)]);
+        let mut buf = Vec::new();
+        super::super::history::write(&mut buf, &records).unwrap();
+        let back = super::super::history::read(&buf[..]).unwrap();
+        assert_eq!(back, records);
     }
 }

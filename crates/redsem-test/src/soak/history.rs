@@ -78,6 +78,9 @@ pub struct LeaseOp {
     pub release_ret_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_outcome: Option<String>,
+    /// The outcome of a `refresh()` made while held, if one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<String>,
     /// When `lost()` fired, if it did while held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_us: Option<u64>,
@@ -165,7 +168,7 @@ pub struct Final {
 /// How many operations (calls into the library) a record stands for.
 pub fn operations(record: &Record) -> u64 {
     match record {
-        Record::Lease(op) => 1 + u64::from(op.end.is_some()),
+        Record::Lease(op) => 1 + u64::from(op.end.is_some()) + u64::from(op.refresh.is_some()),
         Record::Permit(op) => 1 + u64::from(op.release_inv_us.is_some()),
         Record::Latch(_) => 1,
         _ => 0,

@@ -189,6 +189,12 @@ impl Task {
             () = tokio::time::sleep(hold) => {}
             () = permit.lost() => op.lost_us = Some(self.rec.now()),
         }
+        if op.lost_us.is_none() && self.rng.below(100) < 10 {
+            op.refresh = Some(match permit.refresh().await {
+                Ok(()) => "ok".into(),
+                Err(e) => outcome(&e),
+            });
+        }
         if op.lost_us.is_none() && !permit.is_held() {
             op.lost_us = Some(self.rec.now());
         }
