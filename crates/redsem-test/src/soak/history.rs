@@ -64,6 +64,10 @@ pub struct LeaseOp {
     /// When the client first learned it was queued (the first progress report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_us: Option<u64>,
+    /// The longest time between the invocation, each "queued" answer of a check-in and the
+    /// reply: under half a waiter lease, the request cannot have lost its place (docs/SOAK.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gap_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

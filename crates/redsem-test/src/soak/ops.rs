@@ -122,16 +122,15 @@ impl Task {
             self.rec.push(Record::Lease(op));
             return;
         }
-        let queued = Arc::new(AtomicU64::new(0));
+        // When each check-in answered "queued" (the first is when the request was queued).
+        let reports = Arc::new(Mutex::new(Vec::new()));
         let progress = {
-            let (queued, rec) = (Arc::clone(&queued), Arc::clone(&self.rec));
+            let (reports, rec) = (Arc::clone(&reports), Arc::clone(&self.rec));
             move |_ahead: u64| {
-                let _ = queued.compare_exchange(
-                    0,
-                    rec.now().max(1),
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                );
+                reports
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(rec.now());
             }
         };
         op.inv_us = self.rec.now();
@@ -171,8 +170,18 @@ impl Task {
             }
         };
         op.ret_us = self.rec.now();
-        let q = queued.load(Ordering::SeqCst);
-        op.queued_us = (q != 0).then_some(q);
+        let reports = std::mem::take(
+            &mut *reports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        op.queued_us = reports.first().copied();
+        if !reports.is_empty() {
+            let mut times = vec![op.inv_us];
+            times.extend(&reports);
+            times.push(op.ret_us);
+            op.max_gap_us = times.windows(2).map(|w| w[1].saturating_sub(w[0])).max();
+        }
         let permit = match result {
             Ok(permit) => permit,
             Err(outcome) => {
@@ -190,10 +199,20 @@ impl Task {
             () = permit.lost() => op.lost_us = Some(self.rec.now()),
         }
         if op.lost_us.is_none() && self.rng.below(100) < 10 {
-            op.refresh = Some(match permit.refresh().await {
-                Ok(()) => "ok".into(),
-                Err(e) => outcome(&e),
-            });
+            // lost() is watched during the refresh too: it may fire while the call waits.
+            tokio::select! {
+                biased;
+                () = permit.lost() => {
+                    op.lost_us = Some(self.rec.now());
+                    op.refresh = Some("abandoned: lost".into());
+                }
+                r = permit.refresh() => {
+                    op.refresh = Some(match r {
+                        Ok(()) => "ok".into(),
+                        Err(e) => outcome(&e),
+                    });
+                }
+            }
         }
         if op.lost_us.is_none() && !permit.is_held() {
             op.lost_us = Some(self.rec.now());
