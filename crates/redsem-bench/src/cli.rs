@@ -46,6 +46,11 @@ pub(crate) struct Args {
     /// hand-off time goes.
     #[arg(long)]
     pub(crate) hold_stages: bool,
+
+    /// Run redsem's clients with group commit off (`RedsemOptions::group_commit(false)`):
+    /// one call per operation, as before group commit, for a before/after comparison.
+    #[arg(long)]
+    pub(crate) no_group_commit: bool,
 }
 
 impl Args {

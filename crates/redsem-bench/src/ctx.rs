@@ -109,6 +109,8 @@ pub(crate) struct Ctx {
     pub(crate) admin: Admin,
     pub(crate) sizes: Sizes,
     run_id: String,
+    /// `RedsemOptions::group_commit` of every redsem client made here.
+    pub(crate) group_commit: bool,
 }
 
 impl Ctx {
@@ -118,6 +120,7 @@ impl Ctx {
             admin,
             sizes,
             run_id: format!("{:08x}", rand::random::<u32>()),
+            group_commit: true,
         }
     }
 
@@ -128,10 +131,13 @@ impl Ctx {
 
     /// A new redsem client (its own command and pub/sub connections) under `prefix`.
     pub(crate) async fn redsem(&self, prefix: &str) -> BenchResult<redsem::Redsem> {
-        Ok(
-            redsem::Redsem::connect_with(&self.url, RedsemOptions::default().prefix(prefix))
-                .await?,
+        Ok(redsem::Redsem::connect_with(
+            &self.url,
+            RedsemOptions::default()
+                .prefix(prefix)
+                .group_commit(self.group_commit),
         )
+        .await?)
     }
 
     /// `clients` redsem clients, each with a handle on the lease semaphore `name`.

@@ -35,6 +35,8 @@ struct Output<'a> {
     bench: &'static str,
     version: &'static str,
     mode: &'static str,
+    /// Whether redsem's clients ran with group commit (`--no-group-commit`: false).
+    group_commit: bool,
     machine: Machine,
     sizes: &'a Sizes,
     duration_s: f64,
@@ -135,7 +137,8 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     } else {
         Sizes::full()
     };
-    let ctx = Ctx::new(url, admin, sizes);
+    let mut ctx = Ctx::new(url, admin, sizes);
+    ctx.group_commit = !args.no_group_commit;
     let mut figures = Figures::default();
     let mut errors = Vec::new();
     let e = &mut errors;
@@ -256,6 +259,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             bench: "redsem-bench",
             version: env!("CARGO_PKG_VERSION"),
             mode: if args.smoke { "smoke" } else { "full" },
+            group_commit: ctx.group_commit,
             machine,
             sizes: &ctx.sizes,
             duration_s,

@@ -55,6 +55,13 @@ local PRUNE_LAG_MS = 2000
 local PRUNE_BATCH = 4000
 -- "No lease ends before": nothing is known to end (a double, exact).
 local NEVER = 4503599627370496
+-- The layout of the keys and records above, stored in the state hash (field `layout`) when
+-- a state is made. A state that names another layout was written by a version of redsem
+-- that keeps its state differently: every operation refuses it ({"LAYOUT", found, ours})
+-- and changes nothing. A state without the field is of this layout (written before the
+-- field existed). Raise it with any change an older version would misread; the upgrade is
+-- "drain, then upgrade" (README).
+local LAYOUT = '1'
 
 -- Per call (see begin()), beside common's S: S.mine, the caller's wake channel, and
 -- S.handed, the grants made to waiters on it (returned instead of published; nil if none); S.defer_idle:
@@ -112,8 +119,25 @@ local repair
 -- Read the state fields (and the field `name`, the caller's record, if given), and the time;
 -- true if there is a state to settle.
 local function load(name)
-  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
-    'tnext', name or 'r:')
+  local r
+  if type(name) == 'table' then
+    -- A batch: the records of all its requests (the same id twice reads the same field).
+    r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+      'tnext', 'layout', unpack(name))
+    for i = 1, #name do
+      S[name[i]] = r[11 + i]
+    end
+  else
+    r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+      'tnext', 'layout', name or 'r:')
+    if name then
+      S[name] = r[12]
+    end
+  end
+  if r[11] and r[11] ~= LAYOUT then
+    -- Written by a version of redsem that keeps another layout: touch nothing.
+    error({ 'LAYOUT', STATE, r[11], LAYOUT })
+  end
   clock()
   if r[1] then
     S.cap = count(r[1])
@@ -121,9 +145,6 @@ local function load(name)
   S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
   S.tok, S.nh, S.nt = count(r[6]), count(r[7]), count(r[8])
   S.next, S.tnext = count(r[9]), count(r[10])
-  if name then
-    S[name] = r[11]
-  end
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
     -- (evicted, or expired a moment apart): check their types, then clear them.
@@ -142,12 +163,13 @@ local function load(name)
   return S.cap ~= nil
 end
 
--- Store a capacity; a new state starts with every counter at 0.
+-- Store a capacity; a new state starts with every counter at 0, and names its layout.
 local function set_cap(cap)
   if not S.cap then
     for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt' }) do
       put(name, 0)
     end
+    put('layout', LAYOUT)
   end
   put('cap', cap)
 end
@@ -623,4 +645,92 @@ local function begin(keys)
     tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
   })
   budget = WORK_BUDGET
+end
+
+-- The two operations a group commit carries (lease_batch), also run one at a time by
+-- lease_acquire and lease_release: the body of each, on a loaded and settled state.
+
+-- A new request (see lease_acquire.lua): its arguments are A[o + 1] .. A[o + 8] (id,
+-- capacity, units, lease ms, label, one per label, mode, waiter lease ms), its wake channel
+-- `channel`.
+local function acquire_op(A, o, channel)
+  local id, cap, k, lease = A[o + 1], tonumber(A[o + 2]), tonumber(A[o + 3]), tonumber(A[o + 4])
+  local label, exclusive, mode = A[o + 5], A[o + 6] == '1', A[o + 7]
+  local waiter_lease = tonumber(A[o + 8])
+  if not (cap and k and lease and waiter_lease) then
+    return redis.error_reply('lease_acquire: a count is not a number')
+  elseif k > MAX_UNITS then
+    return { 'TOOMANY', MAX_UNITS }
+  end
+  local mine = record(id)
+  if mine and mine.x then
+    return { 'GONE' }
+  elseif mine then
+    -- Resent: answer as the first attempt did, renewing what it got.
+    add_lease(id, S.now + (mine.h and lease or waiter_lease))
+    if mine.h then
+      return { 'GRANTED', mine.t, mine.s }
+    end
+    return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
+  end
+
+  if S.cap ~= cap then
+    if S.cap and (S.used > 0 or S.qlen > 0) then
+      return { 'CONFLICT', S.cap }
+    end
+    set_cap(cap)
+  end
+  if k > cap then
+    return { 'TOOBIG', cap }
+  end
+  if exclusive and label ~= '' and (tonumber(field('label:' .. label)) or 0) > 0 then
+    return { 'LABEL', label }
+  end
+
+  if not (S.qlen == 0 and S.used + k <= cap) and check() then
+    promote()
+  end
+  if S.qlen == 0 and S.used + k <= cap then
+    local token, slots = grant(id, k, label, lease, S.now + lease)
+    label_add(label, 1)
+    return { 'GRANTED', token, slots }
+  end
+  if mode ~= 'wait' then
+    return { 'BUSY', S.used, S.qlen }
+  end
+
+  local position = S.qlen
+  call(QUEUE, 'ZADD', QUEUE, S.seq + 1, id)
+  add_lease(id, S.now + waiter_lease)
+  put('seq', S.seq + 1)
+  put('qlen', position + 1)
+  put('r:' .. id, waiter_record(k, S.now, lease, waiter_lease, channel, label))
+  label_add(label, 1)
+  -- Queued behind others (their tickets are lower): not the head.
+  return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
+end
+
+-- A release or withdrawal of `id` by the release attempt `attempt` (see lease_release.lua);
+-- answers its outcome. Grants it makes to waiters on S.mine are collected in S.handed.
+local function release_op(id, attempt)
+  if not S.cap then
+    return 'NOTHELD'
+  end
+  local r = record(id)
+  local outcome = 'NOTHELD'
+  if r and r.x then
+    if attempt == '' or r.n == attempt then
+      outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
+    end
+  elseif r and r.h then
+    drop_holder(id, r)
+    bury(id, 'R', attempt)
+    outcome = 'RELEASED'
+  elseif r then
+    drop_waiter(id, r)
+    bury(id, 'D', attempt)
+    outcome = 'DEQUEUED'
+  end
+  promote()
+  return outcome
 end

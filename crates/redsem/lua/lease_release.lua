@@ -11,27 +11,9 @@
 -- ARGV[3] the release attempt: an id of this release, the same in its resend ("" for none)
 -- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), {"id|token|slots|delay", ...}}
 --        | {"WRONGTYPE", key, actual, expected}
+-- (The body is release_op, in lease_prelude.lua: lease_batch runs it too.)
 S.mine, S.defer_idle = ARGV[2], true
 return run(function()
-  local id, attempt = ARGV[1], ARGV[3]
-  if not S.cap then
-    return { 'NOTHELD', 0, {} }
-  end
-  local r = record(id)
-  local outcome = 'NOTHELD'
-  if r and r.x then
-    if attempt == '' or r.n == attempt then
-      outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
-    end
-  elseif r and r.h then
-    drop_holder(id, r)
-    bury(id, 'R', attempt)
-    outcome = 'RELEASED'
-  elseif r then
-    drop_waiter(id, r)
-    bury(id, 'D', attempt)
-    outcome = 'DEQUEUED'
-  end
-  promote()
+  local outcome = release_op(ARGV[1], ARGV[3])
   return { outcome, needs_idle_ttl() and 1 or 0, S.handed or {} }
 end, 'r:' .. ARGV[1])

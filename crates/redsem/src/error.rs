@@ -158,6 +158,22 @@ pub enum Error {
         /// What was wrong.
         detail: String,
     },
+    /// The state in Redis was written by a version of redsem that keeps it in another
+    /// layout; it was left untouched. Clients of two layouts cannot share a primitive: stop
+    /// the old clients, let the primitive drain (or delete it), then start the new ones
+    /// (README, "Upgrading").
+    #[error(
+        "the state at {key:?} has layout {found}, this version of redsem reads layout {ours}: \
+         drain it, then upgrade every client"
+    )]
+    Incompatible {
+        /// The state key.
+        key: String,
+        /// The layout found there.
+        found: String,
+        /// The layout this version reads and writes.
+        ours: String,
+    },
 }
 
 impl Error {
@@ -194,6 +210,44 @@ impl Error {
     /// enough replicas in time.
     pub fn is_not_replicated(&self) -> bool {
         matches!(self, Error::NotReplicated { .. })
+    }
+}
+
+impl Error {
+    /// The same error again, for each of several callers that one failed call answered (a
+    /// group commit). The variants a script call can fail with are copied; any other is
+    /// described in a [`Error::Protocol`].
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Unavailable(e) => Error::Unavailable(e.clone()),
+            Error::Redis(e) => Error::Redis(e.clone()),
+            Error::NotReplicated { acked, wanted } => Error::NotReplicated {
+                acked: *acked,
+                wanted: *wanted,
+            },
+            Error::WrongType {
+                key,
+                actual,
+                expected,
+            } => Error::WrongType {
+                key: key.clone(),
+                actual: actual.clone(),
+                expected: expected.clone(),
+            },
+            Error::Incompatible { key, found, ours } => Error::Incompatible {
+                key: key.clone(),
+                found: found.clone(),
+                ours: ours.clone(),
+            },
+            Error::Protocol { script, detail } => Error::Protocol {
+                script,
+                detail: detail.clone(),
+            },
+            other => Error::Protocol {
+                script: "lease_batch",
+                detail: Chain(other).to_string(),
+            },
+        }
     }
 }
 

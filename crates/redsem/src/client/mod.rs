@@ -105,6 +105,12 @@ pub(crate) struct Shared {
     tidy: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Bumped by [`Redsem::flush`]: pending tidies run at once.
     hurry: tokio::sync::watch::Sender<u64>,
+    /// Whether lease operations go by group commit ([`RedsemOptions::group_commit`]).
+    group_commit: bool,
+    /// What the handles of one primitive (by key) share: see [`Redsem::shared_for`].
+    per_key: std::sync::Mutex<
+        std::collections::HashMap<String, std::sync::Weak<dyn std::any::Any + Send + Sync>>,
+    >,
 }
 
 impl Drop for Shared {
@@ -156,6 +162,8 @@ impl Redsem {
                 background: TaskTracker::new(),
                 tidy: std::sync::Mutex::default(),
                 hurry: tokio::sync::watch::Sender::new(0),
+                group_commit: options.group_commit,
+                per_key: std::sync::Mutex::default(),
             }),
         }
     }
@@ -325,6 +333,59 @@ impl Redsem {
     pub(crate) fn spawn_cleanup(&self, work: impl Future<Output = ()> + Send + 'static) {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             self.shared.background.spawn_on(work, &handle);
+        }
+    }
+
+    /// Whether lease operations go by group commit ([`RedsemOptions::group_commit`]).
+    pub(crate) fn group_commit(&self) -> bool {
+        self.shared.group_commit
+    }
+
+    /// The value of this client for the primitive of `key` that every handle of it shares
+    /// (made by `make` on first use, forgotten once no handle holds it): a semaphore's group
+    /// commit.
+    pub(crate) fn shared_for<T: std::any::Any + Send + Sync>(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        let mut values = self
+            .shared
+            .per_key
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(value) = values
+            .get(key)
+            .and_then(std::sync::Weak::upgrade)
+            .and_then(|v| v.downcast::<T>().ok())
+        {
+            return value;
+        }
+        // Forget the values no handle holds any more.
+        values.retain(|_, v| v.strong_count() > 0);
+        let value = Arc::new(make());
+        let erased: Arc<dyn std::any::Any + Send + Sync> = value.clone();
+        values.insert(key.to_owned(), Arc::downgrade(&erased));
+        value
+    }
+
+    /// After a release (or a batch) on the semaphore of `keys`: hand the grants it made to
+    /// waiters of this client to them (no pub/sub hop), and tidy the semaphore if it was
+    /// left idle.
+    pub(crate) async fn after_release(
+        &self,
+        keys: &crate::keys::LeaseKeys,
+        handed: &[String],
+        idle: bool,
+    ) {
+        if !handed.is_empty() {
+            let notifier = self.notifier().await;
+            for grant in handed {
+                notifier.deliver(grant);
+            }
+        }
+        if idle {
+            self.tidy_later(keys);
         }
     }
 

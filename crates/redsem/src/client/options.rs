@@ -31,6 +31,9 @@ pub struct RedsemOptions {
     /// Confirm every change with `WAIT` (default none): see
     /// [`RedsemOptions::replica_acks`].
     pub replica_acks: Option<ReplicaAcks>,
+    /// Send the lease operations this client's tasks have in flight on one semaphore
+    /// together (default on): see [`RedsemOptions::group_commit`].
+    pub group_commit: bool,
 }
 
 /// What [`Redsem::connect_with`] and [`Redsem::connect_cluster_with`] do about a server (or
@@ -103,6 +106,7 @@ impl Default for RedsemOptions {
             server_checks: ServerChecks::Enforce,
             metric_names: MetricNames::Each,
             replica_acks: None,
+            group_commit: true,
         }
     }
 }
@@ -274,6 +278,25 @@ impl RedsemOptions {
             replicas,
             timeout: timeout.max(Duration::from_millis(1)),
         });
+        self
+    }
+
+    /// Group commit (default on): the acquires, releases and withdrawals that this
+    /// client's tasks have in flight on one lease semaphore go to Redis in one call, which
+    /// reads the time and the state once and writes back once, applying them in order with
+    /// the outcomes each would have had alone. It costs Redis less per operation when many
+    /// tasks share a semaphore, and nothing when one does: no call waits for a batch to fill
+    /// (see `docs/DESIGN.md`, "Group commit"). Off: one call per operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let options = redsem::RedsemOptions::default().group_commit(false);
+    /// assert!(!options.group_commit);
+    /// ```
+    #[must_use]
+    pub fn group_commit(mut self, on: bool) -> Self {
+        self.group_commit = on;
         self
     }
 

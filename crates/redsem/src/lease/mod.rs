@@ -1,5 +1,6 @@
 //! The fair lease semaphore: `LeaseSemaphore` hands out `LeasePermit`s.
 
+pub(crate) mod batch;
 mod options;
 mod permit;
 mod request;
@@ -68,6 +69,9 @@ pub(crate) struct SemInner {
     pub(crate) options: LeaseOptions,
     /// Its metrics (`primitive` is `lease` or `mutex`).
     pub(crate) meter: Meter,
+    /// The client's group commit on this semaphore (`None`: one call per operation, see
+    /// [`RedsemOptions::group_commit`](crate::RedsemOptions::group_commit)).
+    pub(crate) batcher: Option<Arc<batch::Batcher>>,
 }
 
 impl LeaseSemaphore {
@@ -87,8 +91,13 @@ impl LeaseSemaphore {
         options.validate()?;
         let keys = LeaseKeys::new(redsem.prefix(), name);
         let meter = Meter::new(primitive, name, &redsem.shared.metric_names);
+        let batcher = redsem.group_commit().then(|| {
+            let (client, batch_keys) = (redsem.clone(), keys.clone());
+            redsem.shared_for(&keys.all[2], || batch::Batcher::new(client, batch_keys))
+        });
         Ok(LeaseSemaphore {
             inner: Arc::new(SemInner {
+                batcher,
                 meter,
                 redsem,
                 name: name.to_owned(),
@@ -560,8 +569,17 @@ impl SemInner {
             PermitId::new("")
         };
         retry_once("release", || async {
-            self.release_on(&mut self.redsem.conn(), id, attempt.as_str())
-                .await
+            match &self.batcher {
+                Some(batcher) => {
+                    let op = script::BatchOp::release(id, attempt.as_str());
+                    let (reply, unconfirmed) = batcher.submit(op).await?;
+                    script::batch_release(reply, unconfirmed)
+                }
+                None => {
+                    self.release_on(&mut self.redsem.conn(), id, attempt.as_str())
+                        .await
+                }
+            }
         })
         .await
     }
@@ -577,16 +595,9 @@ impl SemInner {
         let shared = &self.redsem.shared;
         let released =
             script::lease_release(conn, &self.keys, id, &shared.wake_channel, attempt).await?;
-        if !released.handed.is_empty() {
-            // Our own waiters: handed over here, no pub/sub hop.
-            let notifier = self.redsem.notifier().await;
-            for grant in &released.handed {
-                notifier.deliver(grant);
-            }
-        }
-        if released.idle {
-            self.redsem.tidy_later(&self.keys);
-        }
+        self.redsem
+            .after_release(&self.keys, &released.handed, released.idle)
+            .await;
         Ok(released.outcome)
     }
 
@@ -609,8 +620,18 @@ impl Queue for SemInner {
 
     async fn withdraw(&self, id: &str) -> Result<()> {
         retry_once("withdraw", || async {
-            self.release_on(&mut self.redsem.conn_unacked(), id, "")
-                .await
+            match &self.batcher {
+                // After the acquire it withdraws, which may still wait in the batcher. (A
+                // withdrawal needs no acknowledgement: see `conn_unacked`.)
+                Some(batcher) => {
+                    let (reply, _) = batcher.submit(script::BatchOp::withdraw(id)).await?;
+                    script::batch_release(reply, None)
+                }
+                None => {
+                    self.release_on(&mut self.redsem.conn_unacked(), id, "")
+                        .await
+                }
+            }
         })
         .await
         .map(drop)

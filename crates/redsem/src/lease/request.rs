@@ -67,8 +67,16 @@ impl wait::Request for LeaseRequest<'_> {
             waiter_lease: options.waiter_lease,
             channel: &inner.redsem.shared.wake_channel,
         };
-        let send =
-            || async { script::lease_acquire(&mut inner.redsem.conn(), &inner.keys, &req).await };
+        let send = || async {
+            match &inner.batcher {
+                Some(batcher) => {
+                    let (reply, unconfirmed) =
+                        batcher.submit(script::BatchOp::acquire(&req)).await?;
+                    script::batch_acquire(reply, unconfirmed)
+                }
+                None => script::lease_acquire(&mut inner.redsem.conn(), &inner.keys, &req).await,
+            }
+        };
         let reply = if wait {
             // A queued request's check-ins ride out an outage in the engine (`check_in`).
             send().await?

@@ -7,11 +7,11 @@ use redis::Value;
 
 use super::acks::Acked;
 use super::library::{
-    LEASE_ACQUIRE, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY, LEASE_STATUS,
-    LEASE_TIDY, Scripting,
+    LEASE_ACQUIRE, LEASE_BATCH, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY,
+    LEASE_STATUS, LEASE_TIDY, Scripting,
 };
 use super::reply::{Reply, confirmed, millis};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
 
 /// What `lease_acquire` and `lease_poll` answer.
@@ -204,14 +204,106 @@ pub(crate) async fn lease_release(
     Err(why)
 }
 
-fn decode_release(reply: Value) -> Result<Released> {
-    let mut r = Reply::new("lease_release", reply)?;
-    let outcome = match r.status.as_str() {
-        "RELEASED" => Release::Released,
-        "DEQUEUED" => Release::Dequeued,
-        "NOTHELD" => Release::NotHeld,
-        _ => return Err(r.unexpected()),
-    };
+/// One operation of a group commit (`lease_batch`), its arguments encoded.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchOp {
+    args: Vec<Vec<u8>>,
+    /// Whether its change waits for the replica acknowledgements the client asks for (a
+    /// withdrawal does not: see `Redsem::conn_unacked`).
+    pub(crate) acked: bool,
+}
+
+impl BatchOp {
+    /// A new request, as `lease_acquire` takes it (the channel is the batch's).
+    pub(crate) fn acquire(req: &Request<'_>) -> BatchOp {
+        let args = vec![
+            b"a".to_vec(),
+            req.id.as_bytes().to_vec(),
+            req.capacity.to_string().into_bytes(),
+            req.units.to_string().into_bytes(),
+            millis(req.lease).to_string().into_bytes(),
+            req.label.as_bytes().to_vec(),
+            if req.one_per_label { b"1" } else { b"0" }.to_vec(),
+            if req.wait {
+                b"wait".to_vec()
+            } else {
+                b"try".to_vec()
+            },
+            millis(req.waiter_lease).to_string().into_bytes(),
+        ];
+        BatchOp { args, acked: true }
+    }
+
+    /// A release of `id` by the release attempt `attempt`.
+    pub(crate) fn release(id: &str, attempt: &str) -> BatchOp {
+        BatchOp {
+            args: vec![
+                b"r".to_vec(),
+                id.as_bytes().to_vec(),
+                attempt.as_bytes().to_vec(),
+            ],
+            acked: true,
+        }
+    }
+
+    /// A withdrawal of the request `id` (a release naming no attempt, unacknowledged).
+    pub(crate) fn withdraw(id: &str) -> BatchOp {
+        BatchOp {
+            acked: false,
+            ..BatchOp::release(id, "")
+        }
+    }
+}
+
+/// What `lease_batch` answers: each operation's reply in order, and for the whole batch
+/// whether the semaphore is left idle and the grants made to waiters on the caller's channel.
+#[derive(Debug)]
+pub(crate) struct BatchReply {
+    pub(crate) replies: Vec<Value>,
+    pub(crate) idle: bool,
+    pub(crate) handed: Vec<String>,
+    /// Why the batch's changes are not confirmed by the replicas asked for (see [`Acked`]).
+    pub(crate) unconfirmed: Option<crate::error::Error>,
+}
+
+/// Apply `ops` in order in one call (`lease_batch`); `channel` is the caller's wake channel.
+pub(crate) async fn lease_batch(
+    conn: &mut impl Scripting,
+    keys: &LeaseKeys,
+    channel: &str,
+    ops: &[BatchOp],
+) -> Result<BatchReply> {
+    let mut call = LEASE_BATCH.key(&keys.all[..]).arg(channel);
+    for op in ops {
+        for arg in &op.args {
+            call = call.arg(&arg[..]);
+        }
+    }
+    let acked = call.invoke_acked(conn).await?;
+    let answered = matches!(&acked.reply, Value::Array(items) if matches!(items.first(), Some(Value::Array(_))));
+    if !answered {
+        // One status for the whole batch: a foreign value or another layout.
+        return Err(Reply::new("lease_batch", acked.reply)?.unexpected());
+    }
+    let mut r = Reply::nested("lease_batch", acked.reply)?;
+    let replies = r.array()?;
+    if replies.len() != ops.len() {
+        return Err(Error::Protocol {
+            script: "lease_batch",
+            detail: format!("{} replies to {} operations", replies.len(), ops.len()),
+        });
+    }
+    let (idle, handed) = idle_and_handed(&mut r)?;
+    Ok(BatchReply {
+        replies,
+        idle,
+        handed,
+        unconfirmed: acked.unconfirmed,
+    })
+}
+
+/// The end of a release's (or a batch's) reply: the idle flag and the grants handed back.
+fn idle_and_handed(r: &mut Reply) -> Result<(bool, Vec<String>)> {
     let idle = r.int()? == 1;
     let mut handed = Vec::new();
     for item in r.array()? {
@@ -220,6 +312,39 @@ fn decode_release(reply: Value) -> Result<Released> {
             other => return Err(r.bad("a grant message", &other)),
         }
     }
+    Ok((idle, handed))
+}
+
+/// A release's outcome, the status of its reply.
+fn release_outcome(r: &Reply) -> Result<Release> {
+    match r.status.as_str() {
+        "RELEASED" => Ok(Release::Released),
+        "DEQUEUED" => Ok(Release::Dequeued),
+        "NOTHELD" => Ok(Release::NotHeld),
+        _ => Err(r.unexpected()),
+    }
+}
+
+/// An acquire's reply in a batch, with the batch's acknowledgements: as [`lease_acquire`]
+/// answers it.
+pub(crate) fn batch_acquire(reply: Value, unconfirmed: Option<Error>) -> Result<Acquire> {
+    lease_granted("lease_acquire", Acked { reply, unconfirmed })
+}
+
+/// A release's reply in a batch, with the batch's acknowledgements: as [`lease_release`]
+/// answers it (an applied release the replicas did not confirm fails, applied).
+pub(crate) fn batch_release(reply: Value, unconfirmed: Option<Error>) -> Result<Release> {
+    let outcome = release_outcome(&Reply::new("lease_release", reply)?)?;
+    match unconfirmed {
+        Some(why) if outcome != Release::NotHeld => Err(why),
+        _ => Ok(outcome),
+    }
+}
+
+fn decode_release(reply: Value) -> Result<Released> {
+    let mut r = Reply::new("lease_release", reply)?;
+    let outcome = release_outcome(&r)?;
+    let (idle, handed) = idle_and_handed(&mut r)?;
     Ok(Released {
         outcome,
         idle,

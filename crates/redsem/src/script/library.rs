@@ -81,6 +81,7 @@ macro_rules! ops {
 
 ops! {
     LEASE_ACQUIRE = Lease "lease_acquire";
+    LEASE_BATCH = Lease "lease_batch";
     LEASE_POLL = Lease "lease_poll";
     LEASE_REFRESH = Lease "lease_refresh";
     LEASE_RELEASE = Lease "lease_release";

@@ -1,6 +1,7 @@
 //! What every script answers, read one value at a time: `{status, values...}`, with the
 //! `WRONGTYPE` status (one of our keys holds a foreign value) turned into
-//! [`Error::WrongType`] for every script alike; and the two reply shapes that the permit
+//! [`Error::WrongType`] and the `LAYOUT` status (a state of another layout) into
+//! [`Error::Incompatible`] for every script alike; and the two reply shapes that the permit
 //! and latch scripts share (`try_set`, `delete`).
 
 use std::time::Duration;
@@ -37,6 +38,13 @@ impl Reply {
                 key: r.string()?,
                 actual: r.string()?,
                 expected: r.string()?,
+            });
+        }
+        if r.status == "LAYOUT" {
+            return Err(Error::Incompatible {
+                key: r.string()?,
+                found: r.string()?,
+                ours: r.string()?,
             });
         }
         Ok(r)

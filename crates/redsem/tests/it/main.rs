@@ -54,5 +54,9 @@ mod release_faults;
 /// Replica acknowledgements: WAIT with every change, grants given back when not acknowledged.
 mod acks;
 
+/// Group commit (one client's operations on a semaphore share a call) and the layout
+/// version.
+mod group_commit;
+
 /// Through Sentinels: the URL form, connect_sentinel, and load across a forced failover.
 mod sentinel;

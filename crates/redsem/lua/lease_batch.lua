@@ -1,0 +1,38 @@
+-- lease_batch: the group commit of one client on one semaphore: the acquires and releases
+-- its tasks have in flight, applied in the order given with the outcomes each would have
+-- had one by one, on one read of the time and the state and one write-back (the cost of a
+-- call is mostly what every call does: the dispatch, TIME, the state's HMGET, the HSET).
+-- KEYS: see lease_prelude.lua
+-- ARGV[1] the caller's wake channel, then the operations one after another:
+--   "a", request id, capacity, units k, lease ms, label, "1" | "0", "try" | "wait",
+--        waiter lease ms                                   (as lease_acquire, same channel)
+--   "r", permit or request id, release attempt             (as lease_release)
+-- Returns: {{reply of each operation, in order}, idle (1: send lease_tidy),
+--           {"id|token|slots|delay", ...} (grants to waiters on the caller's channel)}
+--        an acquire's reply as lease_acquire's; a release's {"RELEASED" | "DEQUEUED" | "NOTHELD"}
+--        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", found, ours} (for all of them)
+local names, n = {}, 0
+local i = 2
+while i <= #ARGV do
+  n = n + 1
+  names[n] = 'r:' .. ARGV[i + 1]
+  i = i + (ARGV[i] == 'a' and 9 or 3)
+end
+S.mine = ARGV[1]
+return run(function()
+  local replies, at, j = {}, 2, 0
+  while at <= #ARGV do
+    j = j + 1
+    if ARGV[at] == 'a' then
+      replies[j] = acquire_op(ARGV, at, ARGV[1])
+      at = at + 9
+    elseif ARGV[at] == 'r' then
+      S.defer_idle = true
+      replies[j] = { release_op(ARGV[at + 1], ARGV[at + 2]) }
+      at = at + 3
+    else
+      return redis.error_reply('lease_batch: unknown operation ' .. tostring(ARGV[at]))
+    end
+  end
+  return { replies, S.defer_idle and needs_idle_ttl() and 1 or 0, S.handed or {} }
+end, names)

@@ -1,0 +1,183 @@
+//! Group commit: the operations one client's tasks have in flight on one semaphore share a
+//! call, with the outcomes and the order each would have had alone; and the layout version
+//! that keeps clients of two layouts off each other's state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redsem::{Error, LeaseOptions, LeasePermit, LeaseSemaphore, RedsemOptions};
+
+use crate::support::{LIMIT, TestContext, connect_with, within};
+
+/// 16 tasks try at the same moment (after the library is loaded and the server's command
+/// counts reset): the permits granted, and how many were refused for want of one.
+async fn sixteen_tries(ctx: &TestContext, sem: &LeaseSemaphore) -> (Vec<LeasePermit>, usize) {
+    drop(sem.status().await.expect("status"));
+    ctx.reset_stats().await;
+    let tries: Vec<_> = (0..16)
+        .map(|_| {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.try_acquire().await })
+        })
+        .collect();
+    let (mut granted, mut refused) = (Vec::new(), 0);
+    for t in tries {
+        match within(LIMIT, "try", t).await.expect("task") {
+            Ok(permit) => granted.push(permit),
+            Err(Error::NoPermit { .. }) => refused += 1,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    (granted, refused)
+}
+
+/// Tasks of one client that ask at the same moment share calls, and get exactly what one call
+/// each would have given: capacity 4, 16 concurrent tries: 4 granted (distinct slots, tokens
+/// in grant order), 12 refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tries_of_one_client_share_calls_and_keep_their_outcomes() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 4, LeaseOptions::default().keepalive(false))
+        .expect("semaphore");
+    let (granted, refused) = sixteen_tries(&ctx, &sem).await;
+    let calls = ctx.command_calls("fcall").await;
+    println!("16 concurrent tries: {calls} FCALL(s)");
+    assert_eq!((granted.len(), refused), (4, 12));
+    assert!(calls < 16, "16 tries in {calls} calls: none shared one");
+    let mut slots: Vec<u32> = granted.iter().map(|p| p.slot()).collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2, 3]);
+    for permit in granted {
+        permit.release().await.expect("release");
+    }
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.in_use, 0);
+}
+
+/// Waiters of one client that queue at the same moment (in a batch or a few) are granted in
+/// their queue order, each release handing the next one over while other tasks' calls share
+/// its batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_queued_together_are_granted_in_queue_order() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    let holder = sem.try_acquire().await.expect("holder");
+    let granted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (sem, granted) = (sem.clone(), granted.clone());
+            tokio::spawn(async move {
+                let permit = sem.acquire().await.expect("acquire");
+                granted
+                    .lock()
+                    .expect("granted")
+                    .push(permit.id().to_string());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                permit.release().await.expect("release");
+            })
+        })
+        .collect();
+    let queued = async {
+        loop {
+            let status = sem.status().await.expect("status");
+            if status.waiters.len() == 8 {
+                return status.waiters;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let queue: Vec<String> = within(LIMIT, "eight waiters queued", queued)
+        .await
+        .into_iter()
+        .map(|w| w.id.to_string())
+        .collect();
+    holder.release().await.expect("release");
+    for t in tasks {
+        within(LIMIT, "waiter", t).await.expect("task");
+    }
+    assert_eq!(*granted.lock().expect("granted"), queue);
+}
+
+/// A request cancelled while its acquire may still wait in the batcher is withdrawn after
+/// it, never before: nothing is left held or queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cancelled_at_once_leaves_nothing_behind() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    let holders = [
+        sem.try_acquire().await.expect("one"),
+        sem.try_acquire().await.expect("two"),
+    ];
+    for _ in 0..50 {
+        // Dropped after its first poll: the acquire is queued for a batch, or sent.
+        let acquire = sem.acquire();
+        let _ = tokio::time::timeout(Duration::from_micros(1), acquire).await;
+    }
+    within(LIMIT, "the withdrawals", ctx.redsem.flush()).await;
+    let status = sem.status().await.expect("status");
+    assert!(
+        status.waiters.is_empty(),
+        "left queued: {:?}",
+        status.waiters
+    );
+    assert_eq!(status.in_use, 2);
+    for h in holders {
+        h.release().await.expect("release");
+    }
+    let after = sem.try_acquire().await.expect("free again");
+    assert_eq!(sem.status().await.expect("status").in_use, 1);
+    after.release().await.expect("release");
+}
+
+/// With group commit off, each operation is one call, and the outcomes are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_group_commit_each_operation_is_one_call() {
+    let ctx = TestContext::start().await;
+    let options = RedsemOptions::default().prefix("t").group_commit(false);
+    let redsem = connect_with(&ctx.server.url(), options)
+        .await
+        .expect("connect");
+    let sem = redsem
+        .lease_semaphore_with("s", 4, LeaseOptions::default().keepalive(false))
+        .expect("semaphore");
+    let (granted, refused) = sixteen_tries(&ctx, &sem).await;
+    assert_eq!((granted.len(), refused), (4, 12));
+    assert_eq!(ctx.command_calls("fcall").await, 16);
+    for permit in granted {
+        permit.release().await.expect("release");
+    }
+    assert_eq!(sem.status().await.expect("status").in_use, 0);
+}
+
+/// A state that names another layout is refused by every operation, and left as it was.
+#[tokio::test]
+async fn a_state_of_another_layout_is_refused_and_left_untouched() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    let state = "t:{lease:s}:state";
+    let mut raw = ctx.raw().await;
+    let layout: Option<String> = raw.hget(state, "layout").await.expect("HGET");
+    assert_eq!(layout.as_deref(), Some("1"), "a new state names its layout");
+    let () = raw.hset(state, "layout", "9").await.expect("HSET");
+    let before: Vec<(String, String)> = raw.hgetall(state).await.expect("HGETALL");
+    let err = sem.try_acquire().await.expect_err("refused");
+    assert!(
+        matches!(&err, Error::Incompatible { found, ours, .. } if found == "9" && ours == "1"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("drain it, then upgrade"), "{err}");
+    assert!(matches!(
+        sem.status().await,
+        Err(Error::Incompatible { .. })
+    ));
+    assert!(matches!(
+        permit.release().await,
+        Err(Error::Incompatible { .. })
+    ));
+    let after: Vec<(String, String)> = raw.hgetall(state).await.expect("HGETALL");
+    assert_eq!(before, after, "nothing written");
+}
