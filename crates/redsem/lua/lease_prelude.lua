@@ -59,9 +59,16 @@ local NEVER = 4503599627370496
 -- a state is made. A state that names another layout was written by a version of redsem
 -- that keeps its state differently: every operation refuses it ({"LAYOUT", found, ours})
 -- and changes nothing. A state without the field is of this layout (written before the
--- field existed). Raise it with any change an older version would misread; the upgrade is
--- "drain, then upgrade" (README).
+-- field existed): the first call names it (load()). Raise it with any change an older
+-- version would misread; the upgrade is "drain, then upgrade" (README).
 local LAYOUT = '1'
+-- A field longer than a listpack may hold (hash-max-listpack-value, 64 bytes by default):
+-- written in every state hash, it makes Redis keep that hash as a hash table. A small hash is
+-- otherwise one list (a listpack, up to 128 or 512 fields), which every field read scans from
+-- its start and every write rewrites: with the records of a few dozen holders and waiters
+-- and a minute of tombstones in it, those scans were the largest single cost of every call
+-- (docs/BENCHMARKS.md, "Where the server time goes").
+local WIDE = '--------------------------------------------------------------------------------'
 
 -- Per call (see begin()), beside common's S: S.mine, the caller's wake channel, and
 -- S.handed, the grants made to waiters on it (returned instead of published; nil if none); S.defer_idle:
@@ -137,6 +144,11 @@ local function load(name)
   if r[11] and r[11] ~= LAYOUT then
     -- Written by a version of redsem that keeps another layout: touch nothing.
     error({ 'LAYOUT', STATE, r[11], LAYOUT })
+  elseif r[1] and not r[11] then
+    -- A state made before the layout field: the same layout, in a listpack. Name it, and
+    -- make it a hash table (WIDE).
+    put('layout', LAYOUT)
+    put('wide', WIDE)
   end
   clock()
   if r[1] then
@@ -163,13 +175,15 @@ local function load(name)
   return S.cap ~= nil
 end
 
--- Store a capacity; a new state starts with every counter at 0, and names its layout.
+-- Store a capacity; a new state starts with every counter at 0, names its layout and is
+-- kept as a hash table (WIDE).
 local function set_cap(cap)
   if not S.cap then
     for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt' }) do
       put(name, 0)
     end
     put('layout', LAYOUT)
+    put('wide', WIDE)
   end
   put('cap', cap)
 end
@@ -713,6 +727,7 @@ end
 -- A release or withdrawal of `id` by the release attempt `attempt` (see lease_release.lua);
 -- answers its outcome. Grants it makes to waiters on S.mine are collected in S.handed.
 local function release_op(id, attempt)
+  attempt = attempt or '' -- (a caller of an older version names none)
   if not S.cap then
     return 'NOTHELD'
   end

@@ -71,9 +71,11 @@ impl Pair {
     }
 
     /// Once the replica has caught up: it holds the same keys under `t:` as the primary, with
-    /// the same values (`DUMP`), and says how many there are. (Compared again for a while if
+    /// the same values (`DUMP`, or the fields of a hash), and says how many there are. (Compared again for a while if
     /// they differ: a background tidy may write between the two reads.)
     fn assert_replica_agrees(&self) -> usize {
+        // A hash is compared by its fields (sorted): a hash table's DUMP lists them in the
+        // order of its buckets, which differs between two servers holding the same fields.
         let dump = |server: &RedisServer| -> Vec<(String, Vec<u8>)> {
             let mut conn = server.connection();
             let mut keys: Vec<String> = redis::cmd("KEYS")
@@ -83,7 +85,17 @@ impl Pair {
             keys.sort();
             keys.into_iter()
                 .map(|key| {
-                    let value = redis::cmd("DUMP").arg(&key).query(&mut conn).expect("DUMP");
+                    let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+                    let value = if kind == "hash" {
+                        let fields: std::collections::BTreeMap<String, String> =
+                            redis::cmd("HGETALL")
+                                .arg(&key)
+                                .query(&mut conn)
+                                .expect("HGETALL");
+                        format!("{fields:?}").into_bytes()
+                    } else {
+                        redis::cmd("DUMP").arg(&key).query(&mut conn).expect("DUMP")
+                    };
                     (key, value)
                 })
                 .collect()

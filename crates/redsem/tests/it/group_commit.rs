@@ -2,6 +2,7 @@
 //! call, with the outcomes and the order each would have had alone; and the layout version
 //! that keeps clients of two layouts off each other's state.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,7 +164,7 @@ async fn a_state_of_another_layout_is_refused_and_left_untouched() {
     let layout: Option<String> = raw.hget(state, "layout").await.expect("HGET");
     assert_eq!(layout.as_deref(), Some("1"), "a new state names its layout");
     let () = raw.hset(state, "layout", "9").await.expect("HSET");
-    let before: Vec<(String, String)> = raw.hgetall(state).await.expect("HGETALL");
+    let before: BTreeMap<String, String> = raw.hgetall(state).await.expect("HGETALL");
     let err = sem.try_acquire().await.expect_err("refused");
     assert!(
         matches!(&err, Error::Incompatible { found, ours, .. } if found == "9" && ours == "1"),
@@ -178,6 +179,40 @@ async fn a_state_of_another_layout_is_refused_and_left_untouched() {
         permit.release().await,
         Err(Error::Incompatible { .. })
     ));
-    let after: Vec<(String, String)> = raw.hgetall(state).await.expect("HGETALL");
+    let after: BTreeMap<String, String> = raw.hgetall(state).await.expect("HGETALL");
     assert_eq!(before, after, "nothing written");
+}
+
+/// The state hash is a hash table from its first write, and an older state (made before the
+/// layout field) becomes one on first use: a listpack is scanned on every field access.
+#[tokio::test]
+async fn the_state_hash_is_kept_as_a_hash_table() {
+    let ctx = TestContext::start().await;
+    let sem = ctx.redsem.lease_semaphore("s", 2).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    let state = "t:{lease:s}:state";
+    let mut raw = ctx.raw().await;
+    let encoding = async |raw: &mut redis::aio::MultiplexedConnection| -> String {
+        redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(state)
+            .query_async(raw)
+            .await
+            .expect("OBJECT ENCODING")
+    };
+    assert_eq!(encoding(&mut raw).await, "hashtable");
+    // As an older version left it: no layout field, a listpack.
+    let fields: Vec<(String, String)> = raw.hgetall(state).await.expect("HGETALL");
+    let () = raw.del(state).await.expect("DEL");
+    for (name, value) in fields {
+        if name != "layout" && name != "wide" {
+            let () = raw.hset(state, name, value).await.expect("HSET");
+        }
+    }
+    assert_eq!(encoding(&mut raw).await, "listpack");
+    permit.refresh().await.expect("refresh");
+    assert_eq!(encoding(&mut raw).await, "hashtable");
+    let layout: Option<String> = raw.hget(state, "layout").await.expect("HGET");
+    assert_eq!(layout.as_deref(), Some("1"));
+    permit.release().await.expect("release");
 }
