@@ -52,6 +52,11 @@ local MAX_STEPS = 100
 -- moves when one comes within KEEP_MARGIN_MS of it.
 local KEEP_IDLE_MS = 60000
 local KEEP_MARGIN_MS = 30000
+-- A field longer than a listpack may hold (hash-max-listpack-value, 64 bytes by default),
+-- written in the records hash with its first write: Redis then keeps the hash as a hash
+-- table, whose fields cost the same to read and write however many records it holds (a
+-- listpack is scanned from its start on every access; see the lease prelude's WIDE).
+local WIDE = '--------------------------------------------------------------------------------'
 
 -- Per call, beside common's S: the count (nil if absent; unread: not read yet), the permits
 -- taken by this call (taken, written back as one INCRBY; create_count: INCRBY even if 0),
@@ -179,16 +184,17 @@ end
 -- bookkeeping to settle.
 local function load(name, mode)
   local now = clock()
-  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', name or 'keep')
+  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide',
+    name or 'keep')
   -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
   S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
   S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
   S.qlen = r[5] and r[5] ~= '0' and tonumber(r[5]) or 0
   S.wnext = r[4] and tonumber(r[4])
-  S.live = r[6]
+  S.live, S.wide = r[6], r[7]
   S.loaded = true
   if name then
-    S[name] = r[7]
+    S[name] = r[8]
   end
   if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
     read_count()
@@ -279,6 +285,9 @@ end
 -- deadline comes within KEEP_MARGIN_MS of keep, keep moves and every key gets it; a key
 -- created by this call gets the current keep.
 local function keep()
+  if not S.wide and next(dirty) then
+    put('wide', WIDE) -- (the hash is written: a hash table from now on)
+  end
   if S.taken ~= 0 or S.create_count then
     redis.call('INCRBY', COUNT, string.format('%d', -S.taken))
   end
