@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Instructions Redis executes per semaphore cycle, counted by valgrind's callgrind.
+
+Wall-clock and `INFO cpu` figures swing by 2-3x on a shared machine; an instruction count does
+not (the same binary and inputs give the same count whatever else runs). This starts a
+throwaway `redis-server` under callgrind, loads the Lua of *this checkout*
+(`crates/redsem/lua`, assembled as `script/library.rs` assembles it), and counts what the
+server executes per cycle (network handling, command dispatch and the scripts):
+
+  polling     the polling baseline of redsem-bench (S9): its EVALSHA attempt + ZREM
+  lease       try acquire + release, one client, uncontended
+  contended   capacity 8, 8 holders, 56 queued: release the oldest holder (which grants the
+              head waiter) and queue a new waiter, one call each
+  batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
+  permits     permit semaphore try_acquire(1) + release(1)
+
+Usage: python3 crates/redsem-bench/scripts/server_instructions.py [cycles]   (default 300)
+Needs valgrind, redis-server and the `redis` Python package.
+"""
+import glob
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import redis
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LUA = os.path.join(HERE, "..", "..", "redsem", "lua")
+CYCLES = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+OPS = {
+    "latch": ["latch_try_set", "latch_count_down", "latch_state", "latch_delete"],
+    "lease": ["lease_acquire", "lease_batch", "lease_poll", "lease_refresh", "lease_release",
+              "lease_status", "lease_set_capacity", "lease_tidy"],
+    "permit": ["permit_acquire", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
+               "permit_available", "permit_drain", "permit_delete"],
+}
+# The polling baseline's attempt, as redsem-bench's sem.rs sends it.
+POLL_ATTEMPT = """
+local key, limit, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
+local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now - lease)
+if redis.call('ZCARD', key) >= limit then
+  return 0
+end
+redis.call('ZADD', key, now, id)
+redis.call('PEXPIRE', key, lease)
+return 1
+"""
+
+
+def library():
+    """The function library from the Lua files, as script/library.rs builds it."""
+    read = lambda name: open(os.path.join(LUA, name + ".lua")).read()
+    source = "#!lua name=rx\n" + read("common") + "\n"
+    for primitive in ["latch", "lease", "permit"]:
+        source += "do\n" + read(primitive + "_prelude")
+        for op in OPS[primitive]:
+            if not os.path.exists(os.path.join(LUA, op + ".lua")):
+                continue  # (an older checkout: lease_batch came with group commit)
+            source += (f"redis.register_function('rx_{op}', function(KEYS, ARGV)\nbegin(KEYS)\n"
+                       + read(op) + "\nend)\n")
+        source += "end\n"
+    return source
+
+
+class Server:
+    """redis-server under callgrind; `count()` dumps and returns the instructions since the last."""
+
+    def __init__(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.dir = tempfile.mkdtemp(prefix="redsem-ir-")
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out",
+             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.r = redis.Redis(port=self.port, decode_responses=True)
+        for _ in range(600):
+            try:
+                self.r.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        raise SystemExit("redis-server under valgrind did not start")
+
+    def count(self):
+        before = set(glob.glob(f"{self.dir}/out*"))
+        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        for _ in range(200):
+            new = sorted(set(glob.glob(f"{self.dir}/out*")) - before)
+            if new:
+                time.sleep(0.3)  # written in full
+                for line in open(new[-1]):
+                    if line.startswith(("summary:", "totals:")):
+                        return int(line.split()[1])
+            time.sleep(0.1)
+        raise SystemExit("callgrind wrote no dump")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def lease_keys(name):
+    return [f"b:{{lease:{name}}}:{part}" for part in ["leases", "queue", "state", "slots"]]
+
+
+def main():
+    server = Server()
+    r = server.r
+    try:
+        r.function_load(library(), replace=True)
+        poll = r.script_load(POLL_ATTEMPT)
+
+        def measure(label, commands, cycles):
+            server.count()
+            r.config_resetstat()
+            pipe = r.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            for reply in pipe.execute(raise_on_error=True):
+                if isinstance(reply, list) and reply and reply[0] in ("WRONGTYPE", "LAYOUT"):
+                    raise SystemExit(f"{label}: {reply}")
+            total = server.count()
+            stats = r.info("commandstats")
+            # Commands the client sent itself; the rest ran inside the scripts.
+            sent = {"cmdstat_fcall", "cmdstat_evalsha", "cmdstat_config", "cmdstat_info"}
+            if label == "polling":
+                sent.add("cmdstat_zrem")
+            inside = sum(v["calls"] for k, v in stats.items() if k not in sent)
+            print(f"{label:10} {total / cycles / 1000:8.1f} k instructions per cycle"
+                  f"   {inside / cycles:5.1f} commands inside", flush=True)
+
+        ids = [uuid.uuid4().hex for _ in range(CYCLES)]
+        now = int(time.time() * 1000)
+        commands = []
+        for i, pid in enumerate(ids):
+            commands.append(["EVALSHA", poll, 1, "b:poll", 8, pid, now + i, 30000])
+            commands.append(["ZREM", "b:poll", pid])
+        measure("polling", commands, CYCLES)
+
+        k = lease_keys("u")
+        commands = []
+        for pid in ids:
+            commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
+            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", "a" + pid])
+        measure("lease", commands, CYCLES)
+
+        def contended(name, per_call):
+            k = lease_keys(name)
+            holders, waiters = [], []
+            for i in range(64):
+                pid = uuid.uuid4().hex
+                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c")
+                (holders if i < 8 else waiters).append(pid)
+            commands = []
+            for _ in range(CYCLES // per_call):
+                ops = []
+                for _ in range(per_call):
+                    old, pid = holders.pop(0), uuid.uuid4().hex
+                    holders.append(waiters.pop(0))
+                    waiters.append(pid)
+                    if per_call == 1:
+                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", "a" + old])
+                        commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c"])
+                    else:
+                        ops += ["r", old, "a" + old, "a", pid, 8, 1, 30000, "", "0", "wait", 30000]
+                if ops:
+                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", *ops])
+            return commands
+
+        measure("contended", contended("c", 1), CYCLES)
+        if os.path.exists(os.path.join(LUA, "lease_batch.lua")):
+            measure("batched", contended("b", 8), CYCLES // 8 * 8)
+            state = r.hmget("b:{lease:b}:state", "used", "qlen")
+            if state != ["8", "56"]:
+                raise SystemExit(f"the batched run left used/qlen {state}, not 8/56")
+
+        p = [f"b:{{permits:p}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8)
+        commands = []
+        for pid in ids:
+            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c"])
+            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1])
+        measure("permits", commands, CYCLES)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
