@@ -1,5 +1,5 @@
 //! The retry policy of retry-safe calls: once, with the same request id, after Redis could
-//! not be reached.
+//! not be reached; and for as long as a restarted server answers `LOADING`.
 //!
 //! A call is retry-safe when it carries a request id that its script remembers (for about a
 //! minute, `REMEMBER_MS` in `lua/common.lua`) and applies at most once: a resend of a call
@@ -12,32 +12,59 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::error::{Chain, Result};
+use redis::{ErrorKind, ServerErrorKind};
+
+use crate::error::{Chain, Error, Result};
 
 /// How often a waiter checks in again, and a permit's renewal is tried again, while Redis is
 /// unreachable (within the waiter lease or the lease).
 pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
 
-/// Run `call`, and run it once more if Redis could not be reached. `what` names the
-/// operation in the debug event of the retry.
+/// How long a retry-safe call is resent while the server answers `LOADING` (a restarted
+/// server reading its AOF or RDB refuses every command until it has).
+pub(crate) const LOADING_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The server is loading its data after a restart: the call was refused, not applied.
+fn loading(err: &Error) -> bool {
+    matches!(err, Error::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading))
+}
+
+/// Run `call`, and run it once more if Redis could not be reached; while the server answers
+/// `LOADING` (it restarted and reads its data), keep sending it every [`RETRY_EVERY`] for up
+/// to [`LOADING_PATIENCE`]: a call it refused was not applied, and a retry-safe call given up
+/// then would be lost with what it carries (a permit release has no lease to end it).
+/// `what` names the operation in the debug event of the retry.
 ///
 /// `call` must send the same request id each time: that is what makes the second attempt
 /// safe when the first was applied after all.
 ///
 /// # Errors
 ///
-/// The second attempt's error after an unavailable server, or the first attempt's error of
-/// any other kind.
+/// The last attempt's error after an unavailable or loading server, or the first attempt's
+/// error of any other kind.
 pub(crate) async fn retry_once<T, F, Fut>(what: &'static str, mut call: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    match call().await {
-        Err(err) if err.is_unavailable() => {
-            tracing::debug!(operation = what, error = %Chain(&err), "retrying once with the same request id");
-            call().await
-        }
-        other => other,
+    let mut result = call().await;
+    if let Err(err) = &result
+        && err.is_unavailable()
+    {
+        tracing::debug!(operation = what, error = %Chain(err), "retrying once with the same request id");
+        result = call().await;
     }
+    let deadline = tokio::time::Instant::now() + LOADING_PATIENCE;
+    while let Err(err) = &result
+        && loading(err)
+        && tokio::time::Instant::now() < deadline
+    {
+        tracing::debug!(
+            operation = what,
+            "the server is loading its data; sending again with the same request id"
+        );
+        tokio::time::sleep(RETRY_EVERY).await;
+        result = call().await;
+    }
+    result
 }

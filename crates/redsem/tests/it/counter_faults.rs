@@ -473,3 +473,48 @@ async fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
     sem.release(1).await.expect("release");
     assert_eq!(waiter.finish().await, Ok(()));
 }
+
+/// A permit release in flight when the server restarts meets `LOADING` while the server
+/// reads its data back: it is sent again (same id) until the server has loaded, not given up
+/// with its permits (a permit semaphore has no lease to bring them back). Found by the soak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_that_meets_loading_after_a_restart_is_applied_once_loaded() {
+    let mut server = RedisServer::start();
+    let redsem = connect(&server.url()).await;
+    let sem = redsem.permit_semaphore("p").expect("semaphore");
+    sem.try_set_permits(1).await.expect("set");
+    sem.try_acquire(1).await.expect("take the one permit");
+    // A dataset that takes the restarted server a moment to load.
+    let mut conn = server.connection();
+    let () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(3_000_000)
+        .query(&mut conn)
+        .expect("DEBUG POPULATE");
+    let () = redis::cmd("SAVE").query(&mut conn).expect("SAVE");
+    let port = server.port();
+    let restart = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    });
+    let loading = || {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
+            return false;
+        };
+        let ping: redis::RedisResult<String> = redis::cmd("PING").query(&mut conn);
+        matches!(ping, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading))
+    };
+    let seen = async {
+        while !tokio::task::block_in_place(loading) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    within(LIMIT, "the restarted server loading its data", seen).await;
+    let released = within(Duration::from_secs(40), "release", sem.release(1)).await;
+    let _server = within(Duration::from_secs(40), "restart", restart)
+        .await
+        .expect("restart");
+    released.expect("the release, sent again until the server loaded");
+    assert_eq!(sem.available_permits().await.expect("available"), 1);
+}
