@@ -47,7 +47,8 @@ pub struct Task {
     pub task: u32,
     pub rec: Arc<Recorder>,
     pub leases: Vec<LeaseSemaphore>,
-    pub permits: Vec<PermitSemaphore>,
+    /// Each permit semaphore with the permits it was set to.
+    pub permits: Vec<(PermitSemaphore, u32)>,
     /// Latches by epoch: the task moves to the next one once it saw the current one open.
     pub latch: Box<dyn Fn(u64) -> Option<CountDownLatch> + Send + Sync>,
     /// The latches set so far (by [`latch_setter`], once each: setting an opened latch again
@@ -84,6 +85,16 @@ impl Task {
                 self.latch_round(&mut epoch).await;
             }
         }
+    }
+
+    /// The end of `permit`'s local validity, if it has not passed. `expires_at()` is clamped
+    /// to the present once the validity has ended, so read after a stall (a frozen runtime)
+    /// it would stretch the believed holding past its real end: only an instant still ahead
+    /// is the validity itself. The validity only moves forward (renewals), so the latest
+    /// such sample is a lower bound of the end the holder believed.
+    fn validity(&self, permit: &LeasePermit) -> Option<u64> {
+        let end = permit.expires_at().into_std();
+        (end > Instant::now()).then(|| self.rec.at(end))
     }
 
     async fn stopped(&self) {
@@ -193,10 +204,17 @@ impl Task {
         op.outcome = "ok".into();
         op.token = Some(permit.token().get());
         op.slots = permit.slots().to_vec();
+        // The local validity, sampled while it lasts (see `validity`); a grant whose validity
+        // ended before it was first seen (its runtime frozen while the reply came) was never
+        // believed held: its interval is empty.
+        let mut valid_until = self.validity(&permit).unwrap_or(op.ret_us);
         let hold = Duration::from_micros(self.rng.below(8000));
         tokio::select! {
             () = tokio::time::sleep(hold) => {}
             () = permit.lost() => op.lost_us = Some(self.rec.now()),
+        }
+        if let Some(v) = self.validity(&permit) {
+            valid_until = valid_until.max(v);
         }
         if op.lost_us.is_none() && self.rng.below(100) < 10 {
             // lost() is watched during the refresh too: it may fire while the call waits.
@@ -214,10 +232,13 @@ impl Task {
                 }
             }
         }
+        if let Some(v) = self.validity(&permit) {
+            valid_until = valid_until.max(v);
+        }
         if op.lost_us.is_none() && !permit.is_held() {
             op.lost_us = Some(self.rec.now());
         }
-        op.valid_until_us = Some(self.rec.at(permit.expires_at().into_std()));
+        op.valid_until_us = Some(valid_until);
         let end = self.rng.below(100);
         if end < 10 {
             op.end = Some("drop".into());
@@ -238,9 +259,15 @@ impl Task {
     }
 
     async fn permit_round(&mut self) {
-        let sem = self.permits[self.rng.below(self.permits.len() as u64) as usize].clone();
+        let (sem, initial) =
+            self.permits[self.rng.below(self.permits.len() as u64) as usize].clone();
         let kind = self.rng.below(100);
-        let n = 1 + self.rng.below(2);
+        let mut n = 1 + self.rng.below(2);
+        if kind >= 70 {
+            // A wait without a limit asks for no more than there are: a request for more
+            // would head the queue until an `add` came along, and block every other task.
+            n = n.min(u64::from(initial.max(1)));
+        }
         let mut op = PermitOp {
             client: self.client,
             task: self.task,
