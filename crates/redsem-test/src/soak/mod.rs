@@ -420,6 +420,12 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
                                 seed ^ (u64::from(client) << 32 | u64::from(t)) ^ 0x5eed,
                             ),
                             weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
+                            // Across a failover permits can be lost for good (a release or
+                            // a give-back the new primary missed; a drain not acknowledged
+                            // keeps what it took, docs/SOAK.md): waits get a limit there,
+                            // and drains are left out.
+                            permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
+                            drain: !sentinel,
                         };
                         handles.push(tokio::spawn(task.run()));
                     }

@@ -59,6 +59,11 @@ pub struct Task {
     pub rng: Rng,
     /// Weights of lease, permit and latch rounds.
     pub weights: [u32; 3],
+    /// A limit for the permit waits that have none (`acquire`): where permits can be lost
+    /// for good (a failover), a wait without one could block the task to the end.
+    pub permit_wait_limit: Option<Duration>,
+    /// Whether `drain_permits` is among the permit operations.
+    pub drain: bool,
 }
 
 fn outcome(err: &redsem::Error) -> String {
@@ -295,13 +300,14 @@ impl Task {
             return;
         }
         op.inv_us = self.rec.now();
-        let result: Result<i64, String> = if kind < 14 {
+        let result: Result<i64, String> = if kind < 14 && self.drain {
             op.op = "drain".into();
             sem.drain_permits()
                 .await
                 .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
                 .map_err(|e| outcome(&e))
         } else if kind < 40 {
+            // (`try` also takes the drains' share where there are none.)
             op.op = "try".into();
             sem.try_acquire(n32)
                 .await
@@ -320,6 +326,12 @@ impl Task {
             match tokio::time::timeout(after, sem.acquire(n32)).await {
                 Ok(r) => r.map(|()| op.n).map_err(|e| outcome(&e)),
                 Err(_) => Err("cancelled".into()),
+            }
+        } else if let Some(limit) = self.permit_wait_limit {
+            op.op = "timeout".into();
+            tokio::select! {
+                r = sem.acquire_timeout(n32, limit) => r.map(|()| op.n).map_err(|e| outcome(&e)),
+                () = self.stopped() => Err("stopped".into()),
             }
         } else {
             op.op = "acquire".into();
