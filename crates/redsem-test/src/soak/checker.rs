@@ -19,7 +19,9 @@
 //!
 //! Under `deployment == "volatile"` (no persistence, restarts lose the state) the capacity and
 //! slot rules compare only grants made between the same two state losses, as README's "Safety by
-//! deployment" promises; tokens are checked across losses.
+//! deployment" promises; tokens are checked across losses. Under `sentinel` (every change
+//! acknowledged by both replicas) the rules hold across failovers as on one server; only a
+//! latch whose set was not acknowledged is left out (docs/SOAK.md).
 
 use std::collections::{BTreeMap, HashMap};
 
