@@ -105,7 +105,7 @@ pub fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let (records, faults) = if let Some(path) = &args.check {
+    let records = if let Some(path) = &args.check {
         let file = match File::open(path) {
             Ok(f) => f,
             Err(e) => {
@@ -114,15 +114,7 @@ pub fn main() -> ExitCode {
             }
         };
         match history::read(BufReader::new(file)) {
-            Ok(records) => {
-                let mut faults = BTreeMap::new();
-                for r in &records {
-                    if let Record::Fault(f) = r {
-                        *faults.entry(f.kind.clone()).or_insert(0u64) += 1;
-                    }
-                }
-                (records, faults)
-            }
+            Ok(records) => records,
             Err(e) => {
                 eprintln!("{path}: {e}");
                 return ExitCode::from(2);
@@ -131,6 +123,13 @@ pub fn main() -> ExitCode {
     } else {
         run(&args)
     };
+    // Counted from the history, so faults recorded before a nemesis panic are counted too.
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &records {
+        if let Record::Fault(f) = r {
+            *faults.entry(f.kind.clone()).or_insert(0) += 1;
+        }
+    }
     if let Some(path) = &args.history {
         let written =
             File::create(path).and_then(|f| history::write(&mut BufWriter::new(f), &records));
@@ -241,9 +240,9 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
     }
 }
 
-/// Run the soak: servers, clients, nemesis; returns the history and the faults by kind.
+/// Run the soak: servers, clients, nemesis; returns the history.
 #[allow(clippy::too_many_lines)]
-fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
+fn run(args: &Args) -> Vec<Record> {
     let volatile = args.deployment == "volatile";
     let sentinel = args.deployment == "sentinel";
     let mut deployment = if sentinel {
@@ -462,7 +461,7 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
         lose_names: capacity.keys().cloned().collect(),
         deployment: args.deployment.clone(),
     };
-    let counts = thread::scope(|scope| {
+    thread::scope(|scope| {
         let nemesis_thread = scope.spawn(|| nemesis.run(&mut deployment, nemesis_until));
         thread::sleep(args.duration);
         let _ = stop_tx.send(true);
@@ -471,12 +470,8 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
                 eprintln!("client thread {c} panicked");
             }
         }
-        match nemesis_thread.join() {
-            Ok(counts) => counts,
-            Err(_) => {
-                eprintln!("the nemesis panicked");
-                BTreeMap::new()
-            }
+        if nemesis_thread.join().is_err() {
+            eprintln!("the nemesis panicked");
         }
     });
 
@@ -517,13 +512,12 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
     drop(control);
     drop(control_rt);
     drop(deployment);
-    let records = std::mem::take(
+    std::mem::take(
         &mut *rec
             .records
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    (records, counts)
+    )
 }
 
 /// `call`, tried up to three times (the control client's connection may have been cut by a

@@ -1,6 +1,5 @@
 //! The nemesis: faults on a seeded schedule, each recorded with the time it was in force.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -75,9 +74,8 @@ fn connected_replicas(port: u16) -> usize {
 }
 
 impl Nemesis {
-    /// Inject faults until `until`; returns how many of each kind.
-    pub fn run(&mut self, deployment: &mut Deployment, until: Instant) -> BTreeMap<String, u64> {
-        let mut counts = BTreeMap::new();
+    /// Inject faults until `until`, each recorded.
+    pub fn run(&mut self, deployment: &mut Deployment, until: Instant) {
         let sentinel = self.deployment == "sentinel";
         // Faults on the server that must not look like a dead primary to the Sentinels
         // (`down-after-milliseconds` 1000) stay shorter there.
@@ -240,8 +238,6 @@ impl Nemesis {
                 start_us: start,
                 end_us: end,
             }));
-            *counts.entry(kind.to_owned()).or_insert(0) += 1;
         }
-        counts
     }
 }
