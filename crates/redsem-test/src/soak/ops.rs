@@ -72,9 +72,20 @@ fn outcome(err: &redsem::Error) -> String {
     } else if err.is_timeout() {
         "timeout".into()
     } else {
-        format!("error: {err}")
+        // The whole chain: "redis error" alone does not tell a LOADING from a refusal.
+        let mut text = format!("error: {err}");
+        let mut source = std::error::Error::source(err);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
     }
 }
+
+/// How long a permit wait without a limit may last before the task gives it up (drops it, as
+/// `cancel` does): a permit lost for good would otherwise block the task to the end.
+const PERMIT_WAIT_GUARD: Duration = Duration::from_secs(10);
 
 impl Task {
     pub async fn run(mut self) {
@@ -338,6 +349,7 @@ impl Task {
             tokio::select! {
                 r = sem.acquire(n32) => r.map(|()| op.n).map_err(|e| outcome(&e)),
                 () = self.stopped() => Err("stopped".into()),
+                () = tokio::time::sleep(PERMIT_WAIT_GUARD) => Err("cancelled".into()),
             }
         };
         op.ret_us = self.rec.now();
@@ -361,7 +373,42 @@ impl Task {
                 Err(e) => outcome(&e),
             });
         }
+        let failed_release = op.release_outcome.as_deref().is_some_and(|o| o != "ok");
+        let (name, client, task) = (op.name.clone(), op.client, op.task);
         self.rec.push(Record::Permit(op));
+        if failed_release {
+            self.make_up(&sem, &name, client, task, taken).await;
+        }
+    }
+
+    /// Give back `n` permits whose release failed, with `add_permits`, as an operator would:
+    /// a failed release cannot be resent safely (a new call has a new id, and the first may
+    /// have been applied), and a permit semaphore has no lease to end what it kept. Each
+    /// attempt is recorded as an `add`, so the ledger counts it (if the release was applied
+    /// after all, the semaphore has `n` more permits, which the ledger allows).
+    async fn make_up(&self, sem: &PermitSemaphore, name: &str, client: u32, task: u32, n: i64) {
+        for _ in 0..50 {
+            let mut add = PermitOp {
+                client,
+                task,
+                name: name.to_owned(),
+                op: "add".into(),
+                n,
+                ..PermitOp::default()
+            };
+            add.inv_us = self.rec.now();
+            let r = sem.add_permits(n).await;
+            add.ret_us = self.rec.now();
+            add.outcome = match &r {
+                Ok(()) => "ok".into(),
+                Err(e) => outcome(e),
+            };
+            self.rec.push(Record::Permit(add));
+            if r.is_ok() || *self.stop.borrow() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn latch_round(&mut self, epoch: &mut u64) {
