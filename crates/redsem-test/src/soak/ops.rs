@@ -301,12 +301,18 @@ impl Task {
                 add.inv_us = self.rec.now();
                 let r = sem.add_permits(delta).await;
                 add.ret_us = self.rec.now();
+                let added = r.is_ok();
                 add.outcome = match r {
                     Ok(()) => "ok".into(),
                     Err(e) => outcome(&e),
                 };
                 self.rec.push(Record::Permit(add));
                 tokio::time::sleep(Duration::from_micros(self.rng.below(5000))).await;
+                if !added {
+                    // Taking away a permit whose addition failed would leave one fewer for
+                    // good (the second long run's `q` ended at -2 that way).
+                    break;
+                }
             }
             return;
         }
