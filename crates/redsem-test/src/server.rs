@@ -59,7 +59,22 @@ impl RedisServer {
     /// If `redis-server` is missing or does not become ready after 5 attempts.
     pub fn start_with(extra_args: &[&str]) -> RedisServer {
         let extra_args = extra_args.iter().map(OsString::from).collect();
-        RedisServer::launch(extra_args, false)
+        RedisServer::launch(extra_args, false, None)
+    }
+
+    /// Like [`start_with`](Self::start_with), with the server's temporary directory (its AOF
+    /// and RDB files) created under `root` instead of the default place: e.g. a tmpfs such as
+    /// `/dev/shm`, where `appendfsync always` costs little.
+    ///
+    /// The default place is `$REDSEM_TEST_TMPDIR` if it is set, else the system's temporary
+    /// directory (`$TMPDIR`, `/tmp`).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start), and if no directory can be created under `root`.
+    pub fn start_in(root: &Path, extra_args: &[&str]) -> RedisServer {
+        let extra_args = extra_args.iter().map(OsString::from).collect();
+        RedisServer::launch(extra_args, false, Some(root))
     }
 
     /// Start a throwaway replica of `primary` (`--replicaof 127.0.0.1 <primary port>`), and wait
@@ -332,19 +347,29 @@ impl RedisServer {
 
     /// Start one node of a cluster: cluster mode on, and its bus port (`port + 10000`) free.
     pub(crate) fn start_cluster_node() -> RedisServer {
-        RedisServer::launch(Vec::new(), true)
+        RedisServer::launch(Vec::new(), true, None)
     }
 
     /// Start one node of a cluster with more arguments.
     pub(crate) fn start_cluster_node_with(extra_args: &[&str]) -> RedisServer {
-        RedisServer::launch(extra_args.iter().map(OsString::from).collect(), true)
+        RedisServer::launch(extra_args.iter().map(OsString::from).collect(), true, None)
     }
 
-    fn launch(mut extra_args: Vec<OsString>, cluster: bool) -> RedisServer {
+    fn launch(mut extra_args: Vec<OsString>, cluster: bool, root: Option<&Path>) -> RedisServer {
+        let from_env = env::var_os("REDSEM_TEST_TMPDIR").filter(|d| !d.is_empty());
+        let root = root
+            .map(Path::to_path_buf)
+            .or_else(|| from_env.map(PathBuf::from))
+            .unwrap_or_else(env::temp_dir);
         let dir = tempfile::Builder::new()
             .prefix("redsem-test-")
-            .tempdir()
-            .expect("create a temporary directory for redis-server");
+            .tempdir_in(&root)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "create a temporary directory for redis-server in {}: {e}",
+                    root.display()
+                )
+            });
         let nodes_conf = dir.path().join("nodes.conf");
         if cluster {
             let mut cluster_args: Vec<OsString> = vec![

@@ -88,8 +88,9 @@ pub struct LeaseOp {
     /// When `lost()` fired, if it did while held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_us: Option<u64>,
-    /// The end of the local validity the client believed last (`expires_at`), read just
-    /// before the release.
+    /// The end of the local validity the client believed (`expires_at`), the latest of the
+    /// samples taken while it was still ahead (at the grant, after the hold, after a refresh):
+    /// `ret_us` if it had ended before the grant was first seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub valid_until_us: Option<u64>,
     /// `status`: units in use it showed.

@@ -16,12 +16,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redsem::{LeaseOptions, PermitOptions, Redsem, RedsemOptions};
-use redsem_test::{FaultProxy, RedisServer};
+use redsem_test::{FaultProxy, RedisSentinels, RedisServer};
 
 use history::{Final, Meta, Record};
 
 const USAGE: &str = "usage: redsem-soak [--duration 60s] [--seed N] [--clients 3] [--tasks 6] \
-[--deployment single|volatile] [--lease-ms 1000] [--history FILE] | --check FILE";
+[--deployment single|volatile|sentinel] [--lease-ms 1000] [--data-dir DIR] [--history FILE] \
+| --check FILE";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -33,6 +34,7 @@ struct Args {
     lease: Duration,
     history: Option<String>,
     check: Option<String>,
+    data_dir: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -60,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
         lease: Duration::from_millis(1000),
         history: None,
         check: None,
+        data_dir: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,14 +81,13 @@ fn parse_args() -> Result<Args, String> {
             }
             "--deployment" => {
                 let d = value()?;
-                if d != "single" && d != "volatile" {
-                    return Err(format!(
-                        "--deployment {d}: single or volatile (sentinel is not built yet)"
-                    ));
+                if !["single", "volatile", "sentinel"].contains(&d.as_str()) {
+                    return Err(format!("--deployment {d}: single, volatile or sentinel"));
                 }
                 args.deployment = d;
             }
             "--history" => args.history = Some(value()?),
+            "--data-dir" => args.data_dir = Some(value()?),
             "--check" => args.check = Some(value()?),
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument {flag}\n{USAGE}")),
@@ -103,7 +105,7 @@ pub fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let (records, faults) = if let Some(path) = &args.check {
+    let records = if let Some(path) = &args.check {
         let file = match File::open(path) {
             Ok(f) => f,
             Err(e) => {
@@ -112,15 +114,7 @@ pub fn main() -> ExitCode {
             }
         };
         match history::read(BufReader::new(file)) {
-            Ok(records) => {
-                let mut faults = BTreeMap::new();
-                for r in &records {
-                    if let Record::Fault(f) = r {
-                        *faults.entry(f.kind.clone()).or_insert(0u64) += 1;
-                    }
-                }
-                (records, faults)
-            }
+            Ok(records) => records,
             Err(e) => {
                 eprintln!("{path}: {e}");
                 return ExitCode::from(2);
@@ -129,6 +123,13 @@ pub fn main() -> ExitCode {
     } else {
         run(&args)
     };
+    // Counted from the history, so faults recorded before a nemesis panic are counted too.
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &records {
+        if let Record::Fault(f) = r {
+            *faults.entry(f.kind.clone()).or_insert(0) += 1;
+        }
+    }
     if let Some(path) = &args.history {
         let written =
             File::create(path).and_then(|f| history::write(&mut BufWriter::new(f), &records));
@@ -176,29 +177,119 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Run the soak: servers, clients, nemesis; returns the history and the faults by kind.
-fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
+/// The servers of one run.
+pub enum Deployment {
+    /// One `redis-server` (`single`, `volatile`).
+    Single(RedisServer),
+    /// A primary, two replicas and three Sentinels (`sentinel`).
+    Sentinel(RedisSentinels),
+}
+
+impl Deployment {
+    /// The port of the server that takes writes now (for a Sentinel deployment, the primary
+    /// the Sentinels name).
+    pub fn primary_port(&self) -> u16 {
+        match self {
+            Deployment::Single(server) => server.port(),
+            Deployment::Sentinel(s) => s.primary().port(),
+        }
+    }
+}
+
+/// Where a client connects.
+#[derive(Debug, Clone)]
+enum Target {
+    Url(String),
+    Sentinel(Vec<String>, String),
+}
+
+impl Target {
+    async fn connect(&self, options: RedsemOptions) -> redsem::Result<Redsem> {
+        match self {
+            Target::Url(url) => Redsem::connect_with(url, options).await,
+            Target::Sentinel(urls, master) => {
+                let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+                Redsem::connect_sentinel_with(&urls, master, options).await
+            }
+        }
+    }
+}
+
+/// The directory under which the single server keeps its AOF: `--data-dir`, else `/dev/shm`
+/// when it is a writable directory (a tmpfs: `appendfsync always` costs little there), else
+/// the kit's default.
+fn data_root(args: &Args) -> Option<std::path::PathBuf> {
+    if let Some(dir) = &args.data_dir {
+        return Some(dir.into());
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    let writable = tempfile::Builder::new()
+        .prefix("redsem-soak-probe-")
+        .tempdir_in(shm)
+        .is_ok();
+    writable.then(|| shm.to_path_buf())
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot start a tokio runtime: {e}"),
+    }
+}
+
+/// Run the soak: servers, clients, nemesis; returns the history.
+#[allow(clippy::too_many_lines)]
+fn run(args: &Args) -> Vec<Record> {
     let volatile = args.deployment == "volatile";
-    let server_args: &[&str] = if volatile {
-        &[]
+    let sentinel = args.deployment == "sentinel";
+    let mut deployment = if sentinel {
+        Deployment::Sentinel(RedisSentinels::start())
     } else {
-        // A small rewrite threshold keeps the AOF short, so a restart loads it within the kit's
-        // ready timeout even after an hour of writes (a 30-minute run once grew it past that).
-        &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--auto-aof-rewrite-min-size",
-            "4mb",
-        ]
+        let server_args: &[&str] = if volatile {
+            &[]
+        } else {
+            // A small rewrite threshold keeps the AOF short, so a restart loads it within the
+            // kit's ready timeout even after an hour of writes (a 30-minute run once grew it
+            // past that).
+            &[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--auto-aof-rewrite-min-size",
+                "4mb",
+            ]
+        };
+        let server = match data_root(args) {
+            Some(root) => RedisServer::start_in(&root, server_args),
+            None => RedisServer::start_with(server_args),
+        };
+        Deployment::Single(server)
     };
-    let server = RedisServer::start_with(server_args);
-    let proxies: Arc<Vec<FaultProxy>> = Arc::new(
-        (0..args.clients)
-            .map(|_| FaultProxy::start(server.port()))
-            .collect(),
-    );
+    // Clients of one server reach it through their own proxies; Sentinel discovery hands the
+    // clients the primary's own address, so there are no proxies there.
+    let (proxies, direct): (Vec<FaultProxy>, Target) = match &deployment {
+        Deployment::Single(server) => (
+            (0..args.clients)
+                .map(|_| FaultProxy::start(server.port()))
+                .collect(),
+            Target::Url(server.url()),
+        ),
+        Deployment::Sentinel(s) => (
+            Vec::new(),
+            Target::Sentinel(s.sentinel_urls(), s.master_name().to_owned()),
+        ),
+    };
+    let proxies = Arc::new(proxies);
+    let targets: Vec<Target> = (0..args.clients as usize)
+        .map(|c| match proxies.get(c) {
+            Some(proxy) => Target::Url(proxy.url()),
+            None => direct.clone(),
+        })
+        .collect();
     let rec = Arc::new(ops::Recorder::new());
     let lease = args.lease;
     let waiter_lease = args.lease;
@@ -220,128 +311,178 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
         lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
         waiter_lease_ms: u64::try_from(waiter_lease.as_millis()).unwrap_or(u64::MAX),
     }));
+    let mut options = RedsemOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(1));
+    if sentinel {
+        // Every change acknowledged by both replicas: whichever the Sentinels promote has
+        // every grant a client holds, so the limit and the other rules hold across a failover
+        // (README "Safety by deployment"; with acks(1) the replica promoted may not be the
+        // one that acknowledged, and a grant made in the failover can be lost).
+        options = options.replica_acks(2, Duration::from_millis(100));
+    }
+    let lease_options = LeaseOptions::default()
+        .lease(lease)
+        .waiter_lease(waiter_lease);
+    let permit_options = PermitOptions::default().waiter_lease(waiter_lease);
 
-    // The nemesis owns the server: a restarted redis-server is tied to the thread that started
-    // it (parent-death signal), so that thread lives until the end of the run.
-    let nemesis_until = Instant::now() + args.duration.saturating_sub(settle(args.duration));
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let (counts_tx, counts_rx) = std::sync::mpsc::channel();
-    let nemesis_thread = {
-        let mut nemesis = nemesis::Nemesis {
-            rng: rng::Rng::new(args.seed),
-            rec: Arc::clone(&rec),
-            proxies: Arc::clone(&proxies),
-            lease,
-            lose_names: capacity.keys().cloned().collect(),
-            volatile,
+    // A control client on this thread sets the permits up and reads the final state.
+    let control_rt = current_thread_runtime();
+    let control = control_rt.block_on(async {
+        let control = match direct.connect(options.clone()).await {
+            Ok(r) => r,
+            Err(e) => panic!("cannot connect the control client: {e}"),
         };
-        let mut server = server;
-        thread::spawn(move || {
-            let counts = nemesis.run(&mut server, nemesis_until);
-            let _ = counts_tx.send(counts);
-            let _ = done_rx.recv();
-            drop(server);
-        })
-    };
-
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => panic!("cannot start a tokio runtime: {e}"),
-    };
-    runtime.block_on(async {
-        let options = RedsemOptions::default()
-            .connect_timeout(Duration::from_secs(1))
-            .response_timeout(Duration::from_secs(1));
-        let mut clients = Vec::new();
-        for proxy in proxies.iter() {
-            let redsem = match Redsem::connect_with(&proxy.url(), options.clone()).await {
-                Ok(r) => r,
-                Err(e) => panic!("cannot connect through {}: {e}", proxy.url()),
-            };
-            clients.push(redsem);
-        }
-        let lease_options = LeaseOptions::default()
-            .lease(lease)
-            .waiter_lease(waiter_lease);
-        let permit_options = PermitOptions::default().waiter_lease(waiter_lease);
         for (name, &n) in &permits {
-            let sem = clients[0]
+            let sem = control
                 .permit_semaphore_with(name, permit_options.clone())
                 .unwrap_or_else(|e| panic!("{e}"));
             sem.try_set_permits(n)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
         }
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut handles = Vec::new();
-        let latches_set = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let latch_reached = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        if !volatile {
-            let r = clients[0].clone();
-            handles.push(tokio::spawn(ops::latch_setter(
-                move |e| r.count_down_latch(&format!("l{e}")).ok(),
-                latch_count,
-                Arc::clone(&rec),
-                Arc::clone(&latches_set),
-                Arc::clone(&latch_reached),
-                stop_rx.clone(),
-            )));
+        control
+    });
+
+    // Each client (one `Redsem` and its tasks) runs on its own current-thread runtime on its
+    // own OS thread, so the nemesis can freeze one client's runtime as a whole.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let latches_set = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let latch_reached = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, tokio::runtime::Handle)>();
+    let mut client_threads = Vec::new();
+    for (c, target) in targets.iter().enumerate() {
+        let target = target.clone();
+        let options = options.clone();
+        let lease_options = lease_options.clone();
+        let permit_options = permit_options.clone();
+        let capacity = capacity.clone();
+        let permits = permits.clone();
+        let rec = Arc::clone(&rec);
+        let stop_rx = stop_rx.clone();
+        let latches_set = Arc::clone(&latches_set);
+        let latch_reached = Arc::clone(&latch_reached);
+        let ready_tx = ready_tx.clone();
+        let (seed, tasks) = (args.seed, args.tasks);
+        let spawned = thread::Builder::new()
+            .name(format!("client{c}"))
+            .spawn(move || {
+                let rt = current_thread_runtime();
+                rt.block_on(async move {
+                    let redsem = match target.connect(options).await {
+                        Ok(r) => r,
+                        Err(e) => panic!("client {c} cannot connect: {e}"),
+                    };
+                    let mut handles = Vec::new();
+                    if c == 0 && !volatile {
+                        let r = redsem.clone();
+                        handles.push(tokio::spawn(ops::latch_setter(
+                            move |e| r.count_down_latch(&format!("l{e}")).ok(),
+                            latch_count,
+                            Arc::clone(&rec),
+                            Arc::clone(&latches_set),
+                            Arc::clone(&latch_reached),
+                            stop_rx.clone(),
+                        )));
+                    }
+                    for t in 0..tasks {
+                        let leases = capacity
+                            .iter()
+                            .map(|(name, &cap)| {
+                                redsem
+                                    .lease_semaphore_with(name, cap, lease_options.clone())
+                                    .unwrap_or_else(|e| panic!("{e}"))
+                            })
+                            .collect();
+                        let psems = permits
+                            .iter()
+                            .map(|(name, &initial)| {
+                                let sem = redsem
+                                    .permit_semaphore_with(name, permit_options.clone())
+                                    .unwrap_or_else(|e| panic!("{e}"));
+                                (sem, initial)
+                            })
+                            .collect();
+                        let r = redsem.clone();
+                        let client = u32::try_from(c).unwrap_or(0);
+                        let task = ops::Task {
+                            client,
+                            task: t,
+                            rec: Arc::clone(&rec),
+                            leases,
+                            permits: psems,
+                            latch: Box::new(move |e| r.count_down_latch(&format!("l{e}")).ok()),
+                            latches_set: Arc::clone(&latches_set),
+                            latch_reached: Arc::clone(&latch_reached),
+                            stop: stop_rx.clone(),
+                            rng: rng::Rng::new(
+                                seed ^ (u64::from(client) << 32 | u64::from(t)) ^ 0x5eed,
+                            ),
+                            weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
+                            // Across a failover permits can be lost for good (a release or
+                            // a give-back the new primary missed; a drain not acknowledged
+                            // keeps what it took, docs/SOAK.md): waits get a limit there,
+                            // and drains are left out.
+                            permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
+                            drain: !sentinel,
+                        };
+                        handles.push(tokio::spawn(task.run()));
+                    }
+                    let _ = ready_tx.send((c, tokio::runtime::Handle::current()));
+                    for h in handles {
+                        let _ = h.await;
+                    }
+                });
+            });
+        match spawned {
+            Ok(handle) => client_threads.push(handle),
+            Err(e) => panic!("cannot start client thread {c}: {e}"),
         }
-        for (c, redsem) in clients.iter().enumerate() {
-            for t in 0..args.tasks {
-                let leases = capacity
-                    .iter()
-                    .map(|(name, &cap)| {
-                        redsem
-                            .lease_semaphore_with(name, cap, lease_options.clone())
-                            .unwrap_or_else(|e| panic!("{e}"))
-                    })
-                    .collect();
-                let psems = permits
-                    .keys()
-                    .map(|name| {
-                        redsem
-                            .permit_semaphore_with(name, permit_options.clone())
-                            .unwrap_or_else(|e| panic!("{e}"))
-                    })
-                    .collect();
-                let r = redsem.clone();
-                let task = ops::Task {
-                    client: u32::try_from(c).unwrap_or(0),
-                    task: t,
-                    rec: Arc::clone(&rec),
-                    leases,
-                    permits: psems,
-                    latch: Box::new(move |e| r.count_down_latch(&format!("l{e}")).ok()),
-                    latches_set: Arc::clone(&latches_set),
-                    latch_reached: Arc::clone(&latch_reached),
-                    stop: stop_rx.clone(),
-                    rng: rng::Rng::new(
-                        args.seed
-                            ^ (u64::from(u32::try_from(c).unwrap_or(0)) << 32 | u64::from(t))
-                            ^ 0x5eed,
-                    ),
-                    weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
-                };
-                handles.push(tokio::spawn(task.run()));
+    }
+    drop(ready_tx);
+    let mut runtimes: Vec<Option<tokio::runtime::Handle>> = vec![None; targets.len()];
+    for _ in 0..targets.len() {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok((c, handle)) => runtimes[c] = Some(handle),
+            Err(e) => panic!("a client did not connect: {e}"),
+        }
+    }
+    let runtimes: Vec<tokio::runtime::Handle> = runtimes.into_iter().flatten().collect();
+
+    // The nemesis borrows the deployment (it restarts the server, fails the primary over) on
+    // its own thread; this thread, which owns the servers, lives until the end of the run.
+    let nemesis_until = Instant::now() + args.duration.saturating_sub(settle(args.duration));
+    let mut nemesis = nemesis::Nemesis {
+        rng: rng::Rng::new(args.seed),
+        rec: Arc::clone(&rec),
+        proxies: Arc::clone(&proxies),
+        runtimes,
+        lease,
+        lose_names: capacity.keys().cloned().collect(),
+        deployment: args.deployment.clone(),
+    };
+    thread::scope(|scope| {
+        let nemesis_thread = scope.spawn(|| nemesis.run(&mut deployment, nemesis_until));
+        thread::sleep(args.duration);
+        let _ = stop_tx.send(true);
+        for (c, t) in client_threads.into_iter().enumerate() {
+            if t.join().is_err() {
+                eprintln!("client thread {c} panicked");
             }
         }
-        tokio::time::sleep(args.duration).await;
-        let _ = stop_tx.send(true);
-        for h in handles {
-            let _ = h.await;
+        if nemesis_thread.join().is_err() {
+            eprintln!("the nemesis panicked");
         }
-        // Every lease and waiter lease could have ended by now; nothing may be left.
-        tokio::time::sleep(lease + waiter_lease + Duration::from_millis(500)).await;
+    });
+
+    // Every lease and waiter lease could have ended by now; nothing may be left.
+    thread::sleep(lease + waiter_lease + Duration::from_millis(500));
+    control_rt.block_on(async {
         for (name, &cap) in &capacity {
-            let sem = clients[0]
+            let sem = control
                 .lease_semaphore_with(name, cap, lease_options.clone())
                 .unwrap_or_else(|e| panic!("{e}"));
-            match sem.status().await {
+            match retried(|| sem.status()).await {
                 Ok(status) => rec.push(Record::Final(Final {
                     kind: "lease".into(),
                     name: name.clone(),
@@ -353,10 +494,10 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
             }
         }
         for name in permits.keys() {
-            let sem = clients[0]
+            let sem = control
                 .permit_semaphore_with(name, permit_options.clone())
                 .unwrap_or_else(|e| panic!("{e}"));
-            match sem.available_permits().await {
+            match retried(|| sem.available_permits()).await {
                 Ok(available) => rec.push(Record::Final(Final {
                     kind: "permits".into(),
                     name: name.clone(),
@@ -368,17 +509,31 @@ fn run(args: &Args) -> (Vec<Record>, BTreeMap<String, u64>) {
             }
         }
     });
-    drop(runtime);
-    let counts = counts_rx.recv().unwrap_or_default();
-    let _ = done_tx.send(());
-    let _ = nemesis_thread.join();
-    let records = std::mem::take(
+    drop(control);
+    drop(control_rt);
+    drop(deployment);
+    std::mem::take(
         &mut *rec
             .records
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    (records, counts)
+    )
+}
+
+/// `call`, tried up to three times (the control client's connection may have been cut by a
+/// fault while it idled).
+async fn retried<T, F: Future<Output = redsem::Result<T>>>(
+    mut call: impl FnMut() -> F,
+) -> redsem::Result<T> {
+    let mut last = call().await;
+    for _ in 0..2 {
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = call().await;
+    }
+    last
 }
 
 /// How long before the end the nemesis stops, so the last faults heal before the final checks.

@@ -1,12 +1,12 @@
 //! The nemesis: faults on a seeded schedule, each recorded with the time it was in force.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redsem_test::{FaultProxy, RedisServer};
+use redsem_test::FaultProxy;
 
+use super::Deployment;
 use super::history::{Fault, Record};
 use super::ops::Recorder;
 use super::rng::Rng;
@@ -19,20 +19,34 @@ pub const KINDS: &[&str] = &[
     "delay",
     "freeze",
     "frozen_client",
+    "frozen_runtime",
     "pause",
     "sleep",
     "restart",
     "lose_state",
+    "failover",
 ];
+
+/// Faults on a client's proxy: not in a Sentinel deployment, whose clients reach the primary
+/// at the address the Sentinels name.
+const PROXY_KINDS: &[&str] = &["cut", "drop_reply", "delay", "freeze", "frozen_client"];
+
+/// The fewest seconds between two failovers: after one, every change fails (`NotReplicated`)
+/// until the old primary follows the new one (about 10 s), and a Sentinel refuses a second
+/// failover of the same primary for 8 s.
+const FAILOVER_GAP: Duration = Duration::from_secs(20);
 
 pub struct Nemesis {
     pub rng: Rng,
     pub rec: Arc<Recorder>,
     pub proxies: Arc<Vec<FaultProxy>>,
+    /// Each client's runtime (one thread each), for `frozen_runtime`.
+    pub runtimes: Vec<tokio::runtime::Handle>,
     pub lease: Duration,
     /// Lease semaphore names whose state `lose_state` may delete (volatile deployment only).
     pub lose_names: Vec<String>,
-    pub volatile: bool,
+    /// `single`, `volatile` or `sentinel`.
+    pub deployment: String,
 }
 
 fn redis_con(port: u16) -> Option<redis::Connection> {
@@ -44,10 +58,29 @@ fn redis_con(port: u16) -> Option<redis::Connection> {
     Some(con)
 }
 
+/// How many replicas the server on `port` lists as connected (0 if it does not answer).
+fn connected_replicas(port: u16) -> usize {
+    let Some(mut con) = redis_con(port) else {
+        return 0;
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut con)
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 impl Nemesis {
-    /// Inject faults until `until`; returns how many of each kind.
-    pub fn run(&mut self, server: &mut RedisServer, until: Instant) -> BTreeMap<String, u64> {
-        let mut counts = BTreeMap::new();
+    /// Inject faults until `until`, each recorded.
+    pub fn run(&mut self, deployment: &mut Deployment, until: Instant) {
+        let sentinel = self.deployment == "sentinel";
+        // Faults on the server that must not look like a dead primary to the Sentinels
+        // (`down-after-milliseconds` 1000) stay shorter there.
+        let server_stall_ms = if sentinel { 500 } else { 800 };
+        let mut last_failover: Option<Instant> = None;
         loop {
             let gap = Duration::from_millis(500 + self.rng.below(2500));
             if Instant::now() + gap >= until {
@@ -55,17 +88,23 @@ impl Nemesis {
             }
             thread::sleep(gap);
             let mut kinds: Vec<&str> = KINDS.to_vec();
-            if !self.volatile {
-                kinds.retain(|k| *k != "lose_state");
-            }
+            kinds.retain(|k| match *k {
+                "lose_state" => self.deployment == "volatile",
+                "failover" => sentinel && last_failover.is_none_or(|t| t.elapsed() >= FAILOVER_GAP),
+                // Restarting a primary without persistence that replicas follow would empty
+                // them all: not a deployment README describes.
+                "restart" => !sentinel,
+                k if PROXY_KINDS.contains(&k) => !self.proxies.is_empty(),
+                _ => true,
+            });
             let kind = kinds[self.rng.below(kinds.len() as u64) as usize];
-            let client = self.rng.below(self.proxies.len() as u64) as usize;
-            let proxy = &self.proxies[client];
+            let client = self.rng.below(self.runtimes.len() as u64) as usize;
             let mut target = "server".to_owned();
-            let start = self.rec.now();
+            let mut start = self.rec.now();
+            let mut end = None;
             match kind {
                 "kill" => {
-                    if let Some(mut con) = redis_con(server.port()) {
+                    if let Some(mut con) = redis_con(deployment.primary_port()) {
                         for ty in ["normal", "pubsub"] {
                             let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
                                 .arg("KILL")
@@ -79,10 +118,11 @@ impl Nemesis {
                 }
                 "cut" => {
                     target = format!("client{client}");
-                    proxy.cut_all();
+                    self.proxies[client].cut_all();
                 }
                 "drop_reply" => {
                     target = format!("client{client}");
+                    let proxy = &self.proxies[client];
                     let before = proxy.triggered();
                     proxy.drop_reply_after(b"FCALL");
                     let deadline = Instant::now() + Duration::from_secs(1);
@@ -94,6 +134,7 @@ impl Nemesis {
                 }
                 "delay" => {
                     target = format!("client{client}");
+                    let proxy = &self.proxies[client];
                     proxy.set_delay(Duration::from_millis(10 + self.rng.below(150)));
                     thread::sleep(Duration::from_millis(300 + self.rng.below(1200)));
                     proxy.set_delay(Duration::ZERO);
@@ -106,13 +147,52 @@ impl Nemesis {
                         // Longer than a lease: its holders must learn they lost.
                         self.lease + self.lease / 2 + Duration::from_millis(self.rng.below(500))
                     };
+                    let proxy = &self.proxies[client];
                     proxy.set_frozen(true);
                     thread::sleep(span);
                     proxy.set_frozen(false);
                 }
+                "frozen_runtime" => {
+                    // The client's runtime thread blocked: its keep-alive, timers, pub/sub and
+                    // tasks all stop, as a process under SIGSTOP. Up to about two leases.
+                    target = format!("client{client}");
+                    let span = Duration::from_millis(
+                        self.rng
+                            .below(u64::try_from(self.lease.as_millis() * 2).unwrap_or(2000)),
+                    );
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let rec = Arc::clone(&self.rec);
+                    drop(self.runtimes[client].spawn(async move {
+                        let from = rec.now();
+                        thread::sleep(span);
+                        let _ = tx.send((from, rec.now()));
+                    }));
+                    match rx.recv_timeout(span + Duration::from_secs(10)) {
+                        Ok((from, to)) => {
+                            start = from;
+                            end = Some(to);
+                        }
+                        // The runtime is gone (the run is ending): nothing was frozen.
+                        Err(_) => continue,
+                    }
+                }
+                "failover" => {
+                    let Deployment::Sentinel(s) = deployment else {
+                        unreachable!("failover outside a Sentinel deployment")
+                    };
+                    last_failover = Some(Instant::now());
+                    let new = s.failover();
+                    // The fault lasts until the new primary has both replicas again: until
+                    // then every change fails with `NotReplicated` (the old primary follows
+                    // the new one about ten seconds later).
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while Instant::now() < deadline && connected_replicas(new) < 2 {
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                }
                 "pause" => {
-                    let ms = 100 + self.rng.below(700);
-                    if let Some(mut con) = redis_con(server.port()) {
+                    let ms = 100 + self.rng.below(server_stall_ms - 100);
+                    if let Some(mut con) = redis_con(deployment.primary_port()) {
                         let _: redis::RedisResult<()> = redis::cmd("CLIENT")
                             .arg("PAUSE")
                             .arg(ms)
@@ -122,18 +202,23 @@ impl Nemesis {
                     thread::sleep(Duration::from_millis(ms));
                 }
                 "sleep" => {
-                    let secs = 0.1 + self.rng.below(700) as f64 / 1000.0;
-                    if let Some(mut con) = redis_con(server.port()) {
+                    let secs = 0.1 + self.rng.below(server_stall_ms - 100) as f64 / 1000.0;
+                    if let Some(mut con) = redis_con(deployment.primary_port()) {
                         let _: redis::RedisResult<()> =
                             redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut con);
                     }
                 }
-                "restart" => server.restart(),
+                "restart" => {
+                    let Deployment::Single(server) = deployment else {
+                        unreachable!("restart outside a single server")
+                    };
+                    server.restart();
+                }
                 "lose_state" => {
                     let name =
                         &self.lose_names[self.rng.below(self.lose_names.len() as u64) as usize];
                     target.clone_from(name);
-                    if let Some(mut con) = redis_con(server.port()) {
+                    if let Some(mut con) = redis_con(deployment.primary_port()) {
                         let keys: Vec<String> = redis::cmd("KEYS")
                             .arg(format!("redsem:{{lease:{name}}}*"))
                             .query(&mut con)
@@ -146,15 +231,13 @@ impl Nemesis {
                 }
                 _ => unreachable!("unknown fault kind {kind}"),
             }
-            let end = self.rec.now();
+            let end = end.unwrap_or_else(|| self.rec.now());
             self.rec.push(Record::Fault(Fault {
                 kind: kind.to_owned(),
                 target,
                 start_us: start,
                 end_us: end,
             }));
-            *counts.entry(kind.to_owned()).or_insert(0) += 1;
         }
-        counts
     }
 }

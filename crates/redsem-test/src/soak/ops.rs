@@ -47,7 +47,8 @@ pub struct Task {
     pub task: u32,
     pub rec: Arc<Recorder>,
     pub leases: Vec<LeaseSemaphore>,
-    pub permits: Vec<PermitSemaphore>,
+    /// Each permit semaphore with the permits it was set to.
+    pub permits: Vec<(PermitSemaphore, u32)>,
     /// Latches by epoch: the task moves to the next one once it saw the current one open.
     pub latch: Box<dyn Fn(u64) -> Option<CountDownLatch> + Send + Sync>,
     /// The latches set so far (by [`latch_setter`], once each: setting an opened latch again
@@ -58,6 +59,11 @@ pub struct Task {
     pub rng: Rng,
     /// Weights of lease, permit and latch rounds.
     pub weights: [u32; 3],
+    /// A limit for the permit waits that have none (`acquire`): where permits can be lost
+    /// for good (a failover), a wait without one could block the task to the end.
+    pub permit_wait_limit: Option<Duration>,
+    /// Whether `drain_permits` is among the permit operations.
+    pub drain: bool,
 }
 
 fn outcome(err: &redsem::Error) -> String {
@@ -66,9 +72,20 @@ fn outcome(err: &redsem::Error) -> String {
     } else if err.is_timeout() {
         "timeout".into()
     } else {
-        format!("error: {err}")
+        // The whole chain: "redis error" alone does not tell a LOADING from a refusal.
+        let mut text = format!("error: {err}");
+        let mut source = std::error::Error::source(err);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
     }
 }
+
+/// How long a permit wait without a limit may last before the task gives it up (drops it, as
+/// `cancel` does): a permit lost for good would otherwise block the task to the end.
+const PERMIT_WAIT_GUARD: Duration = Duration::from_secs(10);
 
 impl Task {
     pub async fn run(mut self) {
@@ -84,6 +101,16 @@ impl Task {
                 self.latch_round(&mut epoch).await;
             }
         }
+    }
+
+    /// The end of `permit`'s local validity, if it has not passed. `expires_at()` is clamped
+    /// to the present once the validity has ended, so read after a stall (a frozen runtime)
+    /// it would stretch the believed holding past its real end: only an instant still ahead
+    /// is the validity itself. The validity only moves forward (renewals), so the latest
+    /// such sample is a lower bound of the end the holder believed.
+    fn validity(&self, permit: &LeasePermit) -> Option<u64> {
+        let end = permit.expires_at().into_std();
+        (end > Instant::now()).then(|| self.rec.at(end))
     }
 
     async fn stopped(&self) {
@@ -193,10 +220,17 @@ impl Task {
         op.outcome = "ok".into();
         op.token = Some(permit.token().get());
         op.slots = permit.slots().to_vec();
+        // The local validity, sampled while it lasts (see `validity`); a grant whose validity
+        // ended before it was first seen (its runtime frozen while the reply came) was never
+        // believed held: its interval is empty.
+        let mut valid_until = self.validity(&permit).unwrap_or(op.ret_us);
         let hold = Duration::from_micros(self.rng.below(8000));
         tokio::select! {
             () = tokio::time::sleep(hold) => {}
             () = permit.lost() => op.lost_us = Some(self.rec.now()),
+        }
+        if let Some(v) = self.validity(&permit) {
+            valid_until = valid_until.max(v);
         }
         if op.lost_us.is_none() && self.rng.below(100) < 10 {
             // lost() is watched during the refresh too: it may fire while the call waits.
@@ -214,10 +248,13 @@ impl Task {
                 }
             }
         }
+        if let Some(v) = self.validity(&permit) {
+            valid_until = valid_until.max(v);
+        }
         if op.lost_us.is_none() && !permit.is_held() {
             op.lost_us = Some(self.rec.now());
         }
-        op.valid_until_us = Some(self.rec.at(permit.expires_at().into_std()));
+        op.valid_until_us = Some(valid_until);
         let end = self.rng.below(100);
         if end < 10 {
             op.end = Some("drop".into());
@@ -238,9 +275,15 @@ impl Task {
     }
 
     async fn permit_round(&mut self) {
-        let sem = self.permits[self.rng.below(self.permits.len() as u64) as usize].clone();
+        let (sem, initial) =
+            self.permits[self.rng.below(self.permits.len() as u64) as usize].clone();
         let kind = self.rng.below(100);
-        let n = 1 + self.rng.below(2);
+        let mut n = 1 + self.rng.below(2);
+        if kind >= 70 {
+            // A wait without a limit asks for no more than there are: a request for more
+            // would head the queue until an `add` came along, and block every other task.
+            n = n.min(u64::from(initial.max(1)));
+        }
         let mut op = PermitOp {
             client: self.client,
             task: self.task,
@@ -258,23 +301,30 @@ impl Task {
                 add.inv_us = self.rec.now();
                 let r = sem.add_permits(delta).await;
                 add.ret_us = self.rec.now();
+                let added = r.is_ok();
                 add.outcome = match r {
                     Ok(()) => "ok".into(),
                     Err(e) => outcome(&e),
                 };
                 self.rec.push(Record::Permit(add));
                 tokio::time::sleep(Duration::from_micros(self.rng.below(5000))).await;
+                if !added {
+                    // Taking away a permit whose addition failed would leave one fewer for
+                    // good (the second long run's `q` ended at -2 that way).
+                    break;
+                }
             }
             return;
         }
         op.inv_us = self.rec.now();
-        let result: Result<i64, String> = if kind < 14 {
+        let result: Result<i64, String> = if kind < 14 && self.drain {
             op.op = "drain".into();
             sem.drain_permits()
                 .await
                 .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
                 .map_err(|e| outcome(&e))
         } else if kind < 40 {
+            // (`try` also takes the drains' share where there are none.)
             op.op = "try".into();
             sem.try_acquire(n32)
                 .await
@@ -294,11 +344,18 @@ impl Task {
                 Ok(r) => r.map(|()| op.n).map_err(|e| outcome(&e)),
                 Err(_) => Err("cancelled".into()),
             }
+        } else if let Some(limit) = self.permit_wait_limit {
+            op.op = "timeout".into();
+            tokio::select! {
+                r = sem.acquire_timeout(n32, limit) => r.map(|()| op.n).map_err(|e| outcome(&e)),
+                () = self.stopped() => Err("stopped".into()),
+            }
         } else {
             op.op = "acquire".into();
             tokio::select! {
                 r = sem.acquire(n32) => r.map(|()| op.n).map_err(|e| outcome(&e)),
                 () = self.stopped() => Err("stopped".into()),
+                () = tokio::time::sleep(PERMIT_WAIT_GUARD) => Err("cancelled".into()),
             }
         };
         op.ret_us = self.rec.now();
@@ -322,7 +379,42 @@ impl Task {
                 Err(e) => outcome(&e),
             });
         }
+        let failed_release = op.release_outcome.as_deref().is_some_and(|o| o != "ok");
+        let (name, client, task) = (op.name.clone(), op.client, op.task);
         self.rec.push(Record::Permit(op));
+        if failed_release {
+            self.make_up(&sem, &name, client, task, taken).await;
+        }
+    }
+
+    /// Give back `n` permits whose release failed, with `add_permits`, as an operator would:
+    /// a failed release cannot be resent safely (a new call has a new id, and the first may
+    /// have been applied), and a permit semaphore has no lease to end what it kept. Each
+    /// attempt is recorded as an `add`, so the ledger counts it (if the release was applied
+    /// after all, the semaphore has `n` more permits, which the ledger allows).
+    async fn make_up(&self, sem: &PermitSemaphore, name: &str, client: u32, task: u32, n: i64) {
+        for _ in 0..50 {
+            let mut add = PermitOp {
+                client,
+                task,
+                name: name.to_owned(),
+                op: "add".into(),
+                n,
+                ..PermitOp::default()
+            };
+            add.inv_us = self.rec.now();
+            let r = sem.add_permits(n).await;
+            add.ret_us = self.rec.now();
+            add.outcome = match &r {
+                Ok(()) => "ok".into(),
+                Err(e) => outcome(e),
+            };
+            self.rec.push(Record::Permit(add));
+            if r.is_ok() || *self.stop.borrow() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn latch_round(&mut self, epoch: &mut u64) {
