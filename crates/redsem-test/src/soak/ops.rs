@@ -83,6 +83,19 @@ fn outcome(err: &redsem::Error) -> String {
     }
 }
 
+/// Whether `err` is the server's `LOADING` refusal (it ran nothing).
+fn loading(err: &redsem::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(redis_err) = cause.downcast_ref::<redis::RedisError>() {
+            return redis_err.kind()
+                == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading);
+        }
+        source = cause.source();
+    }
+    false
+}
+
 /// How long a permit wait without a limit may last before the task gives it up (drops it, as
 /// `cancel` does): a permit lost for good would otherwise block the task to the end.
 const PERMIT_WAIT_GUARD: Duration = Duration::from_secs(10);
@@ -369,17 +382,19 @@ impl Task {
         };
         op.outcome = "ok".into();
         op.n = taken;
+        let mut failed_release = false;
         if taken > 0 {
             tokio::time::sleep(Duration::from_micros(self.rng.below(8000))).await;
             op.release_inv_us = Some(self.rec.now());
             let r = sem.release(u32::try_from(taken).unwrap_or(u32::MAX)).await;
             op.release_ret_us = Some(self.rec.now());
+            // `NotReplicated`: applied on the primary; lost only if a failover follows.
+            failed_release = matches!(&r, Err(e) if !e.is_not_replicated());
             op.release_outcome = Some(match r {
                 Ok(()) => "ok".into(),
                 Err(e) => outcome(&e),
             });
         }
-        let failed_release = op.release_outcome.as_deref().is_some_and(|o| o != "ok");
         let (name, client, task) = (op.name.clone(), op.client, op.task);
         self.rec.push(Record::Permit(op));
         if failed_release {
@@ -389,11 +404,13 @@ impl Task {
 
     /// Give back `n` permits whose release failed, with `add_permits`, as an operator would:
     /// a failed release cannot be resent safely (a new call has a new id, and the first may
-    /// have been applied), and a permit semaphore has no lease to end what it kept. Each
-    /// attempt is recorded as an `add`, so the ledger counts it (if the release was applied
-    /// after all, the semaphore has `n` more permits, which the ledger allows).
+    /// have been applied), and a permit semaphore has no lease to end what it kept. Recorded
+    /// as an `add`, so the ledger counts it (if the release was applied after all, the
+    /// semaphore has `n` more permits, which the ledger allows). Tried once more only after
+    /// an error that says the server did not run it (`LOADING`): resending an addition that
+    /// may have been applied would add again (a Sentinel run so ended with 36 permits of 3).
     async fn make_up(&self, sem: &PermitSemaphore, name: &str, client: u32, task: u32, n: i64) {
-        for _ in 0..50 {
+        for _ in 0..20 {
             let mut add = PermitOp {
                 client,
                 task,
@@ -410,7 +427,8 @@ impl Task {
                 Err(e) => outcome(e),
             };
             self.rec.push(Record::Permit(add));
-            if r.is_ok() || *self.stop.borrow() {
+            let not_run = matches!(&r, Err(e) if loading(e));
+            if !not_run || *self.stop.borrow() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
