@@ -314,7 +314,10 @@ impl Task {
                 add.inv_us = self.rec.now();
                 let r = sem.add_permits(delta).await;
                 add.ret_us = self.rec.now();
-                let added = r.is_ok();
+                // `NotReplicated`: the primary added it; take it away as after a success.
+                let added = r
+                    .as_ref()
+                    .map_or_else(redsem::Error::is_not_replicated, |()| true);
                 add.outcome = match r {
                     Ok(()) => "ok".into(),
                     Err(e) => outcome(&e),
