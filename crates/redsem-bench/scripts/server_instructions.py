@@ -38,18 +38,14 @@ OPS = {
     "permit": ["permit_acquire", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
                "permit_available", "permit_drain", "permit_delete"],
 }
-# The polling baseline's attempt, as redsem-bench's sem.rs sends it.
-POLL_ATTEMPT = """
-local key, limit, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
-local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now - lease)
-if redis.call('ZCARD', key) >= limit then
-  return 0
-end
-redis.call('ZADD', key, now, id)
-redis.call('PEXPIRE', key, lease)
-return 1
-"""
+SEM_RS = os.path.join(HERE, "..", "src", "sem.rs")
+
+
+def poll_attempt():
+    """The polling baseline's attempt script, read from redsem-bench's sem.rs (POLL_ATTEMPT)."""
+    source = open(SEM_RS).read()
+    start = source.index('const POLL_ATTEMPT: &str = r"') + len('const POLL_ATTEMPT: &str = r"')
+    return source[start:source.index('";', start)]
 
 
 def library():
@@ -118,7 +114,7 @@ def main():
     r = server.r
     try:
         r.function_load(library(), replace=True)
-        poll = r.script_load(POLL_ATTEMPT)
+        poll = r.script_load(poll_attempt())
 
         def measure(label, commands, cycles):
             server.count()
