@@ -162,3 +162,47 @@ async fn a_permit_released_by_id_elsewhere_answers_not_held() {
         .expect_err("released by someone else");
     assert!(matches!(err, redsem::Error::NotHeld { .. }), "{err:?}");
 }
+
+/// A group commit whose reply is lost (the script ran, the connection dropped): each try in
+/// it is resent once with its own id and answers as the batch did, so no grant is given
+/// away twice or left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tries_in_a_batch_whose_reply_is_lost_are_resent_and_keep_their_grants() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let redsem = connect_url(&proxy.url()).await;
+    let sem = redsem
+        .lease_semaphore_with("s", 4, LeaseOptions::default().keepalive(false))
+        .expect("semaphore");
+    // The library loaded first, so the reply lost is a batch's.
+    sem.status().await.expect("status");
+    proxy.drop_reply_after(b"_lease_batch");
+    let tries: Vec<_> = (0..12)
+        .map(|_| {
+            let sem = sem.clone();
+            tokio::spawn(async move { sem.try_acquire().await })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for t in tries {
+        match within(LIMIT, "try", t).await.expect("task") {
+            Ok(permit) => granted.push(permit),
+            Err(e) => assert!(e.is_not_acquired(), "{e:?}"),
+        }
+    }
+    assert_eq!(proxy.triggered(), 1, "a batch's reply was lost");
+    let observer = ctx.redsem.lease_semaphore("s", 4).expect("semaphore");
+    let status = observer.status().await.expect("status");
+    assert_eq!(granted.len(), 4);
+    let mut held: Vec<String> = status.holders.iter().map(|h| h.id.to_string()).collect();
+    let mut ours: Vec<String> = granted.iter().map(|p| p.id().to_string()).collect();
+    held.sort();
+    ours.sort();
+    assert_eq!(
+        held, ours,
+        "the server's holders are the permits the tries returned"
+    );
+    for permit in granted {
+        permit.release().await.expect("release");
+    }
+}
