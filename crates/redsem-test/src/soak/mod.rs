@@ -420,11 +420,10 @@ fn run(args: &Args) -> Vec<Record> {
                             ),
                             weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
                             // Across a failover permits can be lost for good (a release or
-                            // a give-back the new primary missed; a drain not acknowledged
-                            // keeps what it took, docs/SOAK.md): waits get a limit there,
-                            // and drains are left out.
+                            // a give-back the new primary missed, docs/SOAK.md): waits get
+                            // a limit there.
                             permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
-                            drain: !sentinel,
+                            drain: true,
                         };
                         handles.push(tokio::spawn(task.run()));
                     }

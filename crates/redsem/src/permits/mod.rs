@@ -416,6 +416,10 @@ impl PermitSemaphore {
     /// once with the same id, and the repeat answers the amount the first attempt took
     /// (permits released in between stay available).
     ///
+    /// With [`replica_acks`](crate::RedsemOptions::replica_acks), a drain fewer replicas
+    /// acknowledged gives back what it took before it fails with [`Error::NotReplicated`], as
+    /// an acquire does: nothing is held.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -428,7 +432,8 @@ impl PermitSemaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`], [`Error::Unavailable`].
+    /// [`Error::WrongType`], [`Error::Unavailable`], [`Error::NotReplicated`] (the permits
+    /// taken were given back).
     ///
     /// # Cancel safety
     ///
@@ -436,10 +441,31 @@ impl PermitSemaphore {
     pub async fn drain_permits(&self) -> Result<u64> {
         let inner = &self.inner;
         let request = PermitId::random();
-        retry_once("drain_permits", || async {
-            script::permit_drain(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
+        let (taken, unconfirmed) = retry_once("drain_permits", || async {
+            let (taken, unconfirmed) =
+                script::permit_drain(&mut inner.redsem.conn(), &inner.keys, request.as_str())
+                    .await?;
+            match unconfirmed {
+                // A `WAIT` that did not answer is sent again with the drain (same id).
+                Some(err) if !err.is_not_replicated() => Err(err),
+                unconfirmed => Ok((taken, unconfirmed)),
+            }
         })
-        .await
+        .await?;
+        let Some(err) = unconfirmed else {
+            return Ok(taken);
+        };
+        if taken > 0 {
+            // A count is at most MAX_PERMITS; what a drain took fits an addition.
+            let back = i64::try_from(taken).unwrap_or(MAX_PERMITS);
+            if let Err(back) = self.add(back, "drain_give_back").await
+                && !back.is_not_replicated()
+            {
+                tracing::warn!(error = %crate::error::Chain(&back), permits = taken,
+                    "could not give back a drain the replicas did not acknowledge");
+            }
+        }
+        Err(err)
     }
 
     /// Remove the semaphore: its count and its queue. Returns true if its count was set.

@@ -11,7 +11,7 @@ use super::library::{
     PERMIT_TRY_SET, PERMIT_WITHDRAW, Scripting,
 };
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys::PermitKeys;
 
 /// What `permit_acquire` and `permit_poll` answer.
@@ -184,12 +184,14 @@ pub(crate) async fn permit_available(
     })
 }
 
-/// The number of permits taken (by this call, or by an earlier call with the same request id).
+/// The number of permits taken (by this call, or by an earlier call with the same request id),
+/// and why the drain is not confirmed, if it is not: the caller gives back what it took when
+/// the replicas did not acknowledge.
 pub(crate) async fn permit_drain(
     conn: &mut impl Scripting,
     keys: &PermitKeys,
     request: &str,
-) -> Result<u64> {
+) -> Result<(u64, Option<Error>)> {
     let acked = PERMIT_DRAIN
         .key(&keys.all[..])
         .arg(request)
@@ -199,7 +201,7 @@ pub(crate) async fn permit_drain(
     if r.status != "DRAINED" {
         return Err(r.unexpected());
     }
-    confirmed(r.uint()?, acked.unconfirmed)
+    Ok((r.uint()?, acked.unconfirmed))
 }
 
 /// True if the count was set.

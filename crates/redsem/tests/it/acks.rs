@@ -369,6 +369,43 @@ async fn permits_granted_without_acknowledgement_are_given_back() {
 }
 
 #[tokio::test]
+async fn a_drain_not_acknowledged_gives_back_what_it_took() {
+    let pair = Pair::start();
+    let acking = pair.acking().await;
+    let plain = pair.client(RedsemOptions::default()).await;
+    let pool = acking.permit_semaphore("pool").expect("handle");
+    let other = plain.permit_semaphore("pool").expect("handle");
+    within(LIMIT, "set", pool.try_set_permits(3))
+        .await
+        .expect("set and acknowledged");
+    {
+        let _frozen = pair.freeze_replica();
+        let got = within(LIMIT, "drain_permits", pool.drain_permits()).await;
+        println!("drain_permits with the replica frozen: {got:?}");
+        assert_not_replicated(got, 1, 0);
+        // The 3 it took are free again: nothing is held after the error.
+        let available = within(LIMIT, "available", other.available_permits())
+            .await
+            .expect("available");
+        assert_eq!(available, 3, "the drained permits were given back");
+    }
+    pair.assert_replica_agrees();
+    // Acknowledged, the same drain keeps what it took.
+    assert_eq!(
+        within(LIMIT, "drain_permits", pool.drain_permits())
+            .await
+            .expect("acknowledged"),
+        3
+    );
+    assert_eq!(
+        within(LIMIT, "available", other.available_permits())
+            .await
+            .expect("available"),
+        0
+    );
+}
+
+#[tokio::test]
 async fn a_count_down_not_acknowledged_is_applied_and_reported() {
     let pair = Pair::start();
     let acking = pair.acking().await;

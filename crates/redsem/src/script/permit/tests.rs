@@ -275,20 +275,20 @@ async fn drain_takes_what_is_available_and_leaves_a_negative_count_alone() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     assert_eq!(
-        permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+        permit_drain(&mut conn, &pk(), "d1").await.expect("drain").0,
         0
     );
     let exists: bool = conn.exists(&pk().all[0]).await.expect("exists");
     assert!(!exists, "draining a semaphore never set does not set it");
     add(&mut conn, "r1", 5).await;
     assert_eq!(
-        permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+        permit_drain(&mut conn, &pk(), "d2").await.expect("drain").0,
         5
     );
     assert_eq!(available(&mut conn).await, 0);
     add(&mut conn, "r2", -3).await;
     assert_eq!(
-        permit_drain(&mut conn, &pk(), "d3").await.expect("drain"),
+        permit_drain(&mut conn, &pk(), "d3").await.expect("drain").0,
         0
     );
     assert_eq!(available(&mut conn).await, -3);
@@ -437,17 +437,20 @@ async fn a_drain_repeated_with_the_same_request_id_answers_the_same_and_takes_on
     let mut conn = connect(&server).await;
     add(&mut conn, "r1", 5).await;
     assert_eq!(
-        permit_drain(&mut conn, &pk(), "d1").await.expect("drain"),
+        permit_drain(&mut conn, &pk(), "d1").await.expect("drain").0,
         5
     );
     // Released by someone else before the resent drain arrives.
     add(&mut conn, "r2", 2).await;
-    let again = permit_drain(&mut conn, &pk(), "d1").await.expect("resent");
+    let again = permit_drain(&mut conn, &pk(), "d1")
+        .await
+        .expect("resent")
+        .0;
     let left = available(&mut conn).await;
     println!("resent drain answered {again}, left {left} of the 2 released after it");
     assert_eq!((again, left), (5, 2), "the resend takes nothing more");
     assert_eq!(
-        permit_drain(&mut conn, &pk(), "d2").await.expect("drain"),
+        permit_drain(&mut conn, &pk(), "d2").await.expect("drain").0,
         2
     );
 }
@@ -496,8 +499,8 @@ async fn every_mutating_permit_script_repeated_with_its_id_is_applied_once() {
         Withdrawal::Unknown
     );
     assert_eq!(available(&mut conn).await, 2);
-    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain"), 2);
-    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("resent"), 2);
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain").0, 2);
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("resent").0, 2);
     assert_eq!(available(&mut conn).await, 0);
 }
 
