@@ -242,7 +242,11 @@ impl RedsemOptions {
     /// * `WAIT` counts the replicas holding what its own connection wrote. A change resent
     ///   after a lost reply (the connection dropped) that the script answers from its memory
     ///   of the first attempt, writing nothing, is confirmed on the new connection without
-    ///   telling whether the first attempt's write reached the replicas.
+    ///   telling whether the first attempt's write reached the replicas. The same holds for
+    ///   the caller's own second try after [`Error::NotReplicated`](crate::Error::NotReplicated):
+    ///   the change is on the primary, so `try_set_count` (or `try_set_permits`) answers
+    ///   `false`, "already set", from the unacknowledged set, and a failover can still lose
+    ///   it. Until a later change is acknowledged, treat such a change as uncertain.
     /// * The user needs the right to run `WAIT` (`+wait`; [`acl_rules`](Self::acl_rules) adds
     ///   it when this option is set).
     ///
