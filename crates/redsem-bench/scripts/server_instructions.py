@@ -13,6 +13,9 @@ server executes per cycle (network handling, command dispatch and the scripts):
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
   permits     permit semaphore try_acquire(1) + release(1)
+  p-contend   8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
+              queue a new waiter, one call each
+  p-batched   the same, 8 cycles to one permit_batch call (group commit)
 
 Usage: python3 crates/redsem-bench/scripts/server_instructions.py [cycles]   (default 300)
 Needs valgrind, redis-server and the `redis` Python package.
@@ -35,7 +38,7 @@ OPS = {
     "latch": ["latch_try_set", "latch_count_down", "latch_state", "latch_delete"],
     "lease": ["lease_acquire", "lease_batch", "lease_poll", "lease_refresh", "lease_release",
               "lease_status", "lease_set_capacity", "lease_tidy"],
-    "permit": ["permit_acquire", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
+    "permit": ["permit_acquire", "permit_batch", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
                "permit_available", "permit_drain", "permit_delete"],
 }
 SEM_RS = os.path.join(HERE, "..", "src", "sem.rs")
@@ -187,6 +190,33 @@ def main():
             commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c"])
             commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1])
         measure("permits", commands, CYCLES)
+
+        def permits_contended(name, per_call):
+            """8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
+            queue a new waiter; `per_call` cycles to one permit_batch call (1: one call each)."""
+            q = [f"b:{{permits:{name}}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8)
+            for _ in range(64):
+                r.execute_command("FCALL", "rx_permit_acquire", 6, *q, uuid.uuid4().hex, 1, "wait", 30000, "c")
+            commands = []
+            for _ in range(CYCLES // per_call):
+                ops = []
+                for _ in range(per_call):
+                    rid, pid = uuid.uuid4().hex, uuid.uuid4().hex
+                    if per_call == 1:
+                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1])
+                        commands.append(["FCALL", "rx_permit_acquire", 6, *q, pid, 1, "wait", 30000, "c"])
+                    else:
+                        ops += ["m", rid, 1, "a", pid, 1, "wait", 30000]
+                if ops:
+                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", *ops])
+            return commands
+
+        measure("p-contend", permits_contended("pc", 1), CYCLES)
+        if os.path.exists(os.path.join(LUA, "permit_batch.lua")):
+            measure("p-batched", permits_contended("pb", 8), CYCLES // 8 * 8)
+            if r.hget("b:{permits:pb}:records", "qlen") != "56":
+                raise SystemExit("the batched permit run did not keep 56 waiters queued")
     finally:
         server.stop()
 

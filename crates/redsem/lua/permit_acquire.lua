@@ -10,33 +10,6 @@
 -- A repeated id (a resend after a lost reply) answers as a poll would: the same request is
 -- never granted or queued twice. A new wait request is never granted past the queue, and
 -- never granted more than the count holds.
-local name = 'r:' .. ARGV[1]
 return run(function()
-  local id, k, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-  local lease, channel = tonumber(ARGV[4]), ARGV[5]
-  if S[name] then
-    return check_in(id, lease)
-  end
-
-  local count, position = S.count or 0, S.qlen
-  if position == 0 and count >= k then
-    remember(name)
-    add(-k)
-    put(name, 'c|' .. ARGV[2])
-    return { 'GRANTED' }
-  end
-  if mode ~= 'wait' then
-    return { 'BUSY', count, position }
-  end
-
-  -- Each write is counted in records as soon as it is made, so a foreign value found at the
-  -- next key leaves nothing uncounted.
-  local reply = queued(id, lease, position)
-  local ticket = call(META, 'HINCRBY', META, 'seq', 1)
-  S.fresh_meta = ticket == 1
-  call(QUEUE, 'ZADD', QUEUE, ticket, id)
-  S.fresh_queue = position == 0
-  put('qlen', position + 1)
-  put(name, string.format('w|%d|%d|%s', k, S.now, channel))
-  return reply
-end, name)
+  return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
+end, 'r:' .. ARGV[1])

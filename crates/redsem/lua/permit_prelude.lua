@@ -179,13 +179,21 @@ local function check_in(id, lease)
   return { 'GRANTED' }
 end
 
--- Read the time, the fields of records (and the field `name`, if given) and the count (with
+-- Read the time, the fields of records (and the field `name`, or each of the list `name`,
+-- if given) and the count (with
 -- mode "lazy", only if this call needs it: else S.unread is set). True if there is
 -- bookkeeping to settle.
 local function load(name, mode)
   local now = clock()
-  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide',
-    name or 'keep')
+  local r
+  if type(name) == 'table' then
+    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', unpack(name))
+    for i, each in ipairs(name) do
+      S[each] = r[7 + i]
+    end
+  else
+    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', name or 'keep')
+  end
   -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
   S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
   S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
@@ -193,7 +201,7 @@ local function load(name, mode)
   S.wnext = r[4] and tonumber(r[4])
   S.live, S.wide = r[6], r[7]
   S.loaded = true
-  if name then
+  if type(name) == 'string' then
     S[name] = r[8]
   end
   if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
@@ -336,6 +344,103 @@ local function begin(keys)
   COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
   start(RECORDS, expected, HOOKS)
   S.taken, S.need, S.steps = 0, 0, 0
+end
+
+-- The operations that a group commit (permit_batch) applies one after another, and that
+-- permit_acquire, permit_add and permit_withdraw apply alone.
+
+-- A new request `id` for `digits` permits (as given): granted now if nobody waits and the
+-- count holds them, else (mode "wait") queued; a known id checks in instead. Each write is
+-- counted in records as soon as it is made, so a foreign value found at the next key leaves
+-- nothing uncounted.
+local function acquire_op(id, digits, mode, lease, channel)
+  local name = 'r:' .. id
+  if S[name] then
+    return check_in(id, lease)
+  end
+  local k = tonumber(digits)
+  local count, position = S.count or 0, S.qlen
+  if position == 0 and count >= k then
+    remember(name)
+    add(-k)
+    put(name, 'c|' .. digits)
+    return { 'GRANTED' }
+  end
+  if mode ~= 'wait' then
+    return { 'BUSY', count, position }
+  end
+  local reply = queued(id, lease, position)
+  local ticket = call(META, 'HINCRBY', META, 'seq', 1)
+  S.fresh_meta = S.fresh_meta or ticket == 1
+  call(QUEUE, 'ZADD', QUEUE, ticket, id)
+  S.fresh_queue = S.fresh_queue or position == 0
+  put('qlen', position + 1)
+  put(name, string.format('w|%d|%d|%s', k, S.now, channel))
+  return reply
+end
+
+-- Add `digits` (an integer as given, may be negative) to the count, once per request id,
+-- then hand what is available to the head of the queue.
+local function add_op(id, digits)
+  local name, delta = 'm:' .. id, tonumber(digits)
+  if not remember(name, true) then
+    if S.unread then
+      read_count()
+    end
+    return { 'REPEATED', S.count or 0 }
+  end
+  if S.unread and math.abs(delta) <= MAX_INT then
+    -- Nobody waits and no grant is given back: add first, look after.
+    local count = call(COUNT, 'INCRBY', COUNT, digits)
+    if math.abs(count) <= MAX_INT then
+      S.count, S.unread = count, false
+      return { 'ADDED', count }
+    end
+    S.count, S.unread = redis.call('DECRBY', COUNT, digits), false
+  elseif S.unread then
+    read_count()
+  end
+  local count = S.count or 0
+  if math.abs(count + delta) > MAX_INT then
+    -- Nothing changes, so the id is not remembered either.
+    redis.call('ZREM', APPLIED, name)
+    if S.fresh_applied then
+      S.fresh_applied, S.need = false, 0
+      put('prune', false)
+    end
+    return { 'RANGE', count }
+  end
+  if math.abs(delta) > MAX_INT then
+    -- Not exact as a double: let Redis add the digits.
+    redis.call('INCRBY', COUNT, digits)
+    S.count = count + delta
+  else
+    add(delta)
+  end
+  promote()
+  return { 'ADDED', S.count }
+end
+
+-- The request `id` leaves: permits handed to it (collected or not: its caller never learned
+-- of them) are given back, and the id is remembered as withdrawn.
+local function withdraw_op(id)
+  local name = 'r:' .. id
+  local st, k = parse(S[name])
+  remember(name)
+  local result = { 'UNKNOWN' }
+  if st == 'w' then
+    put('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, id), 0))
+    result = { 'WITHDRAWN' }
+  elseif st == 'g' or st == 'c' then
+    add(k)
+    result = { 'RETURNED', k }
+  end
+  if st == 'w' or st == 'g' then
+    put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
+  end
+  put(name, 'x')
+  promote()
+  return result
 end
 
 ---------------------------------------------------------------------------------------

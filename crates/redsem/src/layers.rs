@@ -24,8 +24,8 @@ const LAYERS: &[&[&str]] = &[
     &["notify"],
     // `Redsem`: connections, options, server checks, notifier, background clean-up.
     &["client"],
-    // The waiting engine.
-    &["wait"],
+    // The waiting engine; group commit.
+    &["wait", "batch"],
     &["lease", "permits"],
     &["mutex", "latch"],
     // Every `Redsem::<primitive>` factory method.

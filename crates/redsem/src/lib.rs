@@ -105,6 +105,7 @@
     )
 )]
 
+mod batch;
 #[cfg(feature = "blocking")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
 pub mod blocking;

@@ -286,7 +286,7 @@ impl RedsemOptions {
     }
 
     /// Group commit (default on): the acquires, releases and withdrawals that this
-    /// client's tasks have in flight on one lease semaphore go to Redis in one call, which
+    /// client's tasks have in flight on one lease or permit semaphore go to Redis in one call, which
     /// reads the time and the state once and writes back once, applying them in order with
     /// the outcomes each would have had alone. It costs Redis less per operation when many
     /// tasks share a semaphore, and nothing when one does: no call waits for a batch to fill

@@ -1,6 +1,6 @@
 //! The fair lease semaphore: `LeaseSemaphore` hands out `LeasePermit`s.
 
-pub(crate) mod batch;
+mod batch;
 mod options;
 mod permit;
 mod request;
@@ -16,6 +16,7 @@ pub use options::LeaseOptions;
 pub use permit::LeasePermit;
 pub use status::{Holder, Status, Waiter};
 
+use crate::batch::Batcher;
 use crate::client::Redsem;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
@@ -71,7 +72,7 @@ pub(crate) struct SemInner {
     pub(crate) meter: Meter,
     /// The client's group commit on this semaphore (`None`: one call per operation, see
     /// [`RedsemOptions::group_commit`](crate::RedsemOptions::group_commit)).
-    pub(crate) batcher: Option<Arc<batch::Batcher>>,
+    pub(crate) batcher: Option<Arc<Batcher<batch::LeaseGroup>>>,
 }
 
 impl LeaseSemaphore {
@@ -92,8 +93,11 @@ impl LeaseSemaphore {
         let keys = LeaseKeys::new(redsem.prefix(), name);
         let meter = Meter::new(primitive, name, &redsem.shared.metric_names);
         let batcher = redsem.group_commit().then(|| {
-            let (client, batch_keys) = (redsem.clone(), keys.clone());
-            redsem.shared_for(&keys.all[2], || batch::Batcher::new(client, batch_keys))
+            let group = batch::LeaseGroup {
+                redsem: redsem.clone(),
+                keys: keys.clone(),
+            };
+            redsem.shared_for(&keys.all[2], || Batcher::new(group))
         });
         Ok(LeaseSemaphore {
             inner: Arc::new(SemInner {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tracing::Instrument as _;
 
+use crate::batch::Batcher;
 use crate::client::Redsem;
 #[cfg(doc)]
 use crate::error::Error;
@@ -17,6 +18,7 @@ use crate::script::{self, Addition};
 use crate::types::PermitId;
 use crate::wait::{self, Patience, Queue};
 
+mod batch;
 mod options;
 mod request;
 
@@ -93,6 +95,9 @@ struct PermitInner {
     meter: Meter,
     /// [`PermitOptions::permits`] was applied (reset when the queue vanished).
     ensured: AtomicBool,
+    /// The client's group commit on this semaphore (`None`: one call per operation, see
+    /// [`RedsemOptions::group_commit`](crate::RedsemOptions::group_commit)).
+    batcher: Option<Arc<Batcher<batch::PermitGroup>>>,
 }
 
 impl PermitSemaphore {
@@ -103,14 +108,23 @@ impl PermitSemaphore {
             return Err(invalid("the semaphore name must not be empty"));
         }
         options.validate()?;
+        let keys = PermitKeys::new(redsem.prefix(), name);
+        let batcher = redsem.group_commit().then(|| {
+            let group = batch::PermitGroup {
+                redsem: redsem.clone(),
+                keys: keys.clone(),
+            };
+            redsem.shared_for(&keys.all[3], || Batcher::new(group))
+        });
         Ok(PermitSemaphore {
             inner: Arc::new(PermitInner {
                 redsem: redsem.clone(),
                 name: name.to_owned(),
-                keys: PermitKeys::new(redsem.prefix(), name),
+                keys,
                 options,
                 meter: Meter::new("permits", name, &redsem.shared.metric_names),
                 ensured: AtomicBool::new(false),
+                batcher,
             }),
         })
     }
@@ -505,13 +519,17 @@ impl PermitSemaphore {
         };
         span.record("units", delta);
         let added = retry_once(what, || async {
-            script::permit_add(
-                &mut inner.redsem.conn(),
-                &inner.keys,
-                request.as_str(),
-                delta,
-            )
-            .await
+            match &inner.batcher {
+                Some(batcher) => {
+                    let op = script::PermitOp::add(request.as_str(), delta);
+                    let (reply, unconfirmed) = batcher.submit(op).await?;
+                    script::added(script::Acked { reply, unconfirmed })
+                }
+                None => {
+                    let mut conn = inner.redsem.conn();
+                    script::permit_add(&mut conn, &inner.keys, request.as_str(), delta).await
+                }
+            }
         })
         .instrument(span)
         .await?;
@@ -568,8 +586,19 @@ impl Queue for PermitInner {
     }
 
     async fn withdraw(&self, id: &str) -> Result<()> {
-        script::permit_withdraw(&mut self.redsem.conn_unacked(), &self.keys, id)
-            .await
-            .map(drop)
+        match &self.batcher {
+            // After the acquire it withdraws, which may still wait in the batcher.
+            Some(batcher) => {
+                let (reply, _) = batcher.submit(script::PermitOp::withdraw(id)).await?;
+                script::withdrawn(script::Acked {
+                    reply,
+                    unconfirmed: None,
+                })
+                .map(drop)
+            }
+            None => script::permit_withdraw(&mut self.redsem.conn_unacked(), &self.keys, id)
+                .await
+                .map(drop),
+        }
     }
 }

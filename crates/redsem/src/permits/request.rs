@@ -49,17 +49,21 @@ impl wait::Request for PermitRequest<'_> {
 
     async fn enqueue(&self, id: &str, wait: bool) -> Result<Answer<()>> {
         let inner = &self.sem.inner;
+        let lease = inner.options.waiter_lease;
         let reply = retry_once("acquire", || async {
-            script::permit_acquire(
-                &mut inner.redsem.conn(),
-                &inner.keys,
-                id,
-                self.permits,
-                wait,
-                inner.options.waiter_lease,
-                &inner.redsem.shared.wake_channel,
-            )
-            .await
+            match &inner.batcher {
+                Some(batcher) => {
+                    let op = script::PermitOp::acquire(id, self.permits, wait, lease);
+                    let (reply, unconfirmed) = batcher.submit(op).await?;
+                    script::permits_granted("permit_acquire", script::Acked { reply, unconfirmed })
+                }
+                None => {
+                    let channel = &inner.redsem.shared.wake_channel;
+                    let mut conn = inner.redsem.conn();
+                    let (keys, permits) = (&inner.keys, self.permits);
+                    script::permit_acquire(&mut conn, keys, id, permits, wait, lease, channel).await
+                }
+            }
         })
         .await?;
         Ok(self.answer(reply))

@@ -89,6 +89,7 @@ ops! {
     LEASE_SET_CAPACITY = Lease "lease_set_capacity";
     LEASE_TIDY = Lease "lease_tidy";
     PERMIT_ACQUIRE = Permit "permit_acquire";
+    PERMIT_BATCH = Permit "permit_batch";
     PERMIT_POLL = Permit "permit_poll";
     PERMIT_WITHDRAW = Permit "permit_withdraw";
     PERMIT_ADD = Permit "permit_add";

@@ -7,8 +7,8 @@ use redis::Value;
 
 use super::acks::Acked;
 use super::library::{
-    PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_AVAILABLE, PERMIT_DELETE, PERMIT_DRAIN, PERMIT_POLL,
-    PERMIT_TRY_SET, PERMIT_WITHDRAW, Scripting,
+    PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_AVAILABLE, PERMIT_BATCH, PERMIT_DELETE, PERMIT_DRAIN,
+    PERMIT_POLL, PERMIT_TRY_SET, PERMIT_WITHDRAW, Scripting,
 };
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
 use crate::error::{Error, Result};
@@ -92,7 +92,7 @@ pub(crate) async fn permit_poll(
 /// `WAIT`: permits granted without them fail the call with
 /// [`Error::NotReplicated`](crate::Error::NotReplicated); the waiting engine, which holds the
 /// request, gives them back ([`crate::wait`]).
-fn permits_granted(script: &'static str, acked: Acked) -> Result<PermitAcquire> {
+pub(crate) fn permits_granted(script: &'static str, acked: Acked) -> Result<PermitAcquire> {
     let outcome = decode_acquire(script, acked.reply)?;
     match (outcome, acked.unconfirmed) {
         (PermitAcquire::Granted, Some(why)) => Err(why),
@@ -110,6 +110,12 @@ pub(crate) async fn permit_withdraw(
         .arg(id)
         .invoke_acked(conn)
         .await?;
+    withdrawn(acked)
+}
+
+/// A withdrawal's answer: a change that gave permits back or left the queue must be
+/// confirmed; an unknown id changed nothing.
+pub(crate) fn withdrawn(acked: Acked) -> Result<Withdrawal> {
     match decode_withdrawal(acked.reply)? {
         Withdrawal::Unknown => Ok(Withdrawal::Unknown),
         changed => confirmed(changed, acked.unconfirmed),
@@ -139,6 +145,11 @@ pub(crate) async fn permit_add(
         .arg(delta)
         .invoke_acked(conn)
         .await?;
+    added(acked)
+}
+
+/// An addition's answer (applied, or applied before, must be confirmed).
+pub(crate) fn added(acked: Acked) -> Result<Addition> {
     let mut r = Reply::new("permit_add", acked.reply)?;
     let status = r.status.clone();
     match status.as_str() {
@@ -147,6 +158,103 @@ pub(crate) async fn permit_add(
         "RANGE" => Ok(Addition::OutOfRange(r.int()?)),
         _ => Err(r.unexpected()),
     }
+}
+
+/// One operation of a permit semaphore's group commit (`permit_batch`), its arguments
+/// encoded.
+#[derive(Debug, Clone)]
+pub(crate) struct PermitOp {
+    args: Vec<Vec<u8>>,
+    /// Whether its change waits for the replica acknowledgements the client asks for (a
+    /// withdrawal does not: see `Redsem::conn_unacked`).
+    pub(crate) acked: bool,
+}
+
+impl PermitOp {
+    /// A new request `id` for `permits`, as `permit_acquire` takes it (the channel is the
+    /// batch's).
+    pub(crate) fn acquire(id: &str, permits: u32, wait: bool, waiter_lease: Duration) -> Self {
+        let mode: &[u8] = if wait { b"wait" } else { b"try" };
+        PermitOp {
+            args: vec![
+                b"a".to_vec(),
+                id.as_bytes().to_vec(),
+                permits.to_string().into_bytes(),
+                mode.to_vec(),
+                millis(waiter_lease).to_string().into_bytes(),
+            ],
+            acked: true,
+        }
+    }
+
+    /// An addition of `delta` permits (a release) under the request id `id`.
+    pub(crate) fn add(id: &str, delta: i64) -> Self {
+        PermitOp {
+            args: vec![
+                b"m".to_vec(),
+                id.as_bytes().to_vec(),
+                delta.to_string().into_bytes(),
+            ],
+            acked: true,
+        }
+    }
+
+    /// A withdrawal of the request `id`.
+    pub(crate) fn withdraw(id: &str) -> Self {
+        PermitOp {
+            args: vec![b"w".to_vec(), id.as_bytes().to_vec()],
+            acked: false,
+        }
+    }
+}
+
+/// Apply `ops` in order in one call (`permit_batch`; one alone as its own script); each
+/// operation's reply in order, and why the changes are not confirmed, if they are not.
+/// `channel` is the caller's wake channel.
+pub(crate) async fn permit_batch(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    channel: &str,
+    ops: &[PermitOp],
+) -> Result<(Vec<Value>, Option<Error>)> {
+    let call = match ops {
+        [op] => match op.args.first().map(Vec::as_slice) {
+            Some(b"a") => op.args[1..]
+                .iter()
+                .fold(PERMIT_ACQUIRE.key(&keys.all[..]), |call, arg| {
+                    call.arg(&arg[..])
+                })
+                .arg(channel),
+            Some(b"m") => PERMIT_ADD
+                .key(&keys.all[..])
+                .arg(&op.args[1][..])
+                .arg(&op.args[2][..]),
+            _ => PERMIT_WITHDRAW.key(&keys.all[..]).arg(&op.args[1][..]),
+        },
+        _ => ops
+            .iter()
+            .flat_map(|op| &op.args)
+            .fold(PERMIT_BATCH.key(&keys.all[..]).arg(channel), |call, arg| {
+                call.arg(&arg[..])
+            }),
+    };
+    let acked = call.invoke_acked(conn).await?;
+    if ops.len() == 1 {
+        return Ok((vec![acked.reply], acked.unconfirmed));
+    }
+    let answered = matches!(&acked.reply, Value::Array(items) if matches!(items.first(), Some(Value::Array(_))));
+    if !answered {
+        // One status for the whole batch: a foreign value.
+        return Err(Reply::new("permit_batch", acked.reply)?.unexpected());
+    }
+    let replies = Reply::nested("permit_batch", acked.reply)?.array()?;
+    if replies.len() != ops.len() {
+        return Err(Error::Protocol {
+            script: "permit_batch",
+            detail: format!("{} replies to {} operations", replies.len(), ops.len()),
+        });
+    }
+    Ok((replies, acked.unconfirmed))
 }
 
 /// True if the count was set by this call (or by an earlier call with the same request id).

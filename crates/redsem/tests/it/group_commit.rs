@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redsem::{Error, LeaseOptions, LeasePermit, LeaseSemaphore, RedsemOptions};
+use redsem::{Error, LeaseOptions, LeasePermit, LeaseSemaphore, PermitSemaphore, RedsemOptions};
 
 use crate::support::{LIMIT, TestContext, connect_with, within};
 
@@ -215,4 +215,155 @@ async fn the_state_hash_is_kept_as_a_hash_table() {
     let layout: Option<String> = raw.hget(state, "layout").await.expect("HGET");
     assert_eq!(layout.as_deref(), Some("1"));
     permit.release().await.expect("release");
+}
+
+/// 16 tasks try to take one permit each at the same moment (the library loaded and the
+/// server's command counts reset first): how many got one, and how many were refused.
+async fn sixteen_permit_tries(ctx: &TestContext, pool: &PermitSemaphore) -> (usize, usize) {
+    pool.available_permits().await.expect("available");
+    ctx.reset_stats().await;
+    let tries: Vec<_> = (0..16)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.try_acquire(1).await })
+        })
+        .collect();
+    let (mut granted, mut refused) = (0, 0);
+    for t in tries {
+        match within(LIMIT, "try", t).await.expect("task") {
+            Ok(()) => granted += 1,
+            Err(Error::NotEnoughPermits { .. }) => refused += 1,
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    (granted, refused)
+}
+
+/// The permit semaphore's tasks share calls too, with the outcomes one call each would give:
+/// 4 permits, 16 concurrent tries: 4 taken, 12 refused; 4 concurrent releases give all back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_permit_tries_of_one_client_share_calls_and_keep_their_outcomes() {
+    let ctx = TestContext::start().await;
+    let pool = ctx.redsem.permit_semaphore("pool").expect("handle");
+    assert!(pool.try_set_permits(4).await.expect("set"));
+    let (granted, refused) = sixteen_permit_tries(&ctx, &pool).await;
+    let calls = ctx.command_calls("fcall").await;
+    println!("16 concurrent permit tries: {calls} FCALL(s)");
+    assert_eq!((granted, refused), (4, 12));
+    assert!(calls < 16, "16 tries in {calls} calls: none shared one");
+    let releases: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.release(1).await })
+        })
+        .collect();
+    for r in releases {
+        within(LIMIT, "release", r)
+            .await
+            .expect("task")
+            .expect("release");
+    }
+    assert_eq!(pool.available_permits().await.expect("available"), 4);
+}
+
+/// Without group commit, each permit operation is one call, with the same outcomes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_group_commit_each_permit_operation_is_one_call() {
+    let ctx = TestContext::start().await;
+    let options = RedsemOptions::default().prefix("t").group_commit(false);
+    let redsem = connect_with(&ctx.server.url(), options)
+        .await
+        .expect("connect");
+    let pool = redsem.permit_semaphore("pool").expect("handle");
+    assert!(pool.try_set_permits(4).await.expect("set"));
+    let (granted, refused) = sixteen_permit_tries(&ctx, &pool).await;
+    assert_eq!((granted, refused), (4, 12));
+    assert_eq!(ctx.command_calls("fcall").await, 16);
+}
+
+/// Permit waiters of one client that queue at the same moment are served in their queue
+/// order: each release of one permit grants exactly the head of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_waiters_queued_together_are_served_in_queue_order() {
+    let ctx = TestContext::start().await;
+    let pool = ctx.redsem.permit_semaphore("pool").expect("handle");
+    assert!(pool.try_set_permits(0).await.expect("set"));
+    let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, tx) = (pool.clone(), tx.clone());
+            tokio::spawn(async move {
+                pool.acquire(1).await.expect("acquire");
+                let _ = tx.send(());
+            })
+        })
+        .collect();
+    let queue_key = "t:{permits:pool}:queue";
+    let mut raw = ctx.raw().await;
+    let queued = async {
+        loop {
+            let n: usize = raw.zcard(queue_key).await.expect("ZCARD");
+            if n == 8 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    within(LIMIT, "eight waiters queued", queued).await;
+    let queue: Vec<String> = raw.zrange(queue_key, 0, -1).await.expect("ZRANGE");
+    for served in 1..=8 {
+        pool.release(1).await.expect("release");
+        within(LIMIT, "a waiter served", granted.recv())
+            .await
+            .expect("a grant");
+        let left: Vec<String> = raw.zrange(queue_key, 0, -1).await.expect("ZRANGE");
+        assert_eq!(left, queue[served..], "release {served} served the head");
+    }
+    for t in tasks {
+        within(LIMIT, "waiter", t).await.expect("task");
+    }
+    assert_eq!(pool.available_permits().await.expect("available"), 0);
+}
+
+/// A permit request cancelled while its acquire may still wait in the batcher is withdrawn
+/// after it, never before: nothing is left queued, and no permit is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_request_cancelled_at_once_takes_nothing_and_leaves_nothing_queued() {
+    for group_commit in [true, false] {
+        cancelled_permit_requests(group_commit).await;
+    }
+}
+
+async fn cancelled_permit_requests(group_commit: bool) {
+    let ctx = TestContext::start().await;
+    let options = RedsemOptions::default()
+        .prefix("t")
+        .group_commit(group_commit);
+    let redsem = connect_with(&ctx.server.url(), options)
+        .await
+        .expect("connect");
+    let pool = redsem.permit_semaphore("pool").expect("handle");
+    assert!(pool.try_set_permits(2).await.expect("set"));
+    pool.try_acquire(1).await.expect("one taken");
+    for _ in 0..50 {
+        // Dropped after its first poll: the acquire of 2 is queued for a batch, or sent.
+        let acquire = pool.acquire(2);
+        let _ = tokio::time::timeout(Duration::from_micros(1), acquire).await;
+        // One permit is free: granted at once, given back when dropped (or, if it was
+        // answered before the timer's first tick, released here).
+        let acquire = pool.acquire(1);
+        if let Ok(got) = tokio::time::timeout(Duration::from_micros(1), acquire).await {
+            got.expect("acquire");
+            pool.release(1).await.expect("release");
+        }
+    }
+    within(LIMIT, "the withdrawals", redsem.flush()).await;
+    let mut raw = ctx.raw().await;
+    let queued: usize = raw.zcard("t:{permits:pool}:queue").await.expect("ZCARD");
+    assert_eq!(queued, 0, "left queued (group commit {group_commit})");
+    // What the 100 cancelled requests took came back: one permit free, as before them.
+    let available = pool.available_permits().await.expect("available");
+    assert_eq!(available, 1, "group commit {group_commit}");
+    pool.release(1).await.expect("release");
+    assert_eq!(pool.available_permits().await.expect("available"), 2);
 }

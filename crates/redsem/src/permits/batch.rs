@@ -1,0 +1,35 @@
+//! The permit semaphore's group commit (`lua/permit_batch.lua`; see [`crate::batch`]):
+//! acquires, additions (releases) and withdrawals.
+
+use crate::batch::{Group, Sent};
+use crate::client::Redsem;
+use crate::error::Result;
+use crate::keys::PermitKeys;
+use crate::script::{self, PermitOp};
+
+/// One client's batches on one permit semaphore.
+pub(crate) struct PermitGroup {
+    pub(crate) redsem: Redsem,
+    pub(crate) keys: PermitKeys,
+}
+
+impl Group for PermitGroup {
+    type Op = PermitOp;
+    const SCRIPT: &'static str = "permit_batch";
+
+    async fn send(&self, ops: Vec<PermitOp>) -> Result<Sent> {
+        // A batch of withdrawals only waits for no acknowledgement.
+        let mut conn = if ops.iter().any(|op| op.acked) {
+            self.redsem.conn()
+        } else {
+            self.redsem.conn_unacked()
+        };
+        let channel = &self.redsem.shared.wake_channel;
+        let (replies, unconfirmed) =
+            script::permit_batch(&mut conn, &self.keys, channel, &ops).await?;
+        Ok(Sent {
+            replies,
+            unconfirmed,
+        })
+    }
+}
