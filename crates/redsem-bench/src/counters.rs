@@ -1,4 +1,5 @@
-//! The S1 and S3 equivalents for `PermitSemaphore` and `CountDownLatch`.
+//! The S1 and S3 equivalents for `PermitSemaphore` and `CountDownLatch`, and S2's 64-task
+//! point for `PermitSemaphore`.
 //!
 //! To know that a waiter really waits before it is released, these read (never write) one
 //! key or channel of the layout in `docs/DESIGN.md`: the permit semaphore's `…:queue` zset and
@@ -13,7 +14,7 @@ use tokio::time::{Instant, timeout};
 
 use crate::BenchResult;
 use crate::admin::Admin;
-use crate::core::{CycleRun, HandoffRun, RawPair, STALL, timed_cycles};
+use crate::core::{ContendedRun, CycleRun, HandoffRun, RawPair, STALL, contended, timed_cycles};
 use crate::ctx::Ctx;
 use crate::stats::Latency;
 
@@ -24,6 +25,9 @@ const READY: Duration = Duration::from_secs(5);
 pub(crate) struct CountersRun {
     /// Permit semaphore of 5: try_acquire(1) + release(1).
     pub(crate) permits_s1: Option<CycleRun>,
+    /// Permit semaphore of 8, 64 tasks on 1 client: acquire(1) (waiting) + release(1), no
+    /// hold (S2's point).
+    pub(crate) permits_s2: Option<ContendedRun>,
     /// Permit semaphore of 1: release(1) → a waiting acquire(1) returns.
     pub(crate) permits_s3: Option<HandoffRun>,
     /// Latch: try_set_count(1) + count_down().
@@ -73,6 +77,13 @@ async fn permits_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
         },
     )
     .await
+}
+
+async fn permits_s2(ctx: &Ctx, prefix: &str) -> BenchResult<ContendedRun> {
+    let client = ctx.redsem(prefix).await?;
+    let sem = crate::sem::Permits(client.permit_semaphore("p2")?);
+    sem.0.try_set_permits(8).await?;
+    contended(&ctx.admin, &[sem], 64, 8, None, ctx.sizes.s2_time).await
 }
 
 async fn latch_s1(ctx: &Ctx, prefix: &str) -> BenchResult<CycleRun> {
@@ -169,12 +180,15 @@ async fn latch_s3(ctx: &Ctx, prefix: &str) -> BenchResult<HandoffRun> {
 }
 
 /// The S1 equivalents (`s1`) and the S3 equivalents (`s3`).
-pub(crate) async fn run(ctx: &Ctx, s1: bool, s3: bool) -> BenchResult<CountersRun> {
+pub(crate) async fn run(ctx: &Ctx, s1: bool, s2: bool, s3: bool) -> BenchResult<CountersRun> {
     let prefix = ctx.prefix("pl");
     let mut out = CountersRun::default();
     if s1 {
         out.permits_s1 = Some(permits_s1(ctx, &prefix).await?);
         out.latch_s1 = Some(latch_s1(ctx, &prefix).await?);
+    }
+    if s2 {
+        out.permits_s2 = Some(permits_s2(ctx, &prefix).await?);
     }
     if s3 {
         out.permits_s3 = Some(permits_s3(ctx, &prefix).await?);

@@ -177,11 +177,11 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if args.runs(3) {
         figures.s3 = step("S3 hand-off", e, s3(&ctx)).await;
     }
-    if args.runs(1) || args.runs(3) {
+    if args.runs(1) || args.runs(2) || args.runs(3) {
         figures.permit_and_latch = step(
             "S1/S3 equivalents: permit semaphore and latch",
             e,
-            counters::run(&ctx, args.runs(1), args.runs(3)),
+            counters::run(&ctx, args.runs(1), args.runs(2), args.runs(3)),
         )
         .await;
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use redsem::{LeasePermit, LeaseSemaphore};
+use redsem::{LeasePermit, LeaseSemaphore, PermitSemaphore};
 
 use crate::BenchResult;
 
@@ -64,6 +64,34 @@ impl BenchSem for Redsem {
 
     async fn release(&self, permit: LeasePermit) -> BenchResult<()> {
         Ok(permit.release().await?)
+    }
+}
+
+/// redsem's permit semaphore, one permit per acquire (its queue and group commit, no lease,
+/// token or slot).
+#[derive(Debug, Clone)]
+pub(crate) struct Permits(pub(crate) PermitSemaphore);
+
+impl BenchSem for Permits {
+    type Permit = ();
+    const DIRECT_COMMANDS: &'static [&'static str] = &[];
+
+    async fn try_acquire(&self) -> BenchResult<Option<()>> {
+        match self.0.try_acquire(1).await {
+            Ok(()) => Ok(Some(())),
+            Err(e) if e.is_not_acquired() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn acquire(&self, on_wait: impl FnOnce() + Send + 'static) -> BenchResult<()> {
+        // (No progress report to hook: `on_wait` is for the scenarios that need one, not S2.)
+        drop(on_wait);
+        Ok(self.0.acquire(1).await?)
+    }
+
+    async fn release(&self, (): ()) -> BenchResult<()> {
+        Ok(self.0.release(1).await?)
     }
 }
 

@@ -1,5 +1,5 @@
 -- permit_batch: the group commit of one client on one permit semaphore: the acquires,
--- additions (releases) and withdrawals its tasks have in flight, applied in the order given
+-- additions (releases), withdrawals and check-ins its tasks have in flight, applied in the order given
 -- with the outcomes each would have had one by one, on one read of the time and the records
 -- and one write-back.
 -- KEYS: see permit_prelude.lua
@@ -7,6 +7,7 @@
 --   "a", request id, permits k, "try" | "wait", waiter lease ms   (as permit_acquire)
 --   "m", request id, delta                                        (as permit_add)
 --   "w", request id                                               (as permit_withdraw)
+--   "p", request id, waiter lease ms                              (as permit_poll)
 -- Returns: {{reply of each operation, in order}} | {"WRONGTYPE", key, actual, expected}
 local names, at = {}, 2
 while at <= #ARGV do
@@ -19,6 +20,9 @@ while at <= #ARGV do
   elseif kind == 'w' then
     names[#names + 1] = 'r:' .. ARGV[at + 1]
     at = at + 2
+  elseif kind == 'p' then
+    names[#names + 1] = 'r:' .. ARGV[at + 1]
+    at = at + 3
   else
     return redis.error_reply('permit_batch: unknown operation ' .. tostring(kind))
   end
@@ -33,9 +37,12 @@ return run(function()
     elseif kind == 'm' then
       replies[#replies + 1] = add_op(ARGV[i + 1], ARGV[i + 2])
       i = i + 3
-    else
+    elseif kind == 'w' then
       replies[#replies + 1] = withdraw_op(ARGV[i + 1])
       i = i + 2
+    else
+      replies[#replies + 1] = check_in(ARGV[i + 1], tonumber(ARGV[i + 2]))
+      i = i + 3
     end
   end
   return { replies }

@@ -154,6 +154,13 @@ impl Figures {
                 contended(&mut out, "S9", "polling: ", run);
             }
         }
+        if let Some(run) = self
+            .permit_and_latch
+            .as_ref()
+            .and_then(|pl| pl.permits_s2.as_ref())
+        {
+            contended(&mut out, "S2", "permits: ", run);
+        }
         if let Some(s10) = &self.s10 {
             let many = |out: &mut Vec<Invariant>, who: &str, run: &ManyRun| {
                 let point = format!(

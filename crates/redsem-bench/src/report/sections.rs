@@ -400,6 +400,20 @@ impl Figures {
                     );
                 }
             }
+            if let Some(c) = &pl.permits_s2 {
+                t.row(
+                    "permits 64 tasks, 1 client, 8 permits, acquire(1) + release(1): cycles/s",
+                    format!(
+                        "{} ({:.2} script calls, {:.1} µs in commands per cycle)",
+                        num(c.cycles_per_s),
+                        c.server.evalsha_per_cycle,
+                        c.server.command_usec_per_cycle
+                    ),
+                    dash(),
+                    dash(),
+                    dash(),
+                );
+            }
             for (what, run) in [
                 ("permits release(1) → waiting acquire(1)", &pl.permits_s3),
                 ("latch count_down() → waiting wait()", &pl.latch_s3),

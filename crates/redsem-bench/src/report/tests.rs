@@ -387,6 +387,7 @@ fn every_scenario() -> Figures {
     });
     f.permit_and_latch = Some(CountersRun {
         permits_s1: Some(cycles(14_698.0, 5.0)),
+        permits_s2: Some(contended(64, 16_750.0, 8)),
         permits_s3: Some(handoff(360.0)),
         latch_s1: Some(cycles(8_980.0, 5.0)),
         latch_s3: Some(handoff(310.0)),

@@ -71,14 +71,19 @@ impl wait::Request for PermitRequest<'_> {
 
     async fn poll(&self, id: &str) -> Result<Answer<()>> {
         let inner = &self.sem.inner;
+        let lease = inner.options.waiter_lease;
         let reply = retry_once("acquire", || async {
-            script::permit_poll(
-                &mut inner.redsem.conn(),
-                &inner.keys,
-                id,
-                inner.options.waiter_lease,
-            )
-            .await
+            match &inner.batcher {
+                Some(batcher) => {
+                    let (reply, unconfirmed) =
+                        batcher.submit(script::PermitOp::poll(id, lease)).await?;
+                    script::permits_granted("permit_poll", script::Acked { reply, unconfirmed })
+                }
+                None => {
+                    let mut conn = inner.redsem.conn();
+                    script::permit_poll(&mut conn, &inner.keys, id, lease).await
+                }
+            }
         })
         .await?;
         Ok(self.answer(reply))

@@ -199,6 +199,19 @@ impl PermitOp {
         }
     }
 
+    /// A check-in of the queued request `id` (collects a grant, or renews its place), as
+    /// `permit_poll` takes it.
+    pub(crate) fn poll(id: &str, waiter_lease: Duration) -> Self {
+        PermitOp {
+            args: vec![
+                b"p".to_vec(),
+                id.as_bytes().to_vec(),
+                millis(waiter_lease).to_string().into_bytes(),
+            ],
+            acked: true,
+        }
+    }
+
     /// A withdrawal of the request `id`.
     pub(crate) fn withdraw(id: &str) -> Self {
         PermitOp {
@@ -226,6 +239,10 @@ pub(crate) async fn permit_batch(
                 })
                 .arg(channel),
             Some(b"m") => PERMIT_ADD
+                .key(&keys.all[..])
+                .arg(&op.args[1][..])
+                .arg(&op.args[2][..]),
+            Some(b"p") => PERMIT_POLL
                 .key(&keys.all[..])
                 .arg(&op.args[1][..])
                 .arg(&op.args[2][..]),
