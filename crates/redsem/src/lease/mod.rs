@@ -61,6 +61,13 @@ pub struct LeaseSemaphore {
     inner: Arc<SemInner>,
 }
 
+/// Redis counts lease ends in whole milliseconds of its clock (`TIME`, rounded down): a lease
+/// it starts at 12.999 ms ends `lease` after 12 ms, up to 1 ms before `lease` after the
+/// request reached it. A permit's local validity, counted from before the request was sent,
+/// ends this much sooner, so it never outlives the server's lease. (The soak's long run found
+/// a holder whose local validity ended 237 µs after its unit was granted to the next waiter.)
+pub(crate) const SERVER_CLOCK_STEP: Duration = Duration::from_millis(1);
+
 #[derive(Debug)]
 pub(crate) struct SemInner {
     pub(crate) redsem: Redsem,
@@ -524,6 +531,7 @@ impl LeaseSemaphore {
         if won.handed {
             valid_until = valid_until.min(won.sent + options.waiter_lease);
         }
+        let valid_until = valid_until.saturating_sub(SERVER_CLOCK_STEP);
         Ok(LeasePermit::start(
             self.inner.clone(),
             won.id,

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::SemInner;
+use super::{SERVER_CLOCK_STEP, SemInner};
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::keepalive::{Keepalive, Renewable};
@@ -81,7 +81,7 @@ impl PermitState {
 
     fn renewed(&self, sent: Duration) {
         let mut until = self.valid_until.lock().unwrap_or_else(|p| p.into_inner());
-        *until = (*until).max(sent + self.sem.options.lease);
+        *until = (*until).max((sent + self.sem.options.lease).saturating_sub(SERVER_CLOCK_STEP));
     }
 
     pub(super) fn lose(&self, why: &str) {
