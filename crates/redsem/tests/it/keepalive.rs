@@ -272,11 +272,11 @@ async fn a_local_validity_never_outlasts_the_servers_lease() {
         .lease_semaphore_with("v", 1, options)
         .expect("semaphore");
     let mut raw = ctx.raw().await;
-    let mut server_now = async |raw: &mut redis::aio::MultiplexedConnection| {
+    let server_now = async |raw: &mut redis::aio::MultiplexedConnection| {
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(raw).await.expect("TIME");
         (secs * 1_000_000 + micros, std::time::Instant::now())
     };
-    let mut lease_end = async |raw: &mut redis::aio::MultiplexedConnection, id: String| {
+    let lease_end = async |raw: &mut redis::aio::MultiplexedConnection, id: String| {
         let ends: Option<f64> = redis::AsyncCommands::zscore(raw, "t:{lease:v}:leases", id)
             .await
             .expect("ZSCORE");
