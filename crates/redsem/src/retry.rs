@@ -25,7 +25,7 @@ pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
 pub(crate) const LOADING_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The server is loading its data after a restart: the call was refused, not applied.
-fn loading(err: &Error) -> bool {
+pub(crate) fn loading(err: &Error) -> bool {
     matches!(err, Error::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading))
 }
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::{Chain, Result};
-use crate::retry::RETRY_EVERY;
+use crate::retry::{RETRY_EVERY, loading};
 
 /// When a request gives up.
 #[derive(Debug, Clone, Copy)]
@@ -39,7 +39,8 @@ impl Patience {
 
 /// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment (on
 /// [`clock`]) the answered attempt was sent. While Redis is unreachable (a dropped connection
-/// the connection manager is restoring, a failover), try again every [`RETRY_EVERY`] for as
+/// the connection manager is restoring, a failover) or answers `LOADING` (restarted, reading
+/// its data back: the check-in was refused, not applied), try again every [`RETRY_EVERY`] for as
 /// long as the waiter lease started by the last answered check-in (sent at `last`) keeps the
 /// place on the server, and not past `deadline`; after that, the error is returned
 /// ([`Error::Unavailable`](crate::Error::Unavailable)). Every check-in is idempotent per
@@ -59,7 +60,7 @@ where
         match call().await {
             Ok(answer) => return Ok((answer, sent)),
             Err(err)
-                if err.is_unavailable()
+                if (err.is_unavailable() || loading(&err))
                     && clock::now() + RETRY_EVERY < last + waiter_lease
                     && deadline.is_none_or(|d| Instant::now() + RETRY_EVERY < d) =>
             {
