@@ -383,6 +383,9 @@ end
 -- then hand what is available to the head of the queue.
 local function add_op(id, digits)
   local name, delta = 'm:' .. id, tonumber(digits)
+  -- (What remember() may change, for an addition out of range to take back: in a batch, an
+  -- earlier operation may have made the applied ids' schedule already.)
+  local fresh, need = S.fresh_applied, S.need
   if not remember(name, true) then
     if S.unread then
       read_count()
@@ -404,8 +407,8 @@ local function add_op(id, digits)
   if math.abs(count + delta) > MAX_INT then
     -- Nothing changes, so the id is not remembered either.
     redis.call('ZREM', APPLIED, name)
-    if S.fresh_applied then
-      S.fresh_applied, S.need = false, 0
+    if S.fresh_applied and not fresh then
+      S.fresh_applied, S.need = fresh, need
       put('prune', false)
     end
     return { 'RANGE', count }

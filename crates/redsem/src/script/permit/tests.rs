@@ -657,3 +657,62 @@ async fn lost_bookkeeping_is_rebuilt_and_a_waiter_without_a_place_is_told_gone()
         [Some("0".into()), Some(waiting.to_string())]
     );
 }
+
+/// A group commit's call applies its operations in order, each answered as its own call would
+/// be; an addition out of range in it takes back only its own bookkeeping, not that of the
+/// operations before it (their ids stay on the forgetting schedule).
+#[tokio::test]
+async fn a_batch_applies_its_operations_in_order_as_one_call_each_would() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let too_many = crate::permits::MAX_PERMITS + 1;
+    // The first addition makes the semaphore, and the schedule of its remembered ids.
+    let ops = [
+        PermitOp::add("m0", 2),
+        PermitOp::acquire("a1", 2, false, LONG),
+        PermitOp::acquire("a2", 1, false, LONG),
+        PermitOp::add("m1", 1),
+        PermitOp::acquire("a3", 1, true, LONG),
+        PermitOp::withdraw("a1"),
+        PermitOp::add("m2", too_many),
+    ];
+    let (replies, unconfirmed) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &pk(), CHANNEL, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    assert!(unconfirmed.is_none());
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    let acquired = |acked| permits_granted("permit_acquire", acked).expect("acquire");
+    assert_eq!(added(next()).expect("add"), Addition::Applied(2));
+    assert_eq!(acquired(next()), PermitAcquire::Granted);
+    assert_eq!(
+        acquired(next()),
+        PermitAcquire::Busy {
+            available: 0,
+            waiters: 0
+        }
+    );
+    assert_eq!(added(next()).expect("add"), Addition::Applied(1));
+    assert_eq!(acquired(next()), PermitAcquire::Granted);
+    assert_eq!(
+        withdrawn(next()).expect("withdraw"),
+        Withdrawal::Returned(2)
+    );
+    assert_eq!(added(next()).expect("add"), Addition::OutOfRange(2));
+    assert_eq!(available(&mut conn).await, 2);
+    let prune: Option<String> = conn
+        .hget("t:{permits:p}:records", "prune")
+        .await
+        .expect("HGET");
+    assert!(
+        prune.is_some(),
+        "the remembered ids are forgotten on schedule"
+    );
+}
