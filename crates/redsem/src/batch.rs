@@ -13,7 +13,9 @@
 //! is on the connection, so a call waits at most one scheduling round longer than alone.
 //! One sender at a time, so the batches reach Redis in the order their operations were
 //! queued: a withdrawal of a cancelled request always comes after its acquire.
-//! Renewals and check-ins are never batched (they are sent on their own).
+//! A lease's renewals and check-ins are never batched (the keepalive and the waiting engine
+//! send them on their own, so a renewal never waits behind a batch); a permit waiter's poll,
+//! which collects the permits its wake-up announced, is.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
