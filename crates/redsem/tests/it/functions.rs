@@ -128,4 +128,38 @@ async fn a_user_refused_functions_runs_the_same_operations_by_evalsha() {
         .unwrap_or(0);
     assert!(rejected <= 1, "{fcall_line:?}");
     assert!(redsem_libraries(&ctx).await.is_empty());
+
+    // The group commits' scripts by EVALSHA too: 16 concurrent tries share calls, each with
+    // the outcome it would have had alone.
+    let pool = redsem.permit_semaphore("g").expect("handle");
+    assert!(pool.try_set_permits(4).await.expect("set"));
+    let wide = redsem.lease_semaphore("g", 4).expect("semaphore");
+    drop(wide.status().await.expect("status"));
+    ctx.reset_stats().await;
+    let permit_tries: Vec<_> = (0..16)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.try_acquire(1).await.is_ok() })
+        })
+        .collect();
+    let lease_tries: Vec<_> = (0..16)
+        .map(|_| {
+            let wide = wide.clone();
+            tokio::spawn(async move { wide.try_acquire().await.ok() })
+        })
+        .collect();
+    let mut taken = 0;
+    for t in permit_tries {
+        taken += usize::from(within(LIMIT, "permit try", t).await.expect("task"));
+    }
+    let mut held = Vec::new();
+    for t in lease_tries {
+        held.extend(within(LIMIT, "lease try", t).await.expect("task"));
+    }
+    assert_eq!((taken, held.len()), (4, 4));
+    let calls = ctx.command_calls("evalsha").await;
+    assert!(
+        calls < 32,
+        "32 tries in {calls} EVALSHA calls: none shared one"
+    );
 }
