@@ -206,3 +206,49 @@ async fn tries_in_a_batch_whose_reply_is_lost_are_resent_and_keep_their_grants()
         permit.release().await.expect("release");
     }
 }
+
+/// The permit semaphore's group commit, its reply lost twice (the script ran, the connection
+/// dropped): the tries in the first batch are each resent once with their own id and take
+/// exactly the 4 permits they report; the releases in the second are each applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_once() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let redsem = connect_url(&proxy.url()).await;
+    let pool = redsem.permit_semaphore("p").expect("handle");
+    // Set first (the library loaded), so the reply lost is a batch's.
+    assert!(pool.try_set_permits(4).await.expect("set"));
+    let observer = ctx.redsem.permit_semaphore("p").expect("handle");
+    let concurrently = async |release: bool| {
+        let calls: Vec<_> = (0..if release { 4 } else { 12 })
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    if release {
+                        pool.release(1).await
+                    } else {
+                        pool.try_acquire(1).await
+                    }
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for call in calls {
+            match within(LIMIT, "call", call).await.expect("task") {
+                Ok(()) => done += 1,
+                Err(e) => assert!(e.is_not_acquired(), "{e:?}"),
+            }
+        }
+        done
+    };
+    proxy.drop_reply_after(b"_permit_batch");
+    assert_eq!(concurrently(false).await, 4, "4 tries report a permit");
+    assert_eq!(proxy.triggered(), 1, "a batch's reply was lost");
+    let left = observer.available_permits().await.expect("available");
+    assert_eq!(left, 0, "the server took exactly the 4 reported");
+    proxy.drop_reply_after(b"_permit_batch");
+    assert_eq!(concurrently(true).await, 4);
+    assert_eq!(proxy.triggered(), 2, "a second batch's reply was lost");
+    let back = observer.available_permits().await.expect("available");
+    assert_eq!(back, 4, "each release applied once");
+}
