@@ -479,38 +479,12 @@ async fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
 /// with its permits (a permit semaphore has no lease to bring them back). Found by the soak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_that_meets_loading_after_a_restart_is_applied_once_loaded() {
-    let mut server = RedisServer::start();
+    let server = RedisServer::start();
     let redsem = connect(&server.url()).await;
     let sem = redsem.permit_semaphore("p").expect("semaphore");
     sem.try_set_permits(1).await.expect("set");
     sem.try_acquire(1).await.expect("take the one permit");
-    // A dataset that takes the restarted server a moment to load.
-    let mut conn = server.connection();
-    let () = redis::cmd("DEBUG")
-        .arg("POPULATE")
-        .arg(3_000_000)
-        .query(&mut conn)
-        .expect("DEBUG POPULATE");
-    let () = redis::cmd("SAVE").query(&mut conn).expect("SAVE");
-    let port = server.port();
-    let restart = tokio::task::spawn_blocking(move || {
-        server.restart();
-        server
-    });
-    let loading = || {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
-            return false;
-        };
-        let ping: redis::RedisResult<String> = redis::cmd("PING").query(&mut conn);
-        matches!(ping, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading))
-    };
-    let seen = async {
-        while !tokio::task::block_in_place(loading) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    within(LIMIT, "the restarted server loading its data", seen).await;
+    let restart = restart_into_loading(server).await;
     let released = within(Duration::from_secs(40), "release", sem.release(1)).await;
     let _server = within(Duration::from_secs(40), "restart", restart)
         .await
@@ -524,14 +498,26 @@ async fn a_permit_release_that_meets_loading_after_a_restart_is_applied_once_loa
 /// failing with `Error::Redis`. Found by the soak's long run (28 acquires failed so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_acquire_that_meets_loading_after_a_restart_is_queued_once_loaded() {
-    let mut server = RedisServer::start();
+    let server = RedisServer::start();
     let redsem = connect(&server.url()).await;
     let options = redsem::LeaseOptions::default().waiter_lease(Duration::from_secs(30));
     let sem = redsem
         .lease_semaphore_with("s", 1, options)
         .expect("semaphore");
     drop(sem.status().await.expect("status"));
-    // A dataset that takes the restarted server a moment to load.
+    let restart = restart_into_loading(server).await;
+    let acquired = within(Duration::from_secs(40), "acquire", sem.acquire()).await;
+    let _server = within(Duration::from_secs(40), "restart", restart)
+        .await
+        .expect("restart");
+    let permit = acquired.expect("the acquire, checked in again until the server loaded");
+    assert_eq!(sem.status().await.expect("status").in_use, 1);
+    permit.release().await.expect("release");
+}
+
+/// Give `server` a dataset that takes a moment to load (3 million keys, saved), restart it,
+/// and return once it answers `LOADING`; the restart's task hands the server back.
+async fn restart_into_loading(mut server: RedisServer) -> tokio::task::JoinHandle<RedisServer> {
     let mut conn = server.connection();
     let () = redis::cmd("DEBUG")
         .arg("POPULATE")
@@ -558,11 +544,5 @@ async fn a_waiting_acquire_that_meets_loading_after_a_restart_is_queued_once_loa
         }
     };
     within(LIMIT, "the restarted server loading its data", seen).await;
-    let acquired = within(Duration::from_secs(40), "acquire", sem.acquire()).await;
-    let _server = within(Duration::from_secs(40), "restart", restart)
-        .await
-        .expect("restart");
-    let permit = acquired.expect("the acquire, checked in again until the server loaded");
-    assert_eq!(sem.status().await.expect("status").in_use, 1);
-    permit.release().await.expect("release");
+    restart
 }
