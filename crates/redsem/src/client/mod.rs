@@ -442,6 +442,16 @@ impl Redsem {
         }
     }
 
+    /// [`conn`](Self::conn) if `acked`, else [`conn_unacked`](Self::conn_unacked): a group
+    /// commit waits for acknowledgements unless all it carries are withdrawals.
+    pub(crate) fn conn_acked_if(&self, acked: bool) -> crate::script::Acking<Conn> {
+        if acked {
+            self.conn()
+        } else {
+            self.conn_unacked()
+        }
+    }
+
     /// The pub/sub side, started on first use.
     pub(crate) async fn notifier(&self) -> &Notifier {
         self.shared

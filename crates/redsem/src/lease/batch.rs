@@ -19,12 +19,7 @@ impl Group for LeaseGroup {
     const SCRIPT: &'static str = "lease_batch";
 
     async fn send(&self, ops: Vec<BatchOp>) -> Result<Sent> {
-        // A batch of withdrawals only waits for no acknowledgement.
-        let mut conn = if ops.iter().any(|op| op.acked) {
-            self.redsem.conn()
-        } else {
-            self.redsem.conn_unacked()
-        };
+        let mut conn = self.redsem.conn_acked_if(ops.iter().any(|op| op.acked));
         let shared = &self.redsem.shared;
         let batch = script::lease_batch(&mut conn, &self.keys, &shared.wake_channel, &ops).await?;
         self.redsem

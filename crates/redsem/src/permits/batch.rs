@@ -18,12 +18,7 @@ impl Group for PermitGroup {
     const SCRIPT: &'static str = "permit_batch";
 
     async fn send(&self, ops: Vec<PermitOp>) -> Result<Sent> {
-        // A batch of withdrawals only waits for no acknowledgement.
-        let mut conn = if ops.iter().any(|op| op.acked) {
-            self.redsem.conn()
-        } else {
-            self.redsem.conn_unacked()
-        };
+        let mut conn = self.redsem.conn_acked_if(ops.iter().any(|op| op.acked));
         let channel = &self.redsem.shared.wake_channel;
         let (replies, unconfirmed) =
             script::permit_batch(&mut conn, &self.keys, channel, &ops).await?;

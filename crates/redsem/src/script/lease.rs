@@ -283,19 +283,7 @@ pub(crate) async fn lease_batch(
         }
     }
     let acked = call.invoke_acked(conn).await?;
-    let answered = matches!(&acked.reply, Value::Array(items) if matches!(items.first(), Some(Value::Array(_))));
-    if !answered {
-        // One status for the whole batch: a foreign value or another layout.
-        return Err(Reply::new("lease_batch", acked.reply)?.unexpected());
-    }
-    let mut r = Reply::nested("lease_batch", acked.reply)?;
-    let replies = r.array()?;
-    if replies.len() != ops.len() {
-        return Err(Error::Protocol {
-            script: "lease_batch",
-            detail: format!("{} replies to {} operations", replies.len(), ops.len()),
-        });
-    }
+    let (replies, mut r) = Reply::batch("lease_batch", acked.reply, ops.len())?;
     let (idle, handed) = idle_and_handed(&mut r)?;
     Ok(BatchReply {
         replies,

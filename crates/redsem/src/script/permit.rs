@@ -259,18 +259,7 @@ pub(crate) async fn permit_batch(
     if ops.len() == 1 {
         return Ok((vec![acked.reply], acked.unconfirmed));
     }
-    let answered = matches!(&acked.reply, Value::Array(items) if matches!(items.first(), Some(Value::Array(_))));
-    if !answered {
-        // One status for the whole batch: a foreign value.
-        return Err(Reply::new("permit_batch", acked.reply)?.unexpected());
-    }
-    let replies = Reply::nested("permit_batch", acked.reply)?.array()?;
-    if replies.len() != ops.len() {
-        return Err(Error::Protocol {
-            script: "permit_batch",
-            detail: format!("{} replies to {} operations", replies.len(), ops.len()),
-        });
-    }
+    let (replies, _) = Reply::batch("permit_batch", acked.reply, ops.len())?;
     Ok((replies, acked.unconfirmed))
 }
 

@@ -50,6 +50,30 @@ impl Reply {
         Ok(r)
     }
 
+    /// A group commit's reply: `{{each operation's reply, in order}, more...}`, one reply per
+    /// operation (`ops`); the replies, and the cursor over what follows them. A reply that is
+    /// one status for the whole batch (a foreign value, another layout) is its error.
+    pub(super) fn batch(
+        script: &'static str,
+        reply: Value,
+        ops: usize,
+    ) -> Result<(Vec<Value>, Self)> {
+        let answered =
+            matches!(&reply, Value::Array(items) if matches!(items.first(), Some(Value::Array(_))));
+        if !answered {
+            return Err(Reply::new(script, reply)?.unexpected());
+        }
+        let mut r = Reply::nested(script, reply)?;
+        let replies = r.array()?;
+        if replies.len() != ops {
+            return Err(Error::Protocol {
+                script,
+                detail: format!("{} replies to {} operations", replies.len(), ops),
+            });
+        }
+        Ok((replies, r))
+    }
+
     pub(super) fn nested(script: &'static str, reply: Value) -> Result<Self> {
         match reply {
             Value::Array(items) => Ok(Reply {
