@@ -423,7 +423,6 @@ fn run(args: &Args) -> Vec<Record> {
                             // a give-back the new primary missed, docs/SOAK.md): waits get
                             // a limit there.
                             permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
-                            drain: true,
                         };
                         handles.push(tokio::spawn(task.run()));
                     }

@@ -62,8 +62,6 @@ pub struct Task {
     /// A limit for the permit waits that have none (`acquire`): where permits can be lost
     /// for good (a failover), a wait without one could block the task to the end.
     pub permit_wait_limit: Option<Duration>,
-    /// Whether `drain_permits` is among the permit operations.
-    pub drain: bool,
 }
 
 fn outcome(err: &redsem::Error) -> String {
@@ -333,14 +331,13 @@ impl Task {
             return;
         }
         op.inv_us = self.rec.now();
-        let result: Result<i64, String> = if kind < 14 && self.drain {
+        let result: Result<i64, String> = if kind < 14 {
             op.op = "drain".into();
             sem.drain_permits()
                 .await
                 .map(|d| i64::try_from(d).unwrap_or(i64::MAX))
                 .map_err(|e| outcome(&e))
         } else if kind < 40 {
-            // (`try` also takes the drains' share where there are none.)
             op.op = "try".into();
             sem.try_acquire(n32)
                 .await
