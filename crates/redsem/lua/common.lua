@@ -221,6 +221,9 @@ local function save()
   if S.loaded then
     HOOKS.save()
   end
+  if not (next(dirty) or expiring or outbox) then
+    return -- (a fast path, or a call that changed nothing)
+  end
   -- (Sized for the usual write-back of up to six fields.)
   local args, n, gone = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }, 0, nil
   for name in pairs(dirty) do
@@ -255,7 +258,14 @@ local function save()
 end
 
 -- Load, settle and the body, under run()'s pcall (a function of its own: no closure per call).
-local function settled(body, name, mode)
+-- A fast path `fast(arg, name)`, if given, comes first: its reply, if any, is the call's.
+local function settled(body, name, mode, fast, arg)
+  if fast then
+    local reply = fast(arg, name)
+    if reply then
+      return reply
+    end
+  end
   if mode ~= 'bare' and HOOKS.load and HOOKS.load(name, mode) and mode ~= 'unsettled' then
     HOOKS.settle()
   end
@@ -263,8 +273,8 @@ local function settled(body, name, mode)
 end
 
 -- Run an operation's body: load, settle, the body, save (see the top of this file).
-local function run(body, name, mode)
-  local ok, result = pcall(settled, body, name, mode)
+local function run(body, name, mode, fast, arg)
+  local ok, result = pcall(settled, body, name, mode, fast, arg)
   if ok then
     save()
     return result

@@ -14,6 +14,7 @@
 --        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is acquire_op, in lease_prelude.lua: lease_batch runs it too.)
+-- (The uncontended grant takes fast_acquire, in lease_prelude.lua.)
 return run(function()
   return acquire_op(ARGV, 0, ARGV[9])
-end, 'r:' .. ARGV[1])
+end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

@@ -29,7 +29,7 @@ return run(function()
     check() -- its lease entry was missing
   end
   if r.h then
-    return { 'GRANTED', r.t, r.s }
+    return { 'GRANTED', tonumber(r.t), r.s }
   end
   return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
 end, 'r:' .. ARGV[1])

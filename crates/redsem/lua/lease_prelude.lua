@@ -100,25 +100,36 @@ local function keep()
   end
 end
 
--- The counts below 256 most fields hold, by their text, kept once converted: a look-up
--- instead of a conversion (a function library converts each once, a script the few it meets).
-local SMALL = {}
+-- Counts by their text, kept once converted: a look-up instead of a conversion (strtod costs
+-- more than most commands). Only short texts (below 10^7: counters, capacities, slots, lease
+-- times), which come back call after call; time stamps and tokens never repeat. Bounded: the
+-- memo starts over when full. (A function library keeps it across calls, a script per call.)
+local COUNTS, COUNTS_KEPT = {}, 0
 
 local function count(value)
-  local n = SMALL[value]
+  local n = COUNTS[value]
   if n then
     return n
   end
   n = tonumber(value) -- (nil for false: an absent field)
   if n and n >= 0 and n == floor(n) then
-    if n < 256 and type(value) == 'string' and #value < 4 then
-      SMALL[value] = n
+    if n ~= value and #value < 8 then -- (a text, not a number)
+      if COUNTS_KEPT == 4096 then
+        COUNTS, COUNTS_KEPT = {}, 0
+      end
+      COUNTS[value], COUNTS_KEPT = n, COUNTS_KEPT + 1
     end
     return n
   elseif value == false or value == nil then
     return 0
   end
   error({ key = STATE, expected = 'hash of a semaphore (a count field is not a count)' })
+end
+
+-- tonumber(), from the memo when the text was read as a count before (a capacity, a lease
+-- time given again and again).
+local function number(value)
+  return COUNTS[value] or tonumber(value)
 end
 
 local repair
@@ -135,7 +146,8 @@ local function load(name)
       S[name[i]] = r[11 + i]
     end
   else
-    r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+    -- (Read already by a fast path whose case this is not: see read_state().)
+    r = S.read or call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
       'tnext', 'layout', name or 'r:')
     if name then
       S[name] = r[12]
@@ -155,7 +167,8 @@ local function load(name)
     S.cap = count(r[1])
   end
   S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
-  S.tok, S.nh, S.nt = count(r[6]), count(r[7]), count(r[8])
+  -- (The last token is converted only to make the next one: next_token().)
+  S.tok, S.nh, S.nt = r[6], count(r[7]), count(r[8])
   S.next, S.tnext = count(r[9]), count(r[10])
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
@@ -226,7 +239,9 @@ end
 
 -- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
 -- wl, c, l}, tombstone {x = "R" | "D", n = the release attempt that made it ("" in a
--- tombstone of an older version)}; nil if none or unreadable.
+-- tombstone of an older version)}; nil if none or unreadable. The token t and the times a
+-- and w stay text (converted only where used: a release needs none of them); the counts
+-- come from the memo (count()).
 local H, W, X = 104, 119, 120 -- the bytes of 'h', 'w', 'x'
 local function parse(raw)
   if not raw then
@@ -238,11 +253,9 @@ local function parse(raw)
     if not t then
       return nil
     end
-    local one = tonumber(slots) -- a single slot (the usual case): no runs to split
+    local one = COUNTS[slots] or tonumber(slots) -- a single slot (the usual case): no runs to split
     if one then
-      return {
-        h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = { one }, l = label,
-      }
+      return { h = true, t = t, k = count(k), a = a, lease = count(lease), s = { one }, l = label }
     end
     local s = {}
     for run in string.gmatch(slots, '[%d%-]+') do
@@ -252,15 +265,15 @@ local function parse(raw)
         s[#s + 1] = n
       end
     end
-    return { h = true, t = tonumber(t), k = tonumber(k), a = tonumber(a), lease = tonumber(lease), s = s, l = label }
+    return { h = true, t = t, k = count(k), a = a, lease = count(lease), s = s, l = label }
   elseif kind == W then
-    local k, since, lease, wl, clen, rest = string.match(raw, '^w|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
+    local k, since, lease, wl, clen, rest = match(raw, '^w|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(.*)$')
     if not k then
       return nil
     end
-    clen = tonumber(clen)
+    clen = count(clen)
     return {
-      k = tonumber(k), w = tonumber(since), lease = tonumber(lease), wl = tonumber(wl),
+      k = count(k), w = since, lease = count(lease), wl = count(wl),
       c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1),
     }
   elseif kind == X then
@@ -276,7 +289,7 @@ end
 -- The next fencing token: larger than the last one, and than every token handed out before
 -- the last moment the server clock passed (so a lost state does not send tokens back).
 local function next_token()
-  local token = max(S.tok + 1, S.now_us)
+  local token = max(count(S.tok) + 1, S.now_us)
   put('tok', token)
   return token
 end
@@ -327,6 +340,8 @@ end
 -- One unit (the usual request) needs no STRLEN: it takes the first clear bit, which BITPOS
 -- finds past the end of the bitmap too (no end given), with one SETBIT either way.
 local function grant(id, k, label, lease, expires)
+  -- The token first: a corrupt last token (converted only here) fails before a slot is taken.
+  local token = next_token()
   local slots, from, free_from = {}, 0, 0
   local i = 1
   if S.used > 0 then
@@ -355,7 +370,6 @@ local function grant(id, k, label, lease, expires)
     from = floor(s / 8)
     i = i + 1
   end
-  local token = next_token()
   add_lease(id, expires)
   put('r:' .. id, holder_record(token, k, S.now, lease, slots, label))
   put('used', S.used + k)
@@ -656,7 +670,7 @@ local function begin(keys)
   -- S, sized for the fields every call sets (and the caller's record).
   start(STATE, expected, HOOKS, {
     now = nil, now_us = nil, loaded = nil, cap = nil, used = nil, qlen = nil, seq = nil, idle = nil,
-    tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
+    tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil, read = nil,
   })
   budget = WORK_BUDGET
 end
@@ -668,9 +682,9 @@ end
 -- capacity, units, lease ms, label, one per label, mode, waiter lease ms), its wake channel
 -- `channel`.
 local function acquire_op(A, o, channel)
-  local id, cap, k, lease = A[o + 1], tonumber(A[o + 2]), tonumber(A[o + 3]), tonumber(A[o + 4])
+  local id, cap, k, lease = A[o + 1], number(A[o + 2]), number(A[o + 3]), number(A[o + 4])
   local label, exclusive, mode = A[o + 5], A[o + 6] == '1', A[o + 7]
-  local waiter_lease = tonumber(A[o + 8])
+  local waiter_lease = number(A[o + 8])
   if not (cap and k and lease and waiter_lease) then
     return redis.error_reply('lease_acquire: a count is not a number')
   elseif k > MAX_UNITS then
@@ -683,7 +697,7 @@ local function acquire_op(A, o, channel)
     -- Resent: answer as the first attempt did, renewing what it got.
     add_lease(id, S.now + (mine.h and lease or waiter_lease))
     if mine.h then
-      return { 'GRANTED', mine.t, mine.s }
+      return { 'GRANTED', tonumber(mine.t), mine.s }
     end
     return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
   end
@@ -748,4 +762,95 @@ local function release_op(id, attempt)
   end
   promote()
   return outcome
+end
+
+-- The fast paths: the uncontended cycle, a grant of one unit with nobody queued and the
+-- release of such a grant with nobody queued, written straight to the keys: no field cache,
+-- no settle, no write-back loop. Each applies only where the general path (acquire_op,
+-- release_op) would do exactly the same commands: the state is of this layout with its
+-- counters agreeing, nothing is due (no lease has ended, no tombstone waits to be pruned),
+-- the keys carry no idle TTL, no label is involved. Otherwise it answers nil and the general
+-- path runs on the same read (load() takes S.read): nothing is read twice. Same replies,
+-- same records, same first touch of every key (a read, or a write that fails unchanged).
+
+-- The state and the caller's record (the field `name`), as load() reads them, and the time.
+local function read_state(name)
+  local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+    'tnext', 'layout', name)
+  S.read = r
+  clock()
+  return r
+end
+
+-- Whether the state read (`r`) is one a fast path may take: of this layout with its
+-- counters agreeing, nobody queued, no idle TTL, nothing due (no lease ended: `next`, 0 =
+-- unknown, is still ahead; no tombstone to prune), and with `room`, a unit free. The cheap
+-- tests come first: a contended call is turned away before any number is converted. Also
+-- the counters: capacity, units in use, holders.
+local function quiet(r, room)
+  if not r[1] or r[3] ~= '0' or r[11] ~= LAYOUT or not r[7] or (r[5] and r[5] ~= '0') then
+    return false
+  end
+  local cap, used, nh = count(r[1]), count(r[2]), count(r[7])
+  if (room and used >= cap) or (used > 0) ~= (nh > 0) then
+    return false
+  end
+  local tnext = count(r[10])
+  if count(r[9]) <= S.now or (tnext > 0 and tnext + PRUNE_LAG_MS <= S.now) then
+    return false
+  end
+  return true, cap, used, nh
+end
+
+-- lease_acquire of one unit without a label, by a new request, with room and nobody queued.
+local function fast_acquire(A, name)
+  local id = A[1]
+  local r = read_state(name)
+  if r[12] or A[3] ~= '1' or A[5] ~= '' then
+    return nil
+  end
+  local ok, cap, used, nh = quiet(r, true)
+  local lease = number(A[4])
+  if not (ok and cap == number(A[2]) and lease and number(A[8])) then
+    return nil
+  end
+  local token, ends, slot = max(count(r[6]) + 1, S.now_us), S.now + lease, 0
+  if used > 0 then
+    slot = call(SLOTS, 'BITPOS', SLOTS, '0')
+  end
+  call(SLOTS, 'SETBIT', SLOTS, digits(slot), '1')
+  call(LEASES, 'ZADD', LEASES, digits(ends), id)
+  local slots = { slot }
+  local held = holder_record(token, 1, S.now, lease, slots, '')
+  if ends < count(r[9]) then
+    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held,
+      'next', text(ends))
+  else
+    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held)
+  end
+  return { 'GRANTED', token, slots }
+end
+
+-- lease_release of a holder of one unit without a label, with nobody queued.
+local function fast_release(A, name)
+  local id, attempt = A[1], A[3]
+  local r = read_state(name)
+  local ok, _, used, nh = quiet(r)
+  local slot = ok and r[12] and match(r[12], '^h|%d+|1|%d+|%d+|(%d+)|$')
+  if not slot then
+    return nil
+  end
+  call(SLOTS, 'SETBIT', SLOTS, slot, '0')
+  local forget = S.now + REMEMBER_MS
+  call(LEASES, 'ZADD', LEASES, digits(-forget), id)
+  local tomb, nt = 'x|R|' .. (attempt or ''), count(r[8])
+  used, nh = max(used - 1, 0), max(nh - 1, 0)
+  if count(r[10]) == 0 then
+    rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb,
+      'tnext', text(forget))
+  else
+    rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb)
+  end
+  -- Idle now (no TTL yet: quiet() saw none): lease_tidy gives it one.
+  return { 'RELEASED', used == 0 and 1 or 0, {} }
 end

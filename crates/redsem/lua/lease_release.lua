@@ -13,7 +13,8 @@
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is release_op, in lease_prelude.lua: lease_batch runs it too.)
 S.mine, S.defer_idle = ARGV[2], true
+-- (A holder's release with nobody queued takes fast_release, in lease_prelude.lua.)
 return run(function()
   local outcome = release_op(ARGV[1], ARGV[3])
   return { outcome, needs_idle_ttl() and 1 or 0, S.handed or {} }
-end, 'r:' .. ARGV[1])
+end, 'r:' .. ARGV[1], nil, fast_release, ARGV)

@@ -17,7 +17,7 @@ return run(function()
   for i = 1, #leases, 2 do
     local r = record(leases[i])
     if r and r.h then
-      holders[#holders + 1] = { leases[i], r.l, r.t, tonumber(leases[i + 1]) - S.now, S.now - r.a, r.s }
+      holders[#holders + 1] = { leases[i], r.l, tonumber(r.t), tonumber(leases[i + 1]) - S.now, S.now - tonumber(r.a), r.s }
     end
   end
   table.sort(holders, function(a, b) return a[3] < b[3] end)
@@ -25,7 +25,7 @@ return run(function()
   for _, id in ipairs(call(QUEUE, 'ZRANGE', QUEUE, 0, -1)) do
     local w = record(id)
     if w and not w.h and not w.x then
-      waiters[#waiters + 1] = { id, w.l, w.k, S.now - w.w }
+      waiters[#waiters + 1] = { id, w.l, w.k, S.now - tonumber(w.w) }
     end
   end
   return { 'STATUS', S.cap, S.used, holders, waiters }

@@ -1031,3 +1031,59 @@ async fn a_foreign_value_at_the_bitmap_is_left_alone_by_the_last_release() {
     let value: String = conn.hget(&k.all[3], "x").await.expect("hget");
     assert_eq!(value, "y", "left alone");
 }
+
+#[tokio::test]
+async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
+    // Issue 19: a grant with nobody queued and the release of such a grant are written
+    // straight to the keys (fast_acquire, fast_release) only while nothing is due. Each case
+    // below is one the fast path must leave: taken anyway, its effect would be missing.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let now_ms = |us: u64| (us / 1000) as i64;
+
+    // The keys of an idle semaphore carry a TTL: the next grant takes it off.
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    assert!(
+        lease_release(&mut conn, &k, "a", "t:wake:another", "1")
+            .await
+            .expect("release")
+            .idle
+    );
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    let ttl: i64 = conn.pttl(&k.all[2]).await.expect("pttl");
+    assert!(ttl > 0, "idle keys expire: {ttl}");
+    granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    for key in [&k.all[0], &k.all[2]] {
+        let ttl: i64 = conn.pttl(key).await.expect("pttl");
+        assert_eq!(ttl, -1, "{key} is live again and must not expire");
+    }
+
+    // A holder whose lease ended: the next grant drops it before counting the room.
+    let past = now_ms(server_micros(&mut conn).await) - 1_000;
+    let () = conn.zadd(&k.all[0], "b", past).await.expect("zadd");
+    let () = conn.hset(&k.all[2], "next", past).await.expect("hset");
+    granted(acquire(&mut conn, req("c", 2, 1, false)).await);
+    // (Read raw: any script, lease_status too, would settle it now.)
+    let (used, b): (String, Option<String>) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg("used")
+        .arg("r:b")
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    assert_eq!((used.as_str(), b), ("1", None), "b's lease had ended");
+
+    // Tombstones past their minute: a release prunes them.
+    let old = now_ms(server_micros(&mut conn).await) - 70_000;
+    let () = conn.zadd(&k.all[0], "a", -old).await.expect("zadd");
+    let () = conn.hset(&k.all[2], "tnext", old).await.expect("hset");
+    assert_eq!(
+        release(&mut conn, &k, "c").await.expect("release"),
+        Release::Released
+    );
+    let record: Option<String> = conn.hget(&k.all[2], "r:a").await.expect("hget");
+    assert_eq!(record, None, "a's tombstone was pruned");
+    let released: Option<String> = conn.hget(&k.all[2], "r:c").await.expect("hget");
+    assert_eq!(released.as_deref(), Some("x|R|attempt-c"), "c's tombstone");
+}
