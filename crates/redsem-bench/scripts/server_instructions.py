@@ -9,6 +9,9 @@ server executes per cycle (network handling, command dispatch and the scripts):
 
   polling     the polling baseline of redsem-bench (S9): its EVALSHA attempt + ZREM
   lease       try acquire + release, one client, uncontended
+  floor       the commands of that cycle alone (TIME, HMGET, BITPOS, SETBIT, ZADD, HSET; TIME,
+              HMGET, SETBIT, ZADD, HSET) issued by two functions with no logic, on the same
+              keys and arguments: what any script issuing those commands costs at least
   contended   capacity 8, 8 holders, 56 queued: release the oldest holder (which grants the
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
@@ -108,6 +111,32 @@ class Server:
         self.proc.wait()
 
 
+# The uncontended cycle's commands with no logic around them (the `floor` row): not a
+# semaphore, a measure of what the commands and the calls cost by themselves.
+FLOOR = r"""#!lua name=floor
+redis.register_function('floor_acquire', function(K, A)
+  redis.call('TIME')
+  redis.call('HMGET', K[3], 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next', 'tnext',
+    'layout', 'r:' .. A[1])
+  local slot = redis.call('BITPOS', K[4], '0')
+  redis.call('SETBIT', K[4], slot, '1')
+  redis.call('ZADD', K[1], '1764200000123', A[1])
+  redis.call('HSET', K[3], 'used', '1', 'nh', '1', 'tok', '1764200000123456',
+    'r:' .. A[1], 'h|1764200000123456|1|1764200000123|30000|0|')
+  return { 'GRANTED', 1764200000123456, slot }
+end)
+redis.register_function('floor_release', function(K, A)
+  redis.call('TIME')
+  redis.call('HMGET', K[3], 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next', 'tnext',
+    'layout', 'r:' .. A[1])
+  redis.call('SETBIT', K[4], '0', '0')
+  redis.call('ZADD', K[1], '-1764200060123', A[1])
+  redis.call('HSET', K[3], 'used', '0', 'nh', '0', 'nt', '1', 'r:' .. A[1], 'x|R|' .. A[3])
+  return { 'RELEASED', 1 }
+end)
+"""
+
+
 def lease_keys(name):
     return [f"b:{{lease:{name}}}:{part}" for part in ["leases", "queue", "state", "slots"]]
 
@@ -152,6 +181,15 @@ def main():
             commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
             commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", "a" + pid])
         measure("lease", commands, CYCLES)
+
+        r.function_load(FLOOR, replace=True)
+        f = lease_keys("f")
+        r.hset(f[2], mapping={"layout": "1", "wide": "-" * 80})  # a hash table, as redsem's
+        commands = []
+        for pid in ids:
+            commands.append(["FCALL", "floor_acquire", 4, *f, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
+            commands.append(["FCALL", "floor_release", 4, *f, pid, "c", "a" + pid])
+        measure("floor", commands, CYCLES)
 
         def contended(name, per_call):
             k = lease_keys(name)

@@ -126,9 +126,10 @@ local function put(name, value)
   dirty[name] = true
 end
 
--- The text of numbers from 0 to 255 (most counts), kept once formatted: a function library
--- formats each once, a script (EVALSHA, a fresh state per call) the few it meets.
-local TEXT = {}
+-- The text of numbers from 0 to 10^6 (counts, slots, lease times), kept once formatted: a
+-- function library formats each once, a script (EVALSHA, a fresh state per call) the few it
+-- meets. Bounded: starts over when full.
+local TEXT, TEXT_KEPT = {}, 0
 
 -- Integers go out with %d: Lua would print 16 digits as 1.79e+15.
 local function text(value)
@@ -136,8 +137,11 @@ local function text(value)
     local t = TEXT[value]
     if not t then
       t = format('%d', value)
-      if value >= 0 and value < 256 then
-        TEXT[value] = t
+      if value >= 0 and value < 1000000 then
+        if TEXT_KEPT == 4096 then
+          TEXT, TEXT_KEPT = {}, 0
+        end
+        TEXT[value], TEXT_KEPT = t, TEXT_KEPT + 1
       end
     end
     return t
@@ -152,6 +156,8 @@ end
 local function digits(value)
   if value == 0 then
     return 1 / value > 0 and '0' or value
+  elseif TEXT[value] then
+    return TEXT[value]
   elseif value % 1 == 0 and value > -1e17 and value < 1e17 then
     return format('%d', value)
   end

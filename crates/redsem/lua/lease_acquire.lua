@@ -4,7 +4,7 @@
 -- ARGV[1] request id   ARGV[2] capacity   ARGV[3] units k   ARGV[4] lease ms
 -- ARGV[5] label ("" for none)   ARGV[6] "1" = one live request per label
 -- ARGV[7] mode "try" | "wait"   ARGV[8] waiter lease ms   ARGV[9] wake channel
--- Returns: {"GRANTED", token, {slots}}
+-- Returns: {"GRANTED", token, slot, slot, ...}
 --        | {"QUEUED", position, recheck ms}          (mode "wait" only)
 --        | {"BUSY", units in use, waiters}           (mode "try": no room, or others wait)
 --        | {"GONE"}                                  (this id was released or withdrawn)

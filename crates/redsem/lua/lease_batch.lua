@@ -8,17 +8,22 @@
 --        waiter lease ms                                   (as lease_acquire, same channel)
 --   "r", permit or request id, release attempt             (as lease_release)
 -- Returns: {{reply of each operation, in order}, idle (1: send lease_tidy),
---           {"id|token|slots|delay", ...} (grants to waiters on the caller's channel)}
+--           "id|token|slots|delay", ... (grants to waiters on the caller's channel)}
 --        an acquire's reply as lease_acquire's; a release's {"RELEASED" | "DEQUEUED" | "NOTHELD"}
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", found, ours} (for all of them)
-local names, n = {}, 0
+local names, n, releases = {}, 0, 0
 local i = 2
 while i <= #ARGV do
   n = n + 1
   names[n] = 'r:' .. ARGV[i + 1]
-  i = i + (ARGV[i] == 'a' and 9 or 3)
+  if ARGV[i] == 'a' then
+    i = i + 9
+  else
+    releases, i = releases + 1, i + 3
+  end
 end
-S.mine = ARGV[1]
+-- Each release may hand its units to the head of the queue: read that many heads at once.
+S.mine, S.window = ARGV[1], releases + 1
 return run(function()
   local replies, at, j = {}, 2, 0
   while at <= #ARGV do
@@ -34,5 +39,5 @@ return run(function()
       return redis.error_reply('lease_batch: unknown operation ' .. tostring(ARGV[at]))
     end
   end
-  return { replies, S.defer_idle and needs_idle_ttl() and 1 or 0, S.handed or {} }
+  return released(replies, S.defer_idle and needs_idle_ttl())
 end, names)

@@ -2,7 +2,7 @@
 -- granted while it waited, renews the grant's lease from now and collects the grant.
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] request id   ARGV[2] lease ms   ARGV[3] waiter lease ms
--- Returns: {"GRANTED", token, {slots}}
+-- Returns: {"GRANTED", token, slot, slot, ...}
 --        | {"QUEUED", position, recheck ms}
 --        | {"GONE"}   (neither queued nor granted: its lease ran out, it was withdrawn, the
 --                      capacity shrank below it, or the state was lost)
@@ -29,7 +29,7 @@ return run(function()
     check() -- its lease entry was missing
   end
   if r.h then
-    return { 'GRANTED', tonumber(r.t), r.s }
+    return granted(tonumber(r.t), r.s)
   end
   return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
 end, 'r:' .. ARGV[1])

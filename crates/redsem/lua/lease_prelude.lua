@@ -282,6 +282,27 @@ local function parse(raw)
   return nil
 end
 
+-- A grant's reply, {"GRANTED", token, slot, slot, ...}: the slots in the reply itself (a
+-- table inside a reply costs Redis more to convert than the slots in it).
+local function granted(token, slots)
+  local reply = { 'GRANTED', token }
+  for i = 1, #slots do
+    reply[i + 2] = slots[i]
+  end
+  return reply
+end
+
+-- {outcome, idle flag, grants handed back...}: a release's reply (see lease_release.lua).
+local function released(outcome, idle)
+  local reply, handed = { outcome, idle and 1 or 0 }, S.handed
+  if handed then
+    for i = 1, #handed do
+      reply[i + 2] = handed[i]
+    end
+  end
+  return reply
+end
+
 local function record(id)
   return parse(field('r:' .. id))
 end
@@ -398,16 +419,20 @@ local function drop_holder(id, r)
 end
 
 local function drop_waiter(id, r)
+  S.heads = nil -- (perhaps inside the window peek() read: read it again)
   call(QUEUE, 'ZREM', QUEUE, id)
   put('r:' .. id, false)
   put('qlen', math.max(S.qlen - 1, 0))
   label_add(r.l, -1)
 end
 
--- The first two ids of the queue, with their records read (one HMGET for those this call
--- has not read yet, instead of an HGET each as record() would).
+-- The window at the head of the queue, S.heads from S.at on: the first ids of the queue
+-- (two, or one more than the releases of a batch: S.window), with their records read (one
+-- HMGET for those this call has not read yet, instead of an HGET each as record() would).
+-- Kept for the rest of the call: promote() takes its heads from the front, new waiters join
+-- behind it, and whatever else removes a waiter (drop_waiter(), repair()) drops the window.
 local function peek()
-  local ids = call(QUEUE, 'ZRANGE', QUEUE, 0, 1)
+  local ids = call(QUEUE, 'ZRANGE', QUEUE, '0', text((S.window or 2) - 1))
   local names, n = {}, 0
   for i = 1, #ids do
     local name = 'r:' .. ids[i]
@@ -422,7 +447,7 @@ local function peek()
       S[names[i]] = raws[i]
     end
   end
-  return ids
+  S.heads, S.at = ids, 1
 end
 
 -- Grant, in arrival order, every waiter at the head of the queue that now fits, and wake
@@ -438,21 +463,21 @@ end
 -- waiter that does not fit, so a large request is
 -- never overtaken by smaller ones behind it, and when WORK_BUDGET is spent.
 -- A waiter asking for more than the capacity is dropped and woken to learn it.
--- The queue is read two ids at a time (see peek()): every step that goes on removes the
--- head, so the second id is the next head, and a release that grants one waiter looks at
--- the next one without reading the queue again.
+-- The queue is read a window at a time (see peek()): every step that goes on removes the
+-- head, so the next id of the window is the next head, and a release that grants one
+-- waiter looks at the next one without reading the queue again (nor does the next release
+-- of a batch).
 local function promote()
-  local heads, at = nil, 1
   while S.qlen > 0 and budget > 0 do
-    if not (heads and heads[at]) then
-      heads, at = peek(), 1
+    if not (S.heads and S.heads[S.at]) then
+      peek()
     end
-    local head = heads[at]
+    local head = S.heads[S.at]
     if not head then
       repair() -- qlen says someone waits, the queue is empty
       return
     end
-    at = at + 1
+    S.at = S.at + 1
     local w = record(head)
     if not w or w.h or w.x then
       redis.call('ZREM', QUEUE, head)
@@ -462,6 +487,7 @@ local function promote()
       redis.call('ZREM', LEASES, head)
       wake(w.c, head)
     elseif S.used + w.k > S.cap then
+      S.at = S.at - 1 -- (still the head)
       return
     else
       budget = budget - w.k
@@ -575,8 +601,14 @@ local function recheck_ms(id, waiter_lease, behind)
 end
 
 -- True if the entries of leases or the bits of the slot bitmap disagree with the counters
--- (one ZCARD, one BITCOUNT): then repaired.
+-- (one ZCARD, one BITCOUNT): then repaired. Once per call: nothing but the call itself
+-- changes the keys while it runs, and its operations keep the counters (a batch's queued
+-- acquires would otherwise check eight times).
 local function check()
+  if S.checked then
+    return false
+  end
+  S.checked = true
   if call(LEASES, 'ZCARD', LEASES) ~= S.nh + S.qlen + S.nt or call(SLOTS, 'BITCOUNT', SLOTS) ~= S.used then
     repair()
     return true
@@ -590,6 +622,7 @@ end
 -- dropped (it re-queues when it checks in), entries without a record go. Linear in the
 -- size of the semaphore; runs only when a check finds a disagreement.
 repair = function()
+  S.heads = nil
   local leases, queued = {}, {}
   local entries = call(LEASES, 'ZRANGE', LEASES, 0, -1, 'WITHSCORES')
   for i = 1, #entries, 2 do
@@ -670,7 +703,8 @@ local function begin(keys)
   -- S, sized for the fields every call sets (and the caller's record).
   start(STATE, expected, HOOKS, {
     now = nil, now_us = nil, loaded = nil, cap = nil, used = nil, qlen = nil, seq = nil, idle = nil,
-    tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil, read = nil,
+    tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
+    read = nil, checked = nil, heads = nil, at = nil, window = nil,
   })
   budget = WORK_BUDGET
 end
@@ -697,7 +731,7 @@ local function acquire_op(A, o, channel)
     -- Resent: answer as the first attempt did, renewing what it got.
     add_lease(id, S.now + (mine.h and lease or waiter_lease))
     if mine.h then
-      return { 'GRANTED', tonumber(mine.t), mine.s }
+      return granted(tonumber(mine.t), mine.s)
     end
     return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
   end
@@ -721,14 +755,14 @@ local function acquire_op(A, o, channel)
   if S.qlen == 0 and S.used + k <= cap then
     local token, slots = grant(id, k, label, lease, S.now + lease)
     label_add(label, 1)
-    return { 'GRANTED', token, slots }
+    return granted(token, slots)
   end
   if mode ~= 'wait' then
     return { 'BUSY', S.used, S.qlen }
   end
 
   local position = S.qlen
-  call(QUEUE, 'ZADD', QUEUE, S.seq + 1, id)
+  call(QUEUE, 'ZADD', QUEUE, digits(S.seq + 1), id)
   add_lease(id, S.now + waiter_lease)
   put('seq', S.seq + 1)
   put('qlen', position + 1)
@@ -820,15 +854,14 @@ local function fast_acquire(A, name)
   end
   call(SLOTS, 'SETBIT', SLOTS, digits(slot), '1')
   call(LEASES, 'ZADD', LEASES, digits(ends), id)
-  local slots = { slot }
-  local held = holder_record(token, 1, S.now, lease, slots, '')
+  local held = holder_record(token, 1, S.now, lease, { slot }, '')
   if ends < count(r[9]) then
     rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held,
       'next', text(ends))
   else
     rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held)
   end
-  return { 'GRANTED', token, slots }
+  return { 'GRANTED', token, slot }
 end
 
 -- lease_release of a holder of one unit without a label, with nobody queued.
@@ -852,5 +885,5 @@ local function fast_release(A, name)
     rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb)
   end
   -- Idle now (no TTL yet: quiet() saw none): lease_tidy gives it one.
-  return { 'RELEASED', used == 0 and 1 or 0, {} }
+  return { 'RELEASED', used == 0 and 1 or 0 }
 end

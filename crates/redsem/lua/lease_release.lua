@@ -9,12 +9,13 @@
 -- KEYS: see lease_prelude.lua
 -- ARGV[1] permit or request id   ARGV[2] the caller's wake channel
 -- ARGV[3] the release attempt: an id of this release, the same in its resend ("" for none)
--- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), {"id|token|slots|delay", ...}}
+-- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), "id|token|slots|delay", ...}
+--          (after the idle flag, the grants made to waiters on the caller's channel)
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is release_op, in lease_prelude.lua: lease_batch runs it too.)
 S.mine, S.defer_idle = ARGV[2], true
 -- (A holder's release with nobody queued takes fast_release, in lease_prelude.lua.)
 return run(function()
   local outcome = release_op(ARGV[1], ARGV[3])
-  return { outcome, needs_idle_ttl() and 1 or 0, S.handed or {} }
+  return released(outcome, needs_idle_ttl())
 end, 'r:' .. ARGV[1], nil, fast_release, ARGV)

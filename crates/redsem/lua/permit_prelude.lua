@@ -110,7 +110,7 @@ end
 -- record (lost) are dropped. A granted waiter keeps its waiter lease until it collects.
 local function promote()
   while S.qlen > 0 do
-    local head = call(QUEUE, 'ZRANGE', QUEUE, 0, 0)[1]
+    local head = call(QUEUE, 'ZRANGE', QUEUE, '0', '0')[1]
     if not head then
       put('qlen', 0)
       return

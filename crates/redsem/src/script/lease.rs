@@ -293,11 +293,12 @@ pub(crate) async fn lease_batch(
     })
 }
 
-/// The end of a release's (or a batch's) reply: the idle flag and the grants handed back.
+/// The end of a release's (or a batch's) reply: the idle flag and the grants handed back
+/// (every value after it).
 fn idle_and_handed(r: &mut Reply) -> Result<(bool, Vec<String>)> {
     let idle = r.int()? == 1;
     let mut handed = Vec::new();
-    for item in r.array()? {
+    for item in r.rest() {
         match item {
             Value::BulkString(bytes) => handed.push(String::from_utf8_lossy(&bytes).into_owned()),
             other => return Err(r.bad("a grant message", &other)),
@@ -465,7 +466,7 @@ fn decode_acquire(script: &'static str, reply: Value) -> Result<Acquire> {
     Ok(match status.as_str() {
         "GRANTED" => Acquire::Granted {
             token: r.uint()?,
-            slots: r.slots()?,
+            slots: r.rest_slots()?,
         },
         "QUEUED" => Acquire::Queued {
             position: r.uint()?,

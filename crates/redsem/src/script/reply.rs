@@ -142,6 +142,22 @@ impl Reply {
         }
     }
 
+    /// The values left, all of them.
+    pub(super) fn rest(&mut self) -> Vec<Value> {
+        self.rest.by_ref().collect()
+    }
+
+    /// The slots that end a grant's reply: every value left.
+    pub(super) fn rest_slots(&mut self) -> Result<Vec<u32>> {
+        self.rest()
+            .into_iter()
+            .map(|v| match v {
+                Value::Int(n) => u32::try_from(n).map_err(|_| self.bad("a slot", &Value::Int(n))),
+                other => Err(self.bad("a slot", &other)),
+            })
+            .collect()
+    }
+
     pub(super) fn slots(&mut self) -> Result<Vec<u32>> {
         let items = self.array()?;
         items

@@ -1087,3 +1087,74 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     let released: Option<String> = conn.hget(&k.all[2], "r:c").await.expect("hget");
     assert_eq!(released.as_deref(), Some("x|R|attempt-c"), "c's tombstone");
 }
+
+#[tokio::test]
+async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
+    // Issue 19: a batch reads the head of the queue once for all its releases (peek()'s
+    // window) and takes the heads from its front. A head that does not fit stays the head;
+    // a waiter withdrawn from inside the window is not met again.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["h1", "h2", "h3"] {
+        granted(acquire(&mut conn, req(id, 3, 1, false)).await);
+    }
+    for (id, units) in [("w1", 1), ("w2", 2), ("w3", 1), ("w4", 1)] {
+        let queued = acquire(&mut conn, req(id, 3, units, true)).await;
+        assert!(matches!(queued, Acquire::Queued { .. }), "{id}: {queued:?}");
+    }
+    let ids = |handed: &[String]| -> Vec<String> {
+        handed
+            .iter()
+            .map(|g| g.split('|').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+
+    // h1 frees a unit: w1. w2 (2 units) does not fit until h2 and h3 are gone: w3, behind
+    // it, must wait although one unit would do.
+    let w5 = req("w5", 3, 1, true);
+    let ops = [
+        BatchOp::release("h1", "a1"),
+        BatchOp::release("h2", "a2"),
+        BatchOp::release("h3", "a3"),
+        BatchOp::acquire(&w5),
+    ];
+    let batch = lease_batch(&mut conn, &k, CHANNEL, &ops)
+        .await
+        .expect("batch");
+    assert_eq!(ids(&batch.handed), ["w1", "w2"], "in queue order");
+    let queued = batch_acquire(batch.replies[3].clone(), None).expect("w5");
+    assert!(
+        matches!(queued, Acquire::Queued { position: 2, .. }),
+        "{queued:?}"
+    );
+
+    // w1 leaves: w3. w4 (now the next head) is withdrawn, then w2's two units go to w5.
+    let ops = [
+        BatchOp::release("w1", "b1"),
+        BatchOp::withdraw("w4"),
+        BatchOp::release("w2", "b2"),
+    ];
+    let batch = lease_batch(&mut conn, &k, CHANNEL, &ops)
+        .await
+        .expect("batch");
+    assert_eq!(ids(&batch.handed), ["w3", "w5"], "in queue order");
+    let outcomes: Vec<Release> = batch
+        .replies
+        .iter()
+        .map(|r| batch_release(r.clone(), None).expect("release"))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [Release::Released, Release::Dequeued, Release::Released]
+    );
+    let (qlen, used): (String, String) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg("qlen")
+        .arg("used")
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    let queue: usize = conn.zcard(&k.all[1]).await.expect("zcard");
+    assert_eq!((qlen.as_str(), queue, used.as_str()), ("0", 0, "2"));
+}
