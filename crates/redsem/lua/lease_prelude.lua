@@ -147,8 +147,8 @@ local function load(name)
     end
   else
     -- (Read already by a fast path whose case this is not: see read_state().)
-    r = S.read or call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
-      'tnext', 'layout', name or 'r:')
+    r = S.read or call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt',
+      'next', 'tnext', 'layout', name or 'r:')
     if name then
       S[name] = r[12]
     end
@@ -226,15 +226,27 @@ local function runs(slots)
   return table.concat(out, ',')
 end
 
-local function holder_record(token, k, at, lease, slots, label)
-  if #slots == 1 then
-    return format('h|%d|%d|%d|%d|%d|%s', token, k, at, lease, slots[1], label)
+-- Now in ms as text, formatted once per call (every record a call writes carries it).
+local function now_text()
+  local t = S.now_text
+  if not t then
+    t = format('%d', S.now)
+    S.now_text = t
   end
-  return format('h|%d|%d|%d|%d|%s|%s', token, k, at, lease, runs(slots), label)
+  return t
 end
 
-local function waiter_record(k, since, lease, waiter_lease, channel, label)
-  return string.format('w|%d|%d|%d|%d|%d|%s%s', k, since, lease, waiter_lease, #channel, channel, label)
+-- A record is joined from texts (the counts from text()'s memo), not formatted: a format of
+-- seven values cost more than the command that stores it. `token` is the token's text.
+local function holder_record(token, k, lease, slots, label)
+  local s = #slots == 1 and text(slots[1]) or runs(slots)
+  return 'h|' .. token .. '|' .. text(k) .. '|' .. now_text() .. '|' .. text(lease) .. '|' .. s .. '|'
+    .. label
+end
+
+local function waiter_record(k, lease, waiter_lease, channel, label)
+  return 'w|' .. text(k) .. '|' .. now_text() .. '|' .. text(lease) .. '|' .. text(waiter_lease) .. '|'
+    .. text(#channel) .. '|' .. channel .. label
 end
 
 -- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
@@ -392,10 +404,11 @@ local function grant(id, k, label, lease, expires)
     i = i + 1
   end
   add_lease(id, expires)
-  put('r:' .. id, holder_record(token, k, S.now, lease, slots, label))
+  local token_text = format('%d', token)
+  put('r:' .. id, holder_record(token_text, k, lease, slots, label))
   put('used', S.used + k)
   put('nh', S.nh + 1)
-  return token, slots
+  return token, slots, token_text
 end
 
 -- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn),
@@ -500,11 +513,11 @@ local function promote()
       if not mine then
         ends = max(min(place_ends, ends), S.now + 1)
       end
-      local token, slots = grant(head, w.k, w.l, w.lease, ends)
+      local _, slots, token = grant(head, w.k, w.l, w.lease, ends)
       redis.call('ZREM', QUEUE, head)
       put('qlen', math.max(S.qlen - 1, 0))
-      local grant_msg = string.format('%s|%d|%s|%d', head, token, table.concat(slots, ','),
-        math.max(S.now - checked_in, 0))
+      local listed = #slots == 1 and text(slots[1]) or table.concat(slots, ',')
+      local grant_msg = head .. '|' .. token .. '|' .. listed .. '|' .. text(max(S.now - checked_in, 0))
       if mine then
         -- A waiter of the caller's own process: handed over with the reply, no PUBLISH.
         S.handed = S.handed or {}
@@ -704,7 +717,7 @@ local function begin(keys)
   start(STATE, expected, HOOKS, {
     now = nil, now_us = nil, loaded = nil, cap = nil, used = nil, qlen = nil, seq = nil, idle = nil,
     tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
-    read = nil, checked = nil, heads = nil, at = nil, window = nil,
+    read = nil, checked = nil, heads = nil, at = nil, window = nil, now_text = nil,
   })
   budget = WORK_BUDGET
 end
@@ -766,7 +779,7 @@ local function acquire_op(A, o, channel)
   add_lease(id, S.now + waiter_lease)
   put('seq', S.seq + 1)
   put('qlen', position + 1)
-  put('r:' .. id, waiter_record(k, S.now, lease, waiter_lease, channel, label))
+  put('r:' .. id, waiter_record(k, lease, waiter_lease, channel, label))
   label_add(label, 1)
   -- Queued behind others (their tickets are lower): not the head.
   return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
@@ -854,12 +867,13 @@ local function fast_acquire(A, name)
   end
   call(SLOTS, 'SETBIT', SLOTS, digits(slot), '1')
   call(LEASES, 'ZADD', LEASES, digits(ends), id)
-  local held = holder_record(token, 1, S.now, lease, { slot }, '')
+  local tok = format('%d', token)
+  local held = holder_record(tok, 1, lease, { slot }, '')
   if ends < count(r[9]) then
-    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held,
+    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', tok, name, held,
       'next', text(ends))
   else
-    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', text(token), name, held)
+    rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', tok, name, held)
   end
   return { 'GRANTED', token, slot }
 end
