@@ -88,11 +88,13 @@ impl PermitState {
         if !self.lost.is_cancelled() {
             let _inside = self.span.enter();
             tracing::warn!(semaphore = %self.sem.name, id = %self.id, why, "lease lost");
-            self.lost.cancel();
+            // Counted, and the hold recorded, before `lost()` wakes anyone: a task woken by
+            // it may read the metrics at once.
             if !self.ended.load(Ordering::Relaxed) {
                 self.sem.meter.lost();
             }
             self.end();
+            self.lost.cancel();
         }
     }
 
