@@ -525,6 +525,11 @@ local function promote()
       else
         wake(w.c, grant_msg)
       end
+      if S.used >= S.cap then
+        -- Full again: no waiter fits, so the next head is not read now. (What promote()
+        -- would still do there, see promote_left(), waits for the next unit freed.)
+        return
+      end
     end
   end
 end
