@@ -179,14 +179,15 @@ end
 -- already); otherwise it is the forget-at.
 local function remember_id(key, name, once)
   local forget = clock() + REMEMBER_MS
+  local score = digits(forget)
   if not once then
-    call(key, 'ZADD', key, forget, name)
-  elseif call(key, 'ZADD', key, 'NX', forget, name) == 0 then
+    call(key, 'ZADD', key, score, name)
+  elseif call(key, 'ZADD', key, 'NX', score, name) == 0 then
     if tonumber(redis.call('ZSCORE', key, name)) > S.now then
       return false
     end
     -- Past its time, but not forgotten yet.
-    redis.call('ZADD', key, forget, name)
+    redis.call('ZADD', key, score, name)
   end
   return forget
 end

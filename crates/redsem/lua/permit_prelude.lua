@@ -303,12 +303,11 @@ local function keep()
   if need == 0 and S.keep == 0 and next(dirty) then
     need = S.now
   end
-  local bookkeeping = { QUEUE, WAITERS, META, APPLIED, RECORDS }
   if S.wlen > 0 or S.qlen > 0 then
     -- Live: nothing may expire (keep still marks that there is bookkeeping).
     if not S.live then
       put('live', '1')
-      persist(bookkeeping)
+      persist({ QUEUE, WAITERS, META, APPLIED, RECORDS })
     end
     if need + KEEP_MARGIN_MS > S.keep then
       put('keep', need + KEEP_IDLE_MS)
@@ -317,11 +316,12 @@ local function keep()
     -- The last waiter left: idle from now on, kept an idle while after every forget-at.
     put('live', false)
     put('keep', math.max(need, S.now + REMEMBER_MS) + KEEP_IDLE_MS)
-    expire_at(S.keep, bookkeeping)
+    expire_at(S.keep, { QUEUE, WAITERS, META, APPLIED, RECORDS })
   elseif need > 0 and need + KEEP_MARGIN_MS > S.keep then
     put('keep', need + KEEP_IDLE_MS)
-    expire_at(S.keep, bookkeeping)
-  else
+    expire_at(S.keep, { QUEUE, WAITERS, META, APPLIED, RECORDS })
+  elseif S.fresh_queue or S.fresh_waiters or S.fresh_meta or S.fresh_applied then
+    -- (Tables only when a key was created: most calls create none.)
     local fresh = {}
     for key, created in pairs({ [QUEUE] = S.fresh_queue, [WAITERS] = S.fresh_waiters, [META] = S.fresh_meta,
       [APPLIED] = S.fresh_applied }) do
