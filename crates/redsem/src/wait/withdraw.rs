@@ -2,10 +2,19 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::client::Redsem;
 use crate::error::Result;
+use crate::retry::{RETRY_EVERY, loading};
 use crate::types::PermitId;
+
+/// How long a withdrawal sent in the background is sent again while the server cannot be
+/// reached (or answers `LOADING`). A withdrawal may be sent again safely (one already applied
+/// answers as a no-op), and one never applied can cost a permit semaphore its permits for
+/// good: a grant that a check-in collected, whose reply was lost, has no lease that would
+/// end it.
+const WITHDRAW_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A primitive whose queued requests can be withdrawn: the request leaves the queue, and
 /// whatever was granted to it meanwhile is given back.
@@ -54,9 +63,22 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let id = self.id.clone();
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
-            if let Err(err) = queue.withdraw(id.as_str()).await {
-                tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
-                    "could not withdraw a cancelled request; its waiter lease will");
+            let deadline = tokio::time::Instant::now() + WITHDRAW_PATIENCE;
+            loop {
+                match queue.withdraw(id.as_str()).await {
+                    Ok(()) => return,
+                    Err(err)
+                        if (err.is_unavailable() || loading(&err))
+                            && tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(RETRY_EVERY).await;
+                    }
+                    Err(err) => {
+                        tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
+                            "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");
+                        return;
+                    }
+                }
             }
         });
     }

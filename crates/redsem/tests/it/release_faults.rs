@@ -252,3 +252,71 @@ async fn permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_on
     let back = observer.available_permits().await.expect("available");
     assert_eq!(back, 4, "each release applied once");
 }
+
+/// A waiting permit acquire whose grant was collected by a check-in whose reply was lost, and
+/// which is then dropped while the server is unreachable: its withdrawal, sent in the
+/// background, must still give the permit back once the server can be reached (a permit has
+/// no lease that would end it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage() {
+    let ctx = TestContext::start().await;
+    let proxy = std::sync::Arc::new(FaultProxy::start(ctx.server.port()));
+    let options = redsem::RedsemOptions::default()
+        .prefix("t")
+        .group_commit(false);
+    let waiting = crate::support::connect_with(&proxy.url(), options)
+        .await
+        .expect("connect");
+    let pool = waiting.permit_semaphore("w").expect("handle");
+    let owner = ctx.redsem.permit_semaphore("w").expect("handle");
+    assert!(owner.try_set_permits(1).await.expect("set"));
+    owner.acquire(1).await.expect("the only permit");
+    let waiter = tokio::spawn(async move { pool.acquire(1).await });
+    until("the waiter is queued", || async {
+        crate::support::queued(&ctx.server, "w").await == 1
+    })
+    .await;
+    // The waiter's check-in collects the grant; its reply is lost. Then nothing reaches the
+    // server, and the acquire is dropped: its withdrawal cannot be sent for now.
+    proxy.drop_reply_after(b"_permit_poll");
+    // (Refused the moment the reply is lost, before the check-in is sent again: a latency
+    // on the proxy keeps the client's reconnection slower than the thread that watches.)
+    proxy.set_delay(Duration::from_millis(100));
+    let watch = {
+        let proxy = proxy.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + LIMIT;
+            while proxy.triggered() == 0 && std::time::Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            proxy.set_refusing(true);
+        })
+    };
+    owner.release(1).await.expect("release");
+    within(LIMIT, "the check-in's reply lost", async {
+        while !watch.is_finished() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert_eq!(proxy.triggered(), 1, "the check-in's reply was lost");
+    waiter.abort();
+    let aborted = within(LIMIT, "the aborted task", waiter).await;
+    assert!(
+        matches!(&aborted, Err(e) if e.is_cancelled()),
+        "the acquire must not have returned: {aborted:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        owner.available_permits().await.expect("available"),
+        0,
+        "collected by the lost check-in, not given back yet"
+    );
+    proxy.set_delay(Duration::ZERO);
+    proxy.set_refusing(false);
+    within(LIMIT, "flush", waiting.flush()).await;
+    until("the permit comes back", || async {
+        owner.available_permits().await.expect("available") == 1
+    })
+    .await;
+}
