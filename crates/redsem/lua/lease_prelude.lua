@@ -838,7 +838,7 @@ end
 -- counters agreeing, nobody queued, no idle TTL, nothing due (no lease ended: `next`, 0 =
 -- unknown, is still ahead; no tombstone to prune), and with `room`, a unit free. The cheap
 -- tests come first: a contended call is turned away before any number is converted. Also
--- the counters: capacity, units in use, holders.
+-- the counters: capacity, units in use, holders, `next` and `tnext` (converted once).
 local function quiet(r, room)
   if not r[1] or r[3] ~= '0' or r[11] ~= LAYOUT or not r[7] or (r[5] and r[5] ~= '0') then
     return false
@@ -847,11 +847,11 @@ local function quiet(r, room)
   if (room and used >= cap) or (used > 0) ~= (nh > 0) then
     return false
   end
-  local tnext = count(r[10])
-  if count(r[9]) <= S.now or (tnext > 0 and tnext + PRUNE_LAG_MS <= S.now) then
+  local next_end, tnext = count(r[9]), count(r[10])
+  if next_end <= S.now or (tnext > 0 and tnext + PRUNE_LAG_MS <= S.now) then
     return false
   end
-  return true, cap, used, nh
+  return true, cap, used, nh, next_end, tnext
 end
 
 -- lease_acquire of one unit without a label, by a new request, with room and nobody queued.
@@ -861,7 +861,7 @@ local function fast_acquire(A, name)
   if r[12] or A[3] ~= '1' or A[5] ~= '' then
     return nil
   end
-  local ok, cap, used, nh = quiet(r, true)
+  local ok, cap, used, nh, next_end = quiet(r, true)
   local lease = number(A[4])
   if not (ok and cap == number(A[2]) and lease and number(A[8])) then
     return nil
@@ -874,7 +874,7 @@ local function fast_acquire(A, name)
   call(LEASES, 'ZADD', LEASES, digits(ends), id)
   local tok = format('%d', token)
   local held = holder_record(tok, 1, lease, { slot }, '')
-  if ends < count(r[9]) then
+  if ends < next_end then
     rcall('HSET', STATE, 'used', text(used + 1), 'nh', text(nh + 1), 'tok', tok, name, held,
       'next', text(ends))
   else
@@ -887,17 +887,22 @@ end
 local function fast_release(A, name)
   local id, attempt = A[1], A[3]
   local r = read_state(name)
-  local ok, _, used, nh = quiet(r)
+  local ok, _, used, nh, _, tnext = quiet(r)
   local slot = ok and r[12] and match(r[12], '^h|%d+|1|%d+|%d+|(%d+)|$')
   if not slot then
     return nil
   end
   call(SLOTS, 'SETBIT', SLOTS, slot, '0')
   local forget = S.now + REMEMBER_MS
-  call(LEASES, 'ZADD', LEASES, digits(-forget), id)
+  local entered = rpcall('ZADD', LEASES, digits(-forget), id)
+  if type(entered) == 'table' and entered.err then
+    -- A foreign value at leases: the slot goes back to its holder, and nothing is changed.
+    rcall('SETBIT', SLOTS, slot, '1')
+    error({ key = LEASES, cause = entered })
+  end
   local tomb, nt = 'x|R|' .. (attempt or ''), count(r[8])
   used, nh = max(used - 1, 0), max(nh - 1, 0)
-  if count(r[10]) == 0 then
+  if tnext == 0 then
     rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb,
       'tnext', text(forget))
   else

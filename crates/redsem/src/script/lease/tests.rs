@@ -1158,3 +1158,44 @@ async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
     let queue: usize = conn.zcard(&k.all[1]).await.expect("zcard");
     assert_eq!((qlen.as_str(), queue, used.as_str()), ("0", 0, "2"));
 }
+
+#[tokio::test]
+async fn a_release_meeting_a_foreign_lease_key_takes_nothing_from_its_holder() {
+    // The uncontended release (fast_release) clears the holder's slot bit before it writes
+    // the tombstone to leases. If leases holds a foreign value there, the bit goes back: the
+    // slot must not be handed to someone else while the holder's record still names it.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let (_, held) = granted(acquire(&mut conn, req("a", 3, 1, false)).await);
+    let saved: Vec<u8> = redis::cmd("DUMP")
+        .arg(&k.all[0])
+        .query_async(&mut conn)
+        .await
+        .expect("dump");
+    let _: () = conn.del(&k.all[0]).await.expect("del");
+    let _: () = conn.hset(&k.all[0], "x", "y").await.expect("hset");
+    match release(&mut conn, &k, "a").await {
+        Err(Error::WrongType { key, actual, .. }) => {
+            assert_eq!((key.as_str(), actual.as_str()), (k.all[0].as_str(), "hash"));
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let bit: u8 = redis::cmd("GETBIT")
+        .arg(&k.all[3])
+        .arg(held[0])
+        .query_async(&mut conn)
+        .await
+        .expect("getbit");
+    assert_eq!(bit, 1, "the holder's slot is still taken");
+    let _: () = conn.del(&k.all[0]).await.expect("del");
+    let _: () = redis::cmd("RESTORE")
+        .arg(&k.all[0])
+        .arg(0)
+        .arg(saved)
+        .query_async(&mut conn)
+        .await
+        .expect("restore");
+    let (_, other) = granted(acquire(&mut conn, req("b", 3, 1, false)).await);
+    assert_ne!(other, held, "a slot of its own");
+}
