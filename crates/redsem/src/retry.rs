@@ -25,8 +25,14 @@ pub(crate) const RETRY_EVERY: Duration = Duration::from_millis(50);
 pub(crate) const LOADING_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The server is loading its data after a restart: the call was refused, not applied.
-pub(crate) fn loading(err: &Error) -> bool {
+fn loading(err: &Error) -> bool {
     matches!(err, Error::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::BusyLoading))
+}
+
+/// The server could not be reached, or refused the call while loading its data: the cases in
+/// which the waiting engine and a background withdrawal send an idempotent call again.
+pub(crate) fn unreachable(err: &Error) -> bool {
+    err.is_unavailable() || loading(err)
 }
 
 /// Run `call`, and run it once more if Redis could not be reached; while the server answers

@@ -149,17 +149,17 @@ impl Reply {
 
     /// The slots that end a grant's reply: every value left.
     pub(super) fn rest_slots(&mut self) -> Result<Vec<u32>> {
-        self.rest()
-            .into_iter()
-            .map(|v| match v {
-                Value::Int(n) => u32::try_from(n).map_err(|_| self.bad("a slot", &Value::Int(n))),
-                other => Err(self.bad("a slot", &other)),
-            })
-            .collect()
+        let items = self.rest();
+        self.slot_numbers(items)
     }
 
+    /// The next value, an array of slots (a holder's in `lease_status`).
     pub(super) fn slots(&mut self) -> Result<Vec<u32>> {
         let items = self.array()?;
+        self.slot_numbers(items)
+    }
+
+    fn slot_numbers(&self, items: Vec<Value>) -> Result<Vec<u32>> {
         items
             .into_iter()
             .map(|v| match v {

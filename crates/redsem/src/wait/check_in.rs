@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::{Chain, Result};
-use crate::retry::{RETRY_EVERY, loading};
+use crate::retry::{RETRY_EVERY, unreachable};
 
 /// When a request gives up.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +60,7 @@ where
         match call().await {
             Ok(answer) => return Ok((answer, sent)),
             Err(err)
-                if (err.is_unavailable() || loading(&err))
+                if unreachable(&err)
                     && clock::now() + RETRY_EVERY < last + waiter_lease
                     && deadline.is_none_or(|d| Instant::now() + RETRY_EVERY < d) =>
             {

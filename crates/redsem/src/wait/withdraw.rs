@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::client::Redsem;
 use crate::error::Result;
-use crate::retry::{RETRY_EVERY, loading};
+use crate::retry::{RETRY_EVERY, unreachable};
 use crate::types::PermitId;
 
 /// How long a withdrawal sent in the background is sent again while the server cannot be
@@ -67,9 +67,7 @@ impl<Q: Queue> Drop for Withdraw<Q> {
             loop {
                 match queue.withdraw(id.as_str()).await {
                     Ok(()) => return,
-                    Err(err)
-                        if (err.is_unavailable() || loading(&err))
-                            && tokio::time::Instant::now() < deadline =>
+                    Err(err) if unreachable(&err) && tokio::time::Instant::now() < deadline =>
                     {
                         tokio::time::sleep(RETRY_EVERY).await;
                     }
