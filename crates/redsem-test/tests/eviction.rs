@@ -23,7 +23,13 @@ fn a_volatile_policy_evicts_keys_with_a_ttl_and_keeps_the_others() {
 
     let evicted = server.fill_until_evicting(true);
     assert!(evicted > 0, "evicted_keys {evicted}");
-    assert_eq!(server.evicted_keys(), evicted);
+    // Redis 7 may go on evicting from its timer after the write that crossed the limit, so
+    // the count can only have grown since the helper read it.
+    let after = server.evicted_keys();
+    assert!(
+        after >= evicted,
+        "evicted_keys went from {evicted} to {after}"
+    );
     let kept: Option<String> = con.get("keep").expect("GET keep");
     assert_eq!(kept.as_deref(), Some("no ttl"));
 }
