@@ -16,6 +16,8 @@ server executes per cycle (network handling, command dispatch and the scripts):
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
   permits     permit semaphore try_acquire(1) + release(1)
+  p-floor     the commands of that cycle alone (TIME, HMGET, GET, ZADD, INCRBY, HSET; TIME,
+              HMGET, ZADD NX, INCRBY), issued by two functions with no logic
   p-contend   8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
               queue a new waiter, one call each
   p-batched   the same, 8 cycles to one permit_batch call (group commit)
@@ -134,6 +136,21 @@ redis.register_function('floor_release', function(K, A)
   redis.call('HSET', K[3], 'used', '0', 'nh', '0', 'nt', '1', 'r:' .. A[1], 'x|R|' .. A[3])
   return { 'RELEASED', 1 }
 end)
+redis.register_function('floor_permit_acquire', function(K, A)
+  redis.call('TIME')
+  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'r:' .. A[1])
+  redis.call('GET', K[1])
+  redis.call('ZADD', K[6], '1764200060123', 'r:' .. A[1])
+  redis.call('INCRBY', K[1], '-1')
+  redis.call('HSET', K[4], 'r:' .. A[1], 'c|1')
+  return { 'GRANTED' }
+end)
+redis.register_function('floor_permit_add', function(K, A)
+  redis.call('TIME')
+  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'keep')
+  redis.call('ZADD', K[6], 'NX', '1764200060123', 'm:' .. A[1])
+  return { 'ADDED', redis.call('INCRBY', K[1], '1') }
+end)
 """
 
 
@@ -228,6 +245,15 @@ def main():
             commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c"])
             commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1])
         measure("permits", commands, CYCLES)
+
+        f = [f"b:{{permits:f}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+        r.set(f[0], 8)
+        r.hset(f[3], mapping={"keep": "1", "wide": "-" * 80})  # a hash table, as redsem's
+        commands = []
+        for pid in ids:
+            commands.append(["FCALL", "floor_permit_acquire", 6, *f, pid, 1, "try", 3000, "c"])
+            commands.append(["FCALL", "floor_permit_add", 6, *f, "r" + pid, 1])
+        measure("p-floor", commands, CYCLES)
 
         def permits_contended(name, per_call):
             """8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and

@@ -10,6 +10,8 @@
 -- A repeated id (a resend after a lost reply) answers as a poll would: the same request is
 -- never granted or queued twice. A new wait request is never granted past the queue, and
 -- never granted more than the count holds.
+-- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
+-- permit_prelude.lua.)
 return run(function()
   return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
-end, 'r:' .. ARGV[1])
+end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

@@ -7,6 +7,7 @@
 --        | {"REPEATED", available}   (this id was applied already)
 --        | {"RANGE", available}      (the count would leave +-(2^53 - 1); nothing changed)
 --        | {"WRONGTYPE", key, actual, expected}
+-- (With nobody waiting, fast_add, in permit_prelude.lua.)
 return run(function()
   return add_op(ARGV[1], ARGV[2])
-end, nil, 'lazy')
+end, nil, 'lazy', fast_add, ARGV)

@@ -16,6 +16,12 @@ pub(super) const LIMIT: Duration = Duration::from_secs(10);
 /// The wake channel the tests' requests name.
 pub(super) const CHANNEL: &str = "t:wake:test";
 
+/// Redis time in microseconds, read off the server.
+pub(super) async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    s * 1_000_000 + us
+}
+
 /// A connection to `server`.
 pub(super) async fn connect(server: &RedisServer) -> MultiplexedConnection {
     within(

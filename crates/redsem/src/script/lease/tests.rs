@@ -9,7 +9,8 @@ use redsem_test::{RedisCluster, RedisServer, within};
 use super::*;
 use crate::error::Error;
 use crate::script::test_support::{
-    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message, subscribe,
+    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message,
+    server_micros, subscribe,
 };
 
 fn keys() -> LeaseKeys {
@@ -52,12 +53,6 @@ fn granted(reply: Acquire) -> (u64, Vec<u32>) {
         Acquire::Granted { token, slots } => (token, slots),
         other => panic!("expected a grant, got {other:?}"),
     }
-}
-
-/// Redis time in microseconds, read off the server.
-async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
-    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
-    s * 1_000_000 + us
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use crate::script::latch::{
 };
 use crate::script::test_support::{
     CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, pttl, subscribe,
+    evict_by_filling, next_message, pttl, server_micros, subscribe,
 };
 
 const LONG: Duration = Duration::from_secs(30);
@@ -715,4 +715,57 @@ async fn a_batch_applies_its_operations_in_order_as_one_call_each_would() {
         prune.is_some(),
         "the remembered ids are forgotten on schedule"
     );
+}
+
+#[tokio::test]
+async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
+    // Issue 19: a grant with nobody waiting and an addition with nobody waiting are written
+    // straight to the keys (fast_acquire, fast_add) only while nothing is due. Each case
+    // below is one the fast path must leave: taken anyway, its effect would be missing.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let now_ms = async |conn: &mut MultiplexedConnection| (server_micros(conn).await / 1000) as i64;
+    assert!(permit_try_set(&mut conn, &k, "s", 4).await.expect("set"));
+    assert_eq!(add(&mut conn, "r0", 1).await, Addition::Applied(5));
+    assert_eq!(
+        acquire(&mut conn, "a", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+
+    // Remembered ids past their time: the next grant forgets them.
+    let past = now_ms(&mut conn).await - 1_000;
+    let () = conn.zadd(&k.all[5], "r:a", past).await.expect("zadd");
+    let () = conn.hset(&k.all[3], "prune", past).await.expect("hset");
+    assert_eq!(
+        acquire(&mut conn, "b", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(fields(&mut conn, &["r:a"]).await, [None], "a was forgotten");
+    let score: Option<f64> = conn.zscore(&k.all[5], "r:a").await.expect("zscore");
+    assert_eq!(score, None);
+
+    // Idle keys whose deadline comes within the margin: an addition moves it, and the TTLs.
+    let soon = now_ms(&mut conn).await + 70_000;
+    let () = conn.hset(&k.all[3], "keep", soon).await.expect("hset");
+    assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(4));
+    let keep: i64 = conn.hget(&k.all[3], "keep").await.expect("hget");
+    assert!(keep > soon + 30_000, "keep moved: {keep} after {soon}");
+    let ttl = pttl(&mut conn, &k.all[3]).await;
+    assert!(ttl > 100_000, "the records' TTL moved with keep: {ttl}");
+
+    // A grant made to a waiter that never collected it, its waiter lease ended: the next
+    // addition gives it back first.
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain").0, 4);
+    assert!(matches!(
+        acquire(&mut conn, "w", 1, true, LONG).await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(0));
+    assert_eq!(uncollected(&mut conn).await, 1, "w was granted");
+    let past = now_ms(&mut conn).await - 1_000;
+    let () = conn.zadd(&k.all[2], "w", past).await.expect("zadd");
+    let () = conn.hset(&k.all[3], "wnext", past).await.expect("hset");
+    assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(2));
+    assert_eq!(uncollected(&mut conn).await, 0);
 }
