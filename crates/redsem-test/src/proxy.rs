@@ -73,6 +73,8 @@ struct Shared {
     delay_micros: AtomicU64,
     /// The pattern of an armed lost-reply fault.
     armed: Mutex<Option<Vec<u8>>>,
+    /// The pattern of an armed outage (see `FaultProxy::refuse_before`).
+    outage: Mutex<Option<Vec<u8>>>,
     triggered: AtomicUsize,
     next_id: AtomicU64,
     /// The connections open now, by id.
@@ -121,6 +123,7 @@ impl FaultProxy {
             frozen: AtomicBool::new(false),
             delay_micros: AtomicU64::new(0),
             armed: Mutex::new(None),
+            outage: Mutex::new(None),
             triggered: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
@@ -181,7 +184,22 @@ impl FaultProxy {
         *lock(&self.shared.armed) = Some(pattern.to_vec());
     }
 
-    /// How many armed lost-reply faults have been carried out (their connection closed).
+    /// Arm a one-shot outage that begins just before a request: the next client data
+    /// containing `pattern` (found as for [`drop_reply_after`](Self::drop_reply_after)) is not
+    /// forwarded, and from that moment the server looks unreachable, as after
+    /// [`set_refusing(true)`](Self::set_refusing): every connection is cut and new ones are
+    /// closed at once, until `set_refusing(false)`. The request never reaches the server.
+    /// Counted by [`triggered`](Self::triggered) when it fires.
+    pub fn refuse_before(&self, pattern: &[u8]) {
+        assert!(
+            !pattern.is_empty(),
+            "FaultProxy::refuse_before needs a non-empty pattern"
+        );
+        *lock(&self.shared.outage) = Some(pattern.to_vec());
+    }
+
+    /// How many armed faults have been carried out: lost replies (their connection closed)
+    /// and outages.
     pub fn triggered(&self) -> usize {
         self.shared.triggered.load(Ordering::SeqCst)
     }
@@ -264,19 +282,6 @@ impl Shared {
 
     /// Whether the armed pattern occurs in `buf` ending after `fresh` (where the bytes of the
     /// latest read start, after those carried over); if so, disarm it (the fault is one-shot).
-    fn take_armed_match(&self, buf: &[u8], fresh: usize) -> bool {
-        let mut armed = lock(&self.armed);
-        let found = armed.as_deref().is_some_and(|pattern| {
-            // A match lying wholly in the carried bytes was forwarded before: not a new one.
-            let from = fresh.saturating_sub(pattern.len() - 1);
-            contains(&buf[from..], pattern)
-        });
-        if found {
-            *armed = None;
-        }
-        found
-    }
-
     /// Carry out the lost-reply fault of `conn` if it is pending: count it and close.
     fn finish_swallow(&self, conn: &Conn) {
         if conn.swallowing.swap(false, Ordering::SeqCst) {
@@ -385,7 +390,13 @@ fn pump(direction: Direction, mut reader: TcpStream, conn: &Arc<Conn>, shared: &
         let end = carried + read;
         match direction {
             Direction::ToServer => {
-                if shared.take_armed_match(&buf[..end], carried) {
+                if take_match(&shared.outage, &buf[..end], carried) {
+                    shared.triggered.fetch_add(1, Ordering::SeqCst);
+                    shared.refusing.store(true, Ordering::SeqCst);
+                    shared.cut_all();
+                    break;
+                }
+                if take_match(&shared.armed, &buf[..end], carried) {
                     // Set before the request is forwarded, so its reply is the one swallowed.
                     conn.swallowing.store(true, Ordering::SeqCst);
                     start_swallow_watchdog(conn, shared);
@@ -454,6 +465,20 @@ fn sleep_unless_closed(delay: Duration, conn: &Conn) -> bool {
         }
         thread::sleep(left.min(DELAY_SLICE));
     }
+}
+
+/// Whether `buf` holds the pattern armed in `slot`; a match disarms it. (A match lying wholly
+/// in the first `carried` bytes, kept from the previous read, was seen then: not a new one.)
+fn take_match(slot: &Mutex<Option<Vec<u8>>>, buf: &[u8], carried: usize) -> bool {
+    let mut armed = lock(slot);
+    let found = armed.as_deref().is_some_and(|pattern| {
+        let from = carried.saturating_sub(pattern.len() - 1);
+        contains(&buf[from..], pattern)
+    });
+    if found {
+        *armed = None;
+    }
+    found
 }
 
 /// Whether `pattern` occurs in `haystack`.

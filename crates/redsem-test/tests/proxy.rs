@@ -214,6 +214,33 @@ fn a_refusing_proxy_cuts_what_is_open_and_closes_what_comes_until_turned_off() {
 }
 
 #[test]
+fn an_outage_before_a_request_keeps_it_from_the_server_until_turned_off() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let mut con = connect(&proxy.url()).expect("connect through the proxy");
+    proxy.refuse_before(b"INCR");
+    assert_eq!(ping(&mut con).expect("PING does not match"), "PONG");
+    assert_eq!(proxy.triggered(), 0);
+
+    let lost: redis::RedisResult<i64> = con.incr("n", 1);
+    assert!(lost.is_err(), "the INCR was answered: {lost:?}");
+    assert_eq!(proxy.triggered(), 1);
+    assert_eq!(counter(&server, "n"), None, "the INCR reached the server");
+    let attempt = connect(&proxy.url()).and_then(|mut con| ping(&mut con));
+    assert!(
+        attempt.is_err(),
+        "the proxy answered during the outage: {attempt:?}"
+    );
+
+    // One-shot: turned off, the same command goes through.
+    proxy.set_refusing(false);
+    let mut back = connect(&proxy.url()).expect("connect after the outage");
+    let n: i64 = back.incr("n", 1).expect("INCR after the outage");
+    assert_eq!(n, 1);
+    assert_eq!(proxy.triggered(), 1);
+}
+
+#[test]
 fn dropping_the_proxy_frees_its_port_and_closes_its_connections() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());

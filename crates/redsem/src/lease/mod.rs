@@ -263,7 +263,8 @@ impl LeaseSemaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::Timeout`] when `wait` runs out (the request is withdrawn first); otherwise as
+    /// [`Error::Timeout`] when `wait` runs out (the request is withdrawn first, or, if Redis
+    /// cannot be reached then, in the background once it can); otherwise as
     /// [`LeaseSemaphore::acquire`].
     ///
     /// # Cancel safety

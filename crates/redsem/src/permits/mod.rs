@@ -381,7 +381,8 @@ impl PermitSemaphore {
     /// # Errors
     ///
     /// [`Error::Timeout`] when `wait` runs out (the request is withdrawn first, and permits
-    /// handed to it meanwhile are given back); otherwise as [`acquire`](Self::acquire).
+    /// handed to it meanwhile are given back; if Redis cannot be reached then, the withdrawal
+    /// is sent in the background once it can); otherwise as [`acquire`](Self::acquire).
     ///
     /// # Cancel safety
     ///

@@ -31,6 +31,7 @@ pub(crate) use withdraw::{Queue, Withdraw};
 
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::retry::unreachable;
 use crate::types::PermitId;
 
 /// What the server answered to one check-in (an enqueue or a poll).
@@ -106,7 +107,8 @@ const MAX_FRESH_GONE: u32 = 3;
 /// # Errors
 ///
 /// The refusal the primitive made of an answer; [`Error::Timeout`] when the deadline passed
-/// (the request is withdrawn first); [`Error::Unavailable`] when Redis stays unreachable for
+/// (the request is withdrawn first, or, if Redis cannot be reached then, in the background
+/// once it can); [`Error::Unavailable`] when Redis stays unreachable for
 /// longer than the waiter lease; [`Error::Protocol`] for answers that make no sense.
 ///
 /// # Cancel safety
@@ -169,8 +171,14 @@ pub(crate) async fn acquire<R: Request>(
                     was_queued = true;
                     queued(position);
                     if !nap(mailbox.woken(), recheck, deadline).await {
-                        withdraw.now().await?;
-                        return Err(timeout(queue.name(), started));
+                        // (If the server cannot be reached, the guard sends the withdrawal
+                        // again in the background once dropped: the caller learns that it
+                        // timed out, and the request leaves the queue when the server is
+                        // back, not when its waiter lease ends.)
+                        match withdraw.now().await {
+                            Err(err) if !unreachable(&err) => return Err(err),
+                            _ => return Err(timeout(queue.name(), started)),
+                        }
                     }
                     if let Some(news) = mailbox.news()
                         && let Some(grant) = request.handed(&news, sent)
@@ -220,7 +228,7 @@ async fn failed<Q: Queue>(withdraw: &mut Withdraw<Q>, err: Error) -> Error {
         && let Err(back) = withdraw.now().await
     {
         tracing::warn!(error = %crate::error::Chain(&back),
-            "could not give back a grant the replicas did not acknowledge; its lease will end it");
+            "could not give back a grant the replicas did not acknowledge; sending it again in the background");
     }
     err
 }

@@ -47,11 +47,16 @@ impl<Q: Queue> Withdraw<Q> {
         self.queue = None;
     }
 
+    /// Withdraw the request now. If that fails the guard stays armed: dropped, it sends the
+    /// withdrawal again in the background (for as long as [`WITHDRAW_PATIENCE`] while the
+    /// server cannot be reached).
     pub(crate) async fn now(&mut self) -> Result<()> {
-        match self.queue.take() {
-            Some(queue) => queue.withdraw(self.id.as_str()).await,
-            None => Ok(()),
-        }
+        let Some(queue) = &self.queue else {
+            return Ok(());
+        };
+        queue.withdraw(self.id.as_str()).await?;
+        self.queue = None;
+        Ok(())
     }
 }
 

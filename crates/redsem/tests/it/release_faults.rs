@@ -352,3 +352,53 @@ async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage()
     })
     .await;
 }
+
+/// An acquire that times out just as the server goes out of reach: the caller learns that it
+/// timed out, and its withdrawal, which could not be sent, is sent again in the background,
+/// so the request leaves the queue once the server is back — not a waiter lease (a minute
+/// here) later, in front of everyone queued behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_acquire_leaves_the_queue_once_the_server_is_back() {
+    let ctx = TestContext::start().await;
+    let proxy = FaultProxy::start(ctx.server.port());
+    let options = redsem::RedsemOptions::default()
+        .prefix("t")
+        .group_commit(false);
+    let waiting = crate::support::connect_with(&proxy.url(), options)
+        .await
+        .expect("connect");
+    let pool = waiting
+        .permit_semaphore_with(
+            "w",
+            redsem::PermitOptions::default().waiter_lease(Duration::from_secs(60)),
+        )
+        .expect("handle");
+    let owner = ctx.redsem.permit_semaphore("w").expect("handle");
+    assert!(owner.try_set_permits(1).await.expect("set"));
+    owner.acquire(1).await.expect("the only permit");
+    // The server goes out of reach just before the withdrawal sent at the deadline.
+    proxy.refuse_before(b"_permit_withdraw");
+    let timed_out = within(
+        LIMIT,
+        "the acquire",
+        pool.acquire_timeout(1, Duration::from_millis(500)),
+    )
+    .await;
+    assert!(
+        matches!(&timed_out, Err(e) if e.is_timeout()),
+        "the acquire timed out: {timed_out:?}"
+    );
+    assert_eq!(proxy.triggered(), 1, "the withdrawal met the outage");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        crate::support::queued(&ctx.server, "w").await,
+        1,
+        "no withdrawal reached the server"
+    );
+    proxy.set_refusing(false);
+    until("the request leaves the queue", || async {
+        crate::support::queued(&ctx.server, "w").await == 0
+    })
+    .await;
+    within(LIMIT, "flush", waiting.flush()).await;
+}
