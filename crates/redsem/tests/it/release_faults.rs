@@ -285,6 +285,31 @@ async fn permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_on
     }
 }
 
+/// A client through `proxy` that sends its calls one by one (no group commit), the permit
+/// semaphore "w" on it (with `options`), and "w" on the test's own client, which set one
+/// permit and holds it.
+async fn one_permit_taken(
+    ctx: &TestContext,
+    proxy: &FaultProxy,
+    options: redsem::PermitOptions,
+) -> (
+    redsem::Redsem,
+    redsem::PermitSemaphore,
+    redsem::PermitSemaphore,
+) {
+    let one_by_one = redsem::RedsemOptions::default()
+        .prefix("t")
+        .group_commit(false);
+    let waiting = crate::support::connect_with(&proxy.url(), one_by_one)
+        .await
+        .expect("connect");
+    let pool = waiting.permit_semaphore_with("w", options).expect("handle");
+    let owner = ctx.redsem.permit_semaphore("w").expect("handle");
+    assert!(owner.try_set_permits(1).await.expect("set"));
+    owner.acquire(1).await.expect("the only permit");
+    (waiting, pool, owner)
+}
+
 /// A waiting permit acquire whose grant was collected by a check-in whose reply was lost, and
 /// which is then dropped while the server is unreachable: its withdrawal, sent in the
 /// background, must still give the permit back once the server can be reached (a permit has
@@ -293,16 +318,8 @@ async fn permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_on
 async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage() {
     let ctx = TestContext::start().await;
     let proxy = std::sync::Arc::new(FaultProxy::start(ctx.server.port()));
-    let options = redsem::RedsemOptions::default()
-        .prefix("t")
-        .group_commit(false);
-    let waiting = crate::support::connect_with(&proxy.url(), options)
-        .await
-        .expect("connect");
-    let pool = waiting.permit_semaphore("w").expect("handle");
-    let owner = ctx.redsem.permit_semaphore("w").expect("handle");
-    assert!(owner.try_set_permits(1).await.expect("set"));
-    owner.acquire(1).await.expect("the only permit");
+    let (waiting, pool, owner) =
+        one_permit_taken(&ctx, &proxy, redsem::PermitOptions::default()).await;
     let waiter = tokio::spawn(async move { pool.acquire(1).await });
     until("the waiter is queued", || async {
         crate::support::queued(&ctx.server, "w").await == 1
@@ -361,21 +378,8 @@ async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage()
 async fn a_timed_out_acquire_leaves_the_queue_once_the_server_is_back() {
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
-    let options = redsem::RedsemOptions::default()
-        .prefix("t")
-        .group_commit(false);
-    let waiting = crate::support::connect_with(&proxy.url(), options)
-        .await
-        .expect("connect");
-    let pool = waiting
-        .permit_semaphore_with(
-            "w",
-            redsem::PermitOptions::default().waiter_lease(Duration::from_secs(60)),
-        )
-        .expect("handle");
-    let owner = ctx.redsem.permit_semaphore("w").expect("handle");
-    assert!(owner.try_set_permits(1).await.expect("set"));
-    owner.acquire(1).await.expect("the only permit");
+    let long_wait = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(60));
+    let (waiting, pool, _owner) = one_permit_taken(&ctx, &proxy, long_wait).await;
     // The server goes out of reach just before the withdrawal sent at the deadline.
     proxy.refuse_before(b"_permit_withdraw");
     let timed_out = within(
