@@ -38,7 +38,7 @@ import redis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LUA = os.path.join(HERE, "..", "..", "redsem", "lua")
-CYCLES = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+CYCLES = int(sys.argv[1]) if __name__ == "__main__" and len(sys.argv) > 1 else 300
 OPS = {
     "latch": ["latch_try_set", "latch_count_down", "latch_state", "latch_delete"],
     "lease": ["lease_acquire", "lease_batch", "lease_poll", "lease_refresh", "lease_release",
