@@ -280,8 +280,6 @@ impl Shared {
         Duration::from_micros(self.delay_micros.load(Ordering::SeqCst))
     }
 
-    /// Whether the armed pattern occurs in `buf` ending after `fresh` (where the bytes of the
-    /// latest read start, after those carried over); if so, disarm it (the fault is one-shot).
     /// Carry out the lost-reply fault of `conn` if it is pending: count it and close.
     fn finish_swallow(&self, conn: &Conn) {
         if conn.swallowing.swap(false, Ordering::SeqCst) {
