@@ -769,3 +769,47 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(2));
     assert_eq!(uncollected(&mut conn).await, 0);
 }
+
+#[tokio::test]
+async fn a_key_replaced_while_in_use_is_reported_by_the_fast_paths_and_left_alone() {
+    // The fast paths (fast_acquire, fast_add) touch the count and the remembered ids without
+    // the general path's load: a foreign value there must be reported the same way, with
+    // nothing taken or granted.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    for (i, key) in [(0, &k.all[0]), (5, &k.all[5])] {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        // In use and quiet: the next uncontended acquire and addition take the fast paths.
+        assert!(permit_try_set(&mut conn, &k, "s", 3).await.expect("set"));
+        assert_eq!(
+            acquire(&mut conn, "a", 1, false, LONG).await,
+            PermitAcquire::Granted
+        );
+        assert_eq!(add(&mut conn, "r0", 1).await, Addition::Applied(3));
+        let quiet = fields(&mut conn, &["keep", "prune", "wide", "live"]).await;
+        assert!(
+            quiet[..3].iter().all(Option::is_some) && quiet[3].is_none(),
+            "{quiet:?}"
+        );
+        let _: () = conn.del(key).await.expect("del");
+        let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+        let results: Vec<(&str, Result<()>)> = vec![
+            (
+                "acquire",
+                permit_acquire(&mut conn, &k, "b", 1, false, LONG, CHANNEL)
+                    .await
+                    .map(drop),
+            ),
+            ("add", permit_add(&mut conn, &k, "r1", 1).await.map(drop)),
+        ];
+        assert_wrong_type(results, key, i);
+        let value: Vec<String> = conn.lrange(key, 0, -1).await.expect("lrange");
+        assert_eq!(value, ["foreign"], "key #{i} was overwritten");
+        assert_eq!(fields(&mut conn, &["r:b"]).await, [None], "b was granted");
+        if i != 0 {
+            let count: i64 = conn.get(&k.all[0]).await.expect("get");
+            assert_eq!(count, 3, "the count changed");
+        }
+    }
+}
