@@ -41,7 +41,9 @@ const DELAY_SLICE: Duration = Duration::from_millis(10);
 ///   the server, but its reply is lost and the connection closed ("the command ran but the reply
 ///   was lost");
 /// * [`set_delay`](Self::set_delay): latency added to every forwarded chunk;
-/// * [`set_refusing`](Self::set_refusing): the server looks unreachable.
+/// * [`set_refusing`](Self::set_refusing): the server looks unreachable;
+/// * [`refuse_before`](Self::refuse_before): it does so from the next request containing a
+///   pattern on, which never reaches the server.
 ///
 /// Dropping the proxy closes its port and every connection, and joins its threads (waiting at
 /// most a few seconds for them).
