@@ -205,12 +205,13 @@ local function load(name, mode)
   if type(name) == 'string' then
     S[name] = r[8]
   end
-  if S.counted then
-    S.counted = nil -- (the fast path read the count: S.count)
-  elseif mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
-    read_count()
-  else
-    S.unread = true
+  -- (A fast path that did not apply may have read the count: S.unread is false then.)
+  if S.unread == nil then
+    if mode ~= 'lazy' or S.keep == 0 or S.qlen > 0 or (S.wlen > 0 and now >= (S.wnext or 0)) then
+      read_count()
+    else
+      S.unread = true
+    end
   end
 
   if S.keep == 0 then
@@ -482,13 +483,11 @@ local function fast_acquire(A, name)
   if r[8] or not quiet(r) then
     return nil
   end
-  local k = tonumber(A[2])
-  local count = read_integer(COUNT)
+  local k, count = tonumber(A[2]), read_count()
   if not (count and k) or count < k then
-    S.count, S.unread, S.counted = count, false, true
     return nil
   end
-  call(APPLIED, 'ZADD', APPLIED, digits(S.now + REMEMBER_MS), name)
+  remember_id(APPLIED, name)
   rcall('INCRBY', COUNT, '-' .. text(k))
   rcall('HSET', RECORDS, name, 'c|' .. A[2])
   return { 'GRANTED' }
@@ -507,7 +506,7 @@ local function fast_add(A)
   end
   local name = 'm:' .. A[1]
   if not remember_id(APPLIED, name, true) then
-    return { 'REPEATED', read_integer(COUNT) or 0 }
+    return { 'REPEATED', read_count() or 0 }
   end
   local count = call(COUNT, 'INCRBY', COUNT, A[2])
   if math.abs(count) <= MAX_INT then
