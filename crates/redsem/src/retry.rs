@@ -1,5 +1,7 @@
 //! The retry policy of retry-safe calls: once, with the same request id, after Redis could
-//! not be reached; and for as long as a restarted server answers `LOADING`.
+//! not be reached; and for as long as a restarted server answers `LOADING`. A call made in
+//! the background, which no caller would send again, is sent while Redis cannot be reached
+//! for a patience of its own ([`until_reached`]).
 //!
 //! A call is retry-safe when it carries a request id that its script remembers (for about a
 //! minute, `REMEMBER_MS` in `lua/common.lua`) and applies at most once: a resend of a call
@@ -73,4 +75,28 @@ where
         result = call().await;
     }
     result
+}
+
+/// Run `call`, and send it again every [`RETRY_EVERY`] while Redis cannot be reached or
+/// answers `LOADING` ([`unreachable`]), for up to `patience`: for a call that must reach the
+/// server in the end and that nothing else would send again (a withdrawal made in the
+/// background). `call` must be idempotent.
+///
+/// # Errors
+///
+/// The last attempt's error once `patience` has passed, or the first error of any other kind.
+pub(crate) async fn until_reached<T, F, Fut>(patience: Duration, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match call().await {
+            Err(err) if unreachable(&err) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            result => return result,
+        }
+    }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::client::Redsem;
 use crate::error::Result;
-use crate::retry::{RETRY_EVERY, unreachable};
+use crate::retry::until_reached;
 use crate::types::PermitId;
 
 /// How long a withdrawal sent in the background is sent again while the server cannot be
@@ -68,20 +68,10 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let id = self.id.clone();
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
-            let deadline = tokio::time::Instant::now() + WITHDRAW_PATIENCE;
-            loop {
-                match queue.withdraw(id.as_str()).await {
-                    Ok(()) => return,
-                    Err(err) if unreachable(&err) && tokio::time::Instant::now() < deadline =>
-                    {
-                        tokio::time::sleep(RETRY_EVERY).await;
-                    }
-                    Err(err) => {
-                        tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
-                            "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");
-                        return;
-                    }
-                }
+            let withdrawn = until_reached(WITHDRAW_PATIENCE, || queue.withdraw(id.as_str())).await;
+            if let Err(err) = withdrawn {
+                tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
+                    "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");
             }
         });
     }
