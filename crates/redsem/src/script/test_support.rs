@@ -22,6 +22,11 @@ pub(super) async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {
     s * 1_000_000 + us
 }
 
+/// Redis time in milliseconds, as the scripts count it.
+pub(super) async fn server_millis(conn: &mut MultiplexedConnection) -> i64 {
+    i64::try_from(server_micros(conn).await / 1000).expect("a time in ms fits i64")
+}
+
 /// A connection to `server`.
 pub(super) async fn connect(server: &RedisServer) -> MultiplexedConnection {
     within(

@@ -10,7 +10,7 @@ use super::*;
 use crate::error::Error;
 use crate::script::test_support::{
     CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message,
-    server_micros, subscribe,
+    server_micros, server_millis, subscribe,
 };
 
 fn keys() -> LeaseKeys {
@@ -1035,7 +1035,6 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
-    let now_ms = |us: u64| (us / 1000) as i64;
 
     // The keys of an idle semaphore carry a TTL: the next grant takes it off.
     granted(acquire(&mut conn, req("a", 2, 1, false)).await);
@@ -1055,7 +1054,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     }
 
     // A holder whose lease ended: the next grant drops it before counting the room.
-    let past = now_ms(server_micros(&mut conn).await) - 1_000;
+    let past = server_millis(&mut conn).await - 1_000;
     let () = conn.zadd(&k.all[0], "b", past).await.expect("zadd");
     let () = conn.hset(&k.all[2], "next", past).await.expect("hset");
     granted(acquire(&mut conn, req("c", 2, 1, false)).await);
@@ -1070,7 +1069,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     assert_eq!((used.as_str(), b), ("1", None), "b's lease had ended");
 
     // Tombstones past their minute: a release prunes them.
-    let old = now_ms(server_micros(&mut conn).await) - 70_000;
+    let old = server_millis(&mut conn).await - 70_000;
     let () = conn.zadd(&k.all[0], "a", -old).await.expect("zadd");
     let () = conn.hset(&k.all[2], "tnext", old).await.expect("hset");
     assert_eq!(

@@ -14,7 +14,7 @@ use crate::script::latch::{
 };
 use crate::script::test_support::{
     CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, pttl, server_micros, subscribe,
+    evict_by_filling, next_message, pttl, server_millis, subscribe,
 };
 
 const LONG: Duration = Duration::from_secs(30);
@@ -725,7 +725,6 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
-    let now_ms = async |conn: &mut MultiplexedConnection| (server_micros(conn).await / 1000) as i64;
     assert!(permit_try_set(&mut conn, &k, "s", 4).await.expect("set"));
     assert_eq!(add(&mut conn, "r0", 1).await, Addition::Applied(5));
     assert_eq!(
@@ -734,7 +733,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     );
 
     // Remembered ids past their time: the next grant forgets them.
-    let past = now_ms(&mut conn).await - 1_000;
+    let past = server_millis(&mut conn).await - 1_000;
     let () = conn.zadd(&k.all[5], "r:a", past).await.expect("zadd");
     let () = conn.hset(&k.all[3], "prune", past).await.expect("hset");
     assert_eq!(
@@ -746,7 +745,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     assert_eq!(score, None);
 
     // Idle keys whose deadline comes within the margin: an addition moves it, and the TTLs.
-    let soon = now_ms(&mut conn).await + 70_000;
+    let soon = server_millis(&mut conn).await + 70_000;
     let () = conn.hset(&k.all[3], "keep", soon).await.expect("hset");
     assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(4));
     let keep: i64 = conn.hget(&k.all[3], "keep").await.expect("hget");
@@ -763,7 +762,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     ));
     assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(0));
     assert_eq!(uncollected(&mut conn).await, 1, "w was granted");
-    let past = now_ms(&mut conn).await - 1_000;
+    let past = server_millis(&mut conn).await - 1_000;
     let () = conn.zadd(&k.all[2], "w", past).await.expect("zadd");
     let () = conn.hset(&k.all[3], "wnext", past).await.expect("hset");
     assert_eq!(add(&mut conn, "r3", 1).await, Addition::Applied(2));
