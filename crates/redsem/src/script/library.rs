@@ -43,11 +43,45 @@ pub(crate) enum Primitive {
 impl Primitive {
     fn prelude(self) -> &'static str {
         match self {
-            Primitive::Lease => include_str!("../../lua/lease_prelude.lua"),
-            Primitive::Permit => include_str!("../../lua/permit_prelude.lua"),
-            Primitive::Latch => include_str!("../../lua/latch_prelude.lua"),
+            Primitive::Lease => lua("lease_prelude", include_str!("../../lua/lease_prelude.lua")),
+            Primitive::Permit => lua(
+                "permit_prelude",
+                include_str!("../../lua/permit_prelude.lua"),
+            ),
+            Primitive::Latch => lua("latch_prelude", include_str!("../../lua/latch_prelude.lua")),
         }
     }
+}
+
+/// The source of `lua/<file>.lua`: the text compiled in, or, in a build with the feature
+/// `lua-dir` while `REDSEM_LUA_DIR` names a directory, that directory's `<file>.lua` when it
+/// has one. Read once per file and kept for the life of the process. This is how the mutation
+/// runner (`redsem-mutants`, docs/MUTANTS.md) tries a changed script against the tests and the
+/// soak without a rebuild; no other build reads anything here.
+fn lua(file: &'static str, builtin: &'static str) -> &'static str {
+    #[cfg(feature = "lua-dir")]
+    {
+        use std::collections::HashMap;
+        use std::sync::Mutex;
+        static READ: LazyLock<Mutex<HashMap<&'static str, &'static str>>> =
+            LazyLock::new(Mutex::default);
+        if let Some(dir) = std::env::var_os("REDSEM_LUA_DIR") {
+            let mut read = READ
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(text) = read.get(file) {
+                return text;
+            }
+            let path = std::path::Path::new(&dir).join(format!("{file}.lua"));
+            if let Ok(text) = std::fs::read_to_string(path) {
+                let text: &'static str = Box::leak(text.into_boxed_str());
+                read.insert(file, text);
+                return text;
+            }
+        }
+    }
+    let _ = file;
+    builtin
 }
 
 /// One operation: a Lua body (`lua/<name>.lua`) that runs after its primitive's prelude.
@@ -110,22 +144,24 @@ pub(crate) struct Library {
 }
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let mut sources = String::from(COMMON);
+    let common = lua("common", COMMON);
+    let mut sources = String::from(common);
     for op in ALL {
         sources.push_str(op.name);
         sources.push_str(op.primitive.prelude());
-        sources.push_str(op.body);
+        sources.push_str(op.body());
     }
     let hash = Script::new(&sources).get_hash().to_owned();
     let name = format!("redsem_{}", &hash[..12]);
-    let mut source = format!("#!lua name={name}\n{COMMON}\n");
+    let mut source = format!("#!lua name={name}\n{common}\n");
     for primitive in [Primitive::Latch, Primitive::Lease, Primitive::Permit] {
         source.push_str("do\n");
         source.push_str(primitive.prelude());
         for op in ALL.iter().filter(|op| op.primitive == primitive) {
             source.push_str(&format!(
                 "redis.register_function('{name}_{}', function(KEYS, ARGV)\nbegin(KEYS)\n{}\nend)\n",
-                op.name, op.body
+                op.name,
+                op.body()
             ));
         }
         source.push_str("end\n");
@@ -134,6 +170,11 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 });
 
 impl Op {
+    /// The operation's Lua body (see [`lua`]).
+    fn body(&self) -> &'static str {
+        lua(self.name, self.body)
+    }
+
     /// The function's name in the library (built once).
     pub(crate) fn function(&self) -> &str {
         self.function
@@ -144,9 +185,10 @@ impl Op {
     pub(crate) fn script(&self) -> &Script {
         self.script.get_or_init(|| {
             Script::new(&format!(
-                "{COMMON}\n{}\nbegin(KEYS)\n{}",
+                "{}\n{}\nbegin(KEYS)\n{}",
+                lua("common", COMMON),
                 self.primitive.prelude(),
-                self.body
+                self.body()
             ))
         })
     }
