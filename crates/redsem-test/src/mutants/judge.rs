@@ -108,6 +108,22 @@ fn watch(
     Ok((found, ok))
 }
 
+/// Start `cmd` with the mutated scripts of `dir`, its stdout piped (if it cannot start, the
+/// runner's own failure as the outcome: a kill that names it).
+fn spawn(mut cmd: Command, dir: &Path) -> Result<Child, Outcome> {
+    cmd.env("REDSEM_LUA_DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| Outcome::Killed {
+            by: format!(
+                "(runner: cannot start {}: {e})",
+                cmd.get_program().to_string_lossy()
+            ),
+        })
+}
+
 impl Judge {
     /// The test filters for a mutant of `file`: its primitive's script tests and the
     /// library's (a mutant of `common` may break any of them).
@@ -159,22 +175,13 @@ impl Judge {
 
     /// The script tests with the mutated file in `dir`.
     pub fn tests(&self, file: &str, dir: &Path) -> Outcome {
-        let child = Command::new(&self.test_binary)
-            .args(Self::filters(file))
+        let mut cmd = Command::new(&self.test_binary);
+        cmd.args(Self::filters(file))
             .arg("--test-threads")
-            .arg(self.test_threads.to_string())
-            .env("REDSEM_LUA_DIR", dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
+            .arg(self.test_threads.to_string());
+        let child = match spawn(cmd, dir) {
             Ok(child) => child,
-            Err(e) => {
-                return Outcome::Killed {
-                    by: format!("(runner: cannot start the tests: {e})"),
-                };
-            }
+            Err(outcome) => return outcome,
         };
         let failed = |line: &str| {
             let name = line.strip_prefix("test ")?.strip_suffix(" ... FAILED")?;
@@ -196,25 +203,16 @@ impl Judge {
     pub fn soak(&self, dir: &Path) -> Outcome {
         for &seed in &self.soak_seeds {
             let secs = self.soak_duration.as_secs_f64();
-            let child = Command::new(&self.soak_binary)
-                .args([
-                    "--duration",
-                    &format!("{secs}s"),
-                    "--seed",
-                    &seed.to_string(),
-                ])
-                .env("REDSEM_LUA_DIR", dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn();
-            let child = match child {
+            let mut cmd = Command::new(&self.soak_binary);
+            cmd.args([
+                "--duration",
+                &format!("{secs}s"),
+                "--seed",
+                &seed.to_string(),
+            ]);
+            let child = match spawn(cmd, dir) {
                 Ok(child) => child,
-                Err(e) => {
-                    return Outcome::Killed {
-                        by: format!("(runner: cannot start the soak: {e})"),
-                    };
-                }
+                Err(outcome) => return outcome,
             };
             let violation = |line: &str| {
                 let rest = line.strip_prefix("VIOLATION [")?;
