@@ -1,0 +1,168 @@
+//! Exhaustive checks of the lease protocol's model for small sizes, and the bugs the checker
+//! must find (docs/MODEL.md). Larger sizes are `#[ignore]`d: run them in release with
+//! `cargo test --release -p redsem-model -- --ignored`, or with the `redsem-model` binary.
+
+use redsem_model::{Bug, Config, Faults, LeaseModel, Outcome, check, describe_path};
+
+/// Every fault but the state loss, `budget` of them in one run; a stall lasts longer than a
+/// lease (4 ticks).
+fn faults(budget: u8) -> Faults {
+    Faults {
+        lose_reply: true,
+        lose_wake: true,
+        stall: 5,
+        restart: true,
+        state_loss: false,
+        budget,
+    }
+}
+
+fn checked(cfg: Config) -> Outcome {
+    check(LeaseModel::new(cfg), 1)
+}
+
+/// No property broken; tells the counterexample if one was.
+fn assert_kept(cfg: &Config, outcome: &Outcome) {
+    let model = LeaseModel::new(cfg.clone());
+    let told: Vec<String> = outcome
+        .broken
+        .iter()
+        .map(|(name, path)| format!("{name}\n{}", describe_path(&model, path)))
+        .collect();
+    assert!(told.is_empty(), "{}", told.join("\n"));
+}
+
+/// The check reached every `sometimes` property: the interesting states are in it.
+fn assert_not_vacuous(outcome: &Outcome) {
+    assert!(
+        outcome.unreached.is_empty(),
+        "never reached: {:?}",
+        outcome.unreached
+    );
+}
+
+/// Checked on `threads` threads: no property broken, every interesting state reached.
+fn assert_sound(cfg: Config, threads: usize) -> Outcome {
+    let outcome = check(LeaseModel::new(cfg.clone()), threads);
+    assert_kept(&cfg, &outcome);
+    assert_not_vacuous(&outcome);
+    outcome
+}
+
+#[test]
+fn two_clients_on_one_unit_keep_every_property_through_any_one_fault() {
+    let outcome = assert_sound(Config::new(2, 1).with_faults(faults(1)), 1);
+    assert!(outcome.unique_states > 10_000, "{}", outcome.unique_states);
+}
+
+#[test]
+fn two_clients_on_one_unit_keep_every_property_through_any_two_faults() {
+    assert_sound(Config::new(2, 1).with_faults(faults(2)), 1);
+}
+
+#[test]
+fn three_clients_on_two_units_keep_every_property_without_faults() {
+    let cfg = Config::new(3, 2);
+    let outcome = checked(cfg.clone());
+    assert_kept(&cfg, &outcome);
+    // Without faults nothing is resent, lost or re-queued; grants still go both ways.
+    for reached in [
+        "sometimes: a grant handed to a waiter by wake-up",
+        "sometimes: a grant collected by a poll",
+        "sometimes: every client finished",
+    ] {
+        assert!(outcome.reached.contains(&reached), "{reached}");
+    }
+}
+
+#[test]
+fn three_clients_on_two_units_keep_every_property_through_any_one_fault() {
+    assert_sound(Config::new(3, 2).with_faults(faults(1)), 1);
+}
+
+#[test]
+fn a_state_loss_keeps_tokens_increasing_and_every_rule_within_its_epoch() {
+    let faults = Faults {
+        state_loss: true,
+        ..faults(1)
+    };
+    assert_sound(Config::new(2, 1).with_faults(faults), 1);
+}
+
+/// The bug breaks `property` (a counterexample is found) where the protocol as implemented
+/// keeps it; returns the counterexample told in words.
+fn found(cfg: Config, bug: Bug, property: &'static str) -> String {
+    let correct = check(LeaseModel::watching(cfg.clone(), property), 1);
+    assert!(
+        !correct.broke(property),
+        "the correct model broke {property}"
+    );
+    let buggy = cfg.with_bug(bug);
+    let model = LeaseModel::watching(buggy, property);
+    let outcome = check(model.clone(), 1);
+    let path = outcome
+        .counterexample(property)
+        .unwrap_or_else(|| panic!("{bug:?}: no counterexample of {property}"));
+    describe_path(&model, path)
+}
+
+#[test]
+fn a_grant_that_skips_the_queue_breaks_fifo() {
+    let told = found(Config::new(3, 2), Bug::GrantSkipsQueue, "fifo");
+    assert!(told.contains("2 units, wait) -> QUEUED"), "{told}");
+}
+
+#[test]
+fn a_release_that_leaves_the_slot_bit_set_breaks_the_slots_and_the_return() {
+    let told = found(Config::new(2, 1), Bug::ReleaseKeepsSlot, "slots");
+    assert!(told.contains("slots [1]"), "{told}");
+    found(Config::new(2, 1), Bug::ReleaseKeepsSlot, "return");
+}
+
+#[test]
+fn a_token_not_raised_after_a_state_loss_breaks_the_token_order() {
+    let cfg = Config::new(2, 1).with_faults(Faults {
+        state_loss: true,
+        budget: 1,
+        ..Faults::NONE
+    });
+    let told = found(cfg.clone(), Bug::TokenNotRaised, "tokens");
+    assert!(told.contains("loses its state"), "{told}");
+    // With the state kept (a restart from the AOF) the same bug breaks nothing.
+    let kept = cfg.with_faults(Faults {
+        restart: true,
+        budget: 1,
+        ..Faults::NONE
+    });
+    let outcome = checked(kept.with_bug(Bug::TokenNotRaised));
+    assert!(outcome.broken.is_empty());
+}
+
+#[test]
+fn a_local_validity_without_the_clock_step_outlasts_the_servers_lease() {
+    found(Config::new(2, 1), Bug::NoClockStep, "validity");
+    // And with a holder stalled past its lease, two clients believe they hold the one unit.
+    let cfg = Config::new(2, 1).with_faults(Faults {
+        stall: 5,
+        budget: 1,
+        ..Faults::NONE
+    });
+    let told = found(cfg, Bug::NoClockStep, "capacity");
+    assert!(told.contains("stalls"), "{told}");
+}
+
+#[test]
+#[ignore = "larger: about a minute in release (docs/MODEL.md)"]
+fn three_clients_on_two_units_keep_every_property_through_any_two_faults() {
+    assert_sound(Config::new(3, 2).with_faults(faults(2)), 2);
+}
+
+#[test]
+#[ignore = "larger: run in release (docs/MODEL.md)"]
+fn two_clients_running_two_operations_each_keep_every_property_through_any_two_faults() {
+    let cfg = Config::new(2, 1)
+        .with_rounds(2)
+        .with_horizon(18)
+        .with_faults(faults(2));
+    assert_sound(cfg, 2);
+}
