@@ -427,8 +427,14 @@ impl Client {
                 };
             }
             Reply::Gone if wait => {
-                // The place was dropped: queue again under a new id.
+                // The place was dropped: queue again under a new id; the old one is withdrawn
+                // in the background (its guard dropped armed), so a late resend of it is refused.
                 seen.requeued = true;
+                self.withdrawals.push(Withdrawal {
+                    id,
+                    at: now_h,
+                    sending: false,
+                });
                 match ctx.op(self) {
                     Some(op) => self.ask(ctx, op),
                     None => self.next_op(),

@@ -146,6 +146,10 @@ pub struct Config {
     pub horizon: u8,
     pub faults: Faults,
     pub bug: Bug,
+    /// A change proposed for the defect this model found (docs/MODEL.md, "The stale wake-up"):
+    /// settle leaves a tombstone where it drops a holder whose lease ended, so that a resent
+    /// `lease_acquire` of that id answers `GONE` instead of queueing it as a new request.
+    pub tombstone_expired: bool,
 }
 
 impl Config {
@@ -172,7 +176,14 @@ impl Config {
             horizon: 12,
             faults: Faults::NONE,
             bug: Bug::None,
+            tombstone_expired: false,
         }
+    }
+
+    /// With the change proposed for the stale wake-up ([`Config::tombstone_expired`]).
+    pub fn with_expired_tombstones(mut self) -> Config {
+        self.tombstone_expired = true;
+        self
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Config {

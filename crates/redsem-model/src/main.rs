@@ -7,7 +7,7 @@ use redsem_model::{Bug, Config, Faults, LeaseModel, check, describe_path};
 
 const USAGE: &str = "usage: redsem-model [--clients N] [--capacity N] [--rounds N] [--horizon TICKS]
                     [--faults N] [--no-lose-reply] [--no-lose-wake] [--no-stall] [--no-restart]
-                    [--state-loss] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step]
+                    [--state-loss] [--tombstone-expired] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step]
                     [--watch capacity|slots|validity|tokens|fifo|return] [--threads N]";
 
 /// The prefixes of the `always` properties, for `--watch`.
@@ -36,6 +36,7 @@ fn run(args: Vec<String>) -> Result<bool, String> {
     };
     let mut bug = Bug::None;
     let mut watch = None;
+    let mut tombstone_expired = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -52,6 +53,7 @@ fn run(args: Vec<String>) -> Result<bool, String> {
             "--no-stall" => faults.stall = 0,
             "--no-restart" => faults.restart = false,
             "--state-loss" => faults.state_loss = true,
+            "--tombstone-expired" => tombstone_expired = true,
             "--watch" => {
                 let name = value()?;
                 watch = Some(
@@ -75,6 +77,7 @@ fn run(args: Vec<String>) -> Result<bool, String> {
         .with_rounds(usize::from(rounds))
         .with_faults(faults)
         .with_bug(bug);
+    cfg.tombstone_expired = tombstone_expired;
     if let Some(horizon) = horizon {
         cfg = cfg.with_horizon(horizon);
     }

@@ -21,8 +21,8 @@ pub struct State {
     pub last_token: Option<u32>,
     /// Every grant's token was larger than the one before.
     pub tokens_in_order: bool,
-    /// Waiters whose client saw no fault since they were queued, with their arrival number, in
-    /// queue order (a ghost).
+    /// Waiters whose client did not stall (nor lose the state) since they were queued, with
+    /// their arrival number, in queue order (a ghost).
     pub fifo: Vec<(ReqId, u8)>,
     /// No grant went to a request that arrived after one of those.
     pub fifo_kept: bool,
@@ -135,17 +135,21 @@ impl LeaseModel {
         state.resent_answered |= fx.resent;
     }
 
-    /// A fault reached client `c`: its waiters are no longer judged by the FIFO rule.
+    /// Client `c` stalled (or the state was lost): its waiters are no longer judged by the FIFO
+    /// rule, since a waiter that misses its check-ins loses its place by design.
     fn taint(state: &mut State, c: usize) {
         state.fifo.retain(|&(w, _)| usize::from(w >> 5) != c);
     }
 
     /// The connection of every client drops: whatever is on the wire fails; the pub/sub
-    /// connection too, and the notifier wakes every waiter once when it is back.
-    fn drop_connections(state: &mut State) {
+    /// connection too, and the notifier wakes every waiter once when it is back. `lost`: the
+    /// state went with it, and every waiter's place (no longer judged by the FIFO rule).
+    fn drop_connections(state: &mut State, lost: bool) {
         let now_h = 2 * Half::from(state.now) + 1;
         for c in 0..state.clients.len() {
-            Self::taint(state, c);
+            if lost {
+                Self::taint(state, c);
+            }
             let client = &mut state.clients[c];
             for msg in &mut client.net {
                 *msg = match *msg {
@@ -318,8 +322,9 @@ impl Model for LeaseModel {
                 if let Msg::Rep(req, _) = net[i] {
                     net[i] = Msg::Rep(req, Reply::Failed);
                 }
+                // (Not a fault the FIFO rule forgives: the check-in is resent within the
+                // waiter lease, with the same id.)
                 state.faults += 1;
-                Self::taint(&mut state, c);
             }
             Action::LoseWake(c) => {
                 state.clients[usize::from(c)].mailbox = None;
@@ -337,11 +342,11 @@ impl Model for LeaseModel {
             }
             Action::Restart => {
                 state.restarted_busy |= !state.server.idle();
-                Self::drop_connections(&mut state);
+                Self::drop_connections(&mut state, false);
                 state.faults += 1;
             }
             Action::LoseState => {
-                Self::drop_connections(&mut state);
+                Self::drop_connections(&mut state, true);
                 state.server.lose_state();
                 state.faults += 1;
             }

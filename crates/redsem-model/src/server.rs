@@ -15,6 +15,10 @@ use std::collections::BTreeMap;
 use crate::client::{Reply, Wake};
 use crate::{Bug, Config, ReqId};
 
+/// The release attempt named by the tombstone of a lease that ended ([`Config::tombstone_expired`]):
+/// no client's.
+const EXPIRED: u8 = u8::MAX;
+
 /// What the server keeps of one request id (`r:<id>` and its `leases` entry).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Record {
@@ -272,7 +276,18 @@ impl Server {
         for (id, record) in due {
             self.records.remove(&id);
             match record {
-                Record::Holder { units, slots, .. } => self.drop_holder(run.cfg, units, slots),
+                Record::Holder { units, slots, .. } => {
+                    self.drop_holder(run.cfg, units, slots);
+                    if run.cfg.tombstone_expired {
+                        // (Named by no release attempt: the holder's own release of it
+                        // answers NOTHELD, a withdrawal RELEASED, a resent acquire GONE.)
+                        let tomb = Record::Tomb {
+                            withdrawn: false,
+                            attempt: EXPIRED,
+                        };
+                        self.records.insert(id, tomb);
+                    }
+                }
                 Record::Waiter { .. } => self.queue.retain(|&w| w != id),
                 Record::Tomb { .. } => {}
             }

@@ -151,18 +151,60 @@ fn a_local_validity_without_the_clock_step_outlasts_the_servers_lease() {
     assert!(told.contains("stalls"), "{told}");
 }
 
+/// Two clients running two acquires each, with a lost reply and a stall: where the model
+/// found the stale wake-up (docs/MODEL.md).
+fn stale_wake_up() -> Config {
+    Config::new(2, 1).with_rounds(2).with_faults(Faults {
+        lose_reply: true,
+        stall: 5,
+        budget: 2,
+        ..Faults::NONE
+    })
+}
+
+/// The defect the model found in the protocol as implemented: an enqueue whose QUEUED reply
+/// was lost is resent with the same id after a stall; meanwhile the waiter was granted (by
+/// wake-up, unclaimed) and the grant expired, so the server takes the resend for a new request
+/// and queues it; the waiter's mailbox still holds the old wake-up for that same id, and the
+/// engine builds a permit from it while another client holds the unit.
 #[test]
-#[ignore = "larger: about a minute in release (docs/MODEL.md)"]
-fn three_clients_on_two_units_keep_every_property_through_any_two_faults() {
-    assert_sound(Config::new(3, 2).with_faults(faults(2)), 2);
+fn a_resent_acquire_queued_as_new_takes_a_stale_wake_up_as_its_grant() {
+    let model = LeaseModel::watching(stale_wake_up(), "capacity");
+    let outcome = check(model.clone(), 1);
+    let path = outcome
+        .counterexample("capacity")
+        .unwrap_or_else(|| panic!("the stale wake-up was not found"));
+    let told = describe_path(&model, path);
+    for step in ["FAULT: a reply to c1 is lost", "stalls", "(from a wake-up)"] {
+        assert!(told.contains(step), "{step}:\n{told}");
+    }
 }
 
 #[test]
-#[ignore = "larger: run in release (docs/MODEL.md)"]
-fn two_clients_running_two_operations_each_keep_every_property_through_any_two_faults() {
+#[ignore = "larger: 15 s in release (docs/MODEL.md)"]
+fn with_expired_grants_tombstoned_no_wake_up_is_taken_stale() {
+    assert_sound(stale_wake_up().with_expired_tombstones(), 2);
+}
+
+#[test]
+#[ignore = "larger: about 40 s in release (docs/MODEL.md)"]
+fn two_clients_running_two_acquires_each_keep_every_property_through_any_two_faults() {
+    // (As implemented the stale wake-up breaks this one: checked with the change proposed.)
     let cfg = Config::new(2, 1)
         .with_rounds(2)
         .with_horizon(18)
-        .with_faults(faults(2));
+        .with_faults(faults(2))
+        .with_expired_tombstones();
     assert_sound(cfg, 2);
+}
+
+#[test]
+#[ignore = "larger: about 90 s in release (docs/MODEL.md)"]
+fn three_clients_on_one_unit_keep_every_property_through_any_two_faults() {
+    assert_sound(
+        Config::new(3, 1)
+            .with_faults(faults(2))
+            .with_expired_tombstones(),
+        2,
+    );
 }
