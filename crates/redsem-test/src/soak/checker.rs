@@ -16,6 +16,9 @@
 //! * `permits`: the permits held at once never exceed those there could be; the final count
 //!   matches the ledger of acknowledged operations (within what unacknowledged ones allow).
 //! * `reconcile`: at the end no lease unit is in use and no one waits.
+//! * `lease_end`: no holder believes its grant valid later than the lease the server stored
+//!   for it (read while it was held, beside the server's `TIME`), nor after the server said
+//!   it no longer held it; whether or not anyone else was granted the unit.
 //!
 //! Under `deployment == "volatile"` (no persistence, restarts lose the state) the capacity and
 //! slot rules compare only grants made between the same two state losses, as README's "Safety by
@@ -31,6 +34,8 @@ use super::history::{Fault, LatchOp, LeaseOp, Meta, PermitOp, Record};
 #[derive(Debug, Clone)]
 pub struct Violation {
     pub rule: &'static str,
+    /// When the history shows it (µs since the start: the reply or look that broke it).
+    pub at_us: u64,
     pub detail: String,
     pub excerpt: Vec<Record>,
 }
@@ -67,6 +72,9 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
         check_capacity_and_slots(name, capacity, ops, &losses, &mut out);
         check_tokens(name, ops, &mut out);
         check_fifo(name, ops, &faults, &meta, &mut out);
+        if meta.deployment != "sentinel" {
+            check_lease_ends(name, ops, &losses, &mut out);
+        }
     }
     for (name, ops) in &latches {
         if meta.deployment == "sentinel" && !set_acknowledged(ops) {
@@ -95,6 +103,7 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
         if fin.kind == "lease" && (fin.value != 0 || fin.waiters != 0) {
             out.push(Violation {
                 rule: "reconcile",
+                at_us: fin.at_us,
                 detail: format!(
                     "{}: {} units in use and {} waiting at the end, after every lease could have ended",
                     fin.name, fin.value, fin.waiters
@@ -133,6 +142,7 @@ fn check_capacity_and_slots(
         if distinct.len() != op.units as usize || op.slots.iter().any(|&s| s >= capacity) {
             out.push(Violation {
                 rule: "slots",
+                at_us: op.ret_us,
                 detail: format!(
                     "{name}: a grant of {} units has slots {:?} (capacity {capacity})",
                     op.units, op.slots
@@ -170,6 +180,7 @@ fn check_capacity_and_slots(
                         slot_reported = true;
                         out.push(Violation {
                                 rule: "slots",
+                                at_us: op.ret_us,
                                 detail: format!(
                                     "{name}: slot {slot} given to token {:?} while token {:?} believed it held it",
                                     op.token, grants[other].token
@@ -190,6 +201,7 @@ fn check_capacity_and_slots(
                     over_reported = true;
                     out.push(Violation {
                         rule: "capacity",
+                        at_us: op.ret_us,
                         detail: format!(
                             "{name}: {used} units believed held at once, capacity {capacity}"
                         ),
@@ -233,6 +245,7 @@ fn check_tokens(name: &str, ops: &[&LeaseOp], out: &mut Vec<Violation>) {
             if reported < 3 {
                 out.push(Violation {
                     rule: "token",
+                    at_us: b.ret_us,
                     detail: format!("{name}: token {token} granted twice"),
                     excerpt: vec![
                         Record::Lease(grants[other].clone()),
@@ -252,6 +265,7 @@ fn check_tokens(name: &str, ops: &[&LeaseOp], out: &mut Vec<Violation>) {
             if reported < 3 {
                 out.push(Violation {
                     rule: "token",
+                    at_us: b.ret_us,
                     detail: format!(
                         "{name}: token {} granted after token {:?} was already answered",
                         token, a.token
@@ -262,6 +276,66 @@ fn check_tokens(name: &str, ops: &[&LeaseOp], out: &mut Vec<Violation>) {
             reported += 1;
         }
     }
+}
+
+/// Each look at the server (`LeaseOp::audits`) against the holder's belief just before it: a
+/// `TIME` of T read between local `t0` and `t1` means the server reaches a stored lease end E
+/// by `t1 + (E - T)`; a grant it no longer held (no entry, a tombstone, a refresh answered
+/// "not held") had ended by `t1`. A local validity later than that outlasts the server's
+/// lease. Under `volatile` a look that finds no lease is not judged if a state loss came
+/// between the grant and the look (README allows the old holder to go on believing).
+fn check_lease_ends(name: &str, ops: &[&LeaseOp], losses: &[&Fault], out: &mut Vec<Violation>) {
+    let mut found: Vec<Violation> = Vec::new();
+    for op in ops.iter().filter(|op| op.granted()) {
+        for look in &op.audits {
+            let Some(by) = look.server_end_by() else {
+                continue;
+            };
+            let gone = look.end_ms.is_none_or(|e| e <= 0);
+            let lost_state = losses
+                .iter()
+                .any(|f| f.start_us <= look.t1_us && f.end_us >= op.inv_us);
+            if look.believed_us <= by || (gone && lost_state) {
+                continue;
+            }
+            let server = if gone {
+                format!(
+                    "the server no longer held it ({} at {} us)",
+                    look.via, look.t1_us
+                )
+            } else {
+                format!(
+                    "the server's lease (end {} ms, read at TIME {} us, {}..{} us) ends by {by} us",
+                    look.end_ms.unwrap_or(0),
+                    look.server_us.unwrap_or(0),
+                    look.t0_us,
+                    look.t1_us
+                )
+            };
+            found.push(Violation {
+                rule: "lease_end",
+                at_us: look.t1_us,
+                detail: format!(
+                    "{name}: token {:?} believed valid until {} us, {} us after {server}",
+                    op.token,
+                    look.believed_us,
+                    look.believed_us - by
+                ),
+                excerpt: vec![Record::Lease((*op).clone())],
+            });
+        }
+    }
+    found.sort_by_key(|v| v.at_us);
+    let shown = found.len().min(3);
+    if found.len() > shown {
+        let more = found.len() - shown;
+        found.truncate(shown);
+        if let Some(last) = found.last_mut() {
+            last.detail
+                .push_str(&format!(" (and {more} more looks like it)"));
+        }
+    }
+    out.extend(found);
 }
 
 /// Whether a fault that reaches `client` (one on its proxy, or on the server), widened by
@@ -310,6 +384,7 @@ fn check_fifo(
             if reported < 3 {
                 out.push(Violation {
                     rule: "fifo",
+                    at_us: b.ret_us,
                     detail: format!(
                         "{name}: token {:?} invoked after token {:?} was queued, but granted first",
                         b.token, a.token
@@ -358,6 +433,7 @@ fn check_latch(
             excerpt.push(Record::Latch(op.clone()));
             out.push(Violation {
                 rule: "latch",
+                at_us: op.ret_us,
                 detail,
                 excerpt,
             });
@@ -482,6 +558,7 @@ fn check_permits(
         if held > most {
             out.push(Violation {
                 rule: "permits",
+                at_us: t,
                 detail: format!("{name}: {held} permits held at once, at most {most} existed"),
                 excerpt: holding
                     .iter()
@@ -496,6 +573,7 @@ fn check_permits(
     {
         out.push(Violation {
                 rule: "permits",
+                at_us: fin.at_us,
                 detail: format!(
                     "{name}: {} permits available and {} waiting at the end; the ledger allows {lo}..={hi} and none waiting",
                     fin.value, fin.waiters
@@ -507,7 +585,7 @@ fn check_permits(
 
 #[cfg(test)]
 mod tests {
-    use super::super::history::Final;
+    use super::super::history::{Audit, Final};
     use super::*;
 
     fn meta() -> Record {
@@ -753,6 +831,69 @@ mod tests {
             permits_final(1),
         ];
         assert_eq!(rules(leaked), vec!["permits"]);
+    }
+
+    #[test]
+    fn lease_end() {
+        // TIME 5,000,000 µs read between 1,000 and 1,200 µs: a stored end of 5,900 ms is
+        // reached by 1,200 + 900,000 µs.
+        let look = |believed, end_ms: Option<i64>| Audit {
+            via: "read".into(),
+            believed_us: believed,
+            t0_us: 1_000,
+            t1_us: 1_200,
+            server_us: Some(5_000_000),
+            end_ms,
+        };
+        let held = |looks: Vec<Audit>| {
+            let mut op = grant(0, 10, 1, &[0], 2_000_000);
+            op.audits = looks;
+            op
+        };
+        let ok = lease(vec![held(vec![
+            look(901_200, Some(5_900)),
+            look(1_100, None),
+            look(1_200, Some(-7_000)),
+        ])]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // Believed 100 µs past the server's lease: broken though nobody else was granted.
+        let late = lease(vec![held(vec![look(901_300, Some(5_900))])]);
+        assert_eq!(rules(late), vec!["lease_end"]);
+        // The server no longer held it (no entry, a tombstone, a refresh answered "not
+        // held") while the holder believed it valid past the look.
+        for gone in [None, Some(-7_000)] {
+            let bad = lease(vec![held(vec![look(50_000, gone)])]);
+            assert_eq!(rules(bad), vec!["lease_end"]);
+        }
+        let refresh = Audit {
+            via: "refresh".into(),
+            server_us: None,
+            ..look(50_000, None)
+        };
+        assert_eq!(rules(lease(vec![held(vec![refresh])])), vec!["lease_end"]);
+        // Under `volatile` a loss of the state between the grant and the look excuses a
+        // lease not found, not a stored one that ends too soon.
+        let volatile = |op: LeaseOp| {
+            let mut records = lease(vec![op]);
+            if let Record::Meta(meta) = &mut records[0] {
+                meta.deployment = "volatile".into();
+            }
+            records.push(Record::Fault(Fault {
+                kind: "restart".into(),
+                target: "server".into(),
+                start_us: 500,
+                end_us: 700,
+            }));
+            records
+        };
+        assert_eq!(
+            rules(volatile(held(vec![look(50_000, None)]))),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            rules(volatile(held(vec![look(901_300, Some(5_900))]))),
+            vec!["lease_end"]
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 /// One line of the history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// Most records are leases: boxing them would cost each an allocation and save no memory.
+#[allow(clippy::large_enum_variant)]
 pub enum Record {
     /// The run's settings (first line).
     Meta(Meta),
@@ -96,6 +98,52 @@ pub struct LeaseOp {
     /// `status`: units in use it showed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_use: Option<u64>,
+    /// For a hold that runs to its lease end (`src/soak/edge.rs`): `expire` (no keep-alive),
+    /// `forget` (`forget()`ed, believed until its validity ends) or `stall` (kept alive
+    /// until a `lease_end` fault or the hold's end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge: Option<String>,
+    /// What the server stored for the grant while it was held, beside what the holder
+    /// believed then (the `lease_end` rule).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audits: Vec<Audit>,
+}
+
+/// One look at the server's side of a held grant, and the holder's local validity just
+/// before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Audit {
+    /// `read`: the lease entry and `TIME` read on a connection of its own (no proxy);
+    /// `refresh`: a `refresh()` the server answered "not held".
+    pub via: String,
+    /// The holder's local validity, read before `t0_us` while it was still ahead.
+    pub believed_us: u64,
+    /// Local instants before the request was sent and after its reply (rounded up).
+    pub t0_us: u64,
+    pub t1_us: u64,
+    /// The server's `TIME` in microseconds (`read`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_us: Option<u64>,
+    /// The lease end stored (ms of server time); absent or not positive: the server no longer
+    /// counts the grant as held (no entry, or a tombstone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_ms: Option<i64>,
+}
+
+impl Audit {
+    /// The latest local instant by which the server's lease has ended, as this look shows:
+    /// its `TIME` T was read between `t0` and `t1`, so the server reaches a stored end E no
+    /// later than `t1 + (E - T)`; a grant the server no longer holds ended before `t1`.
+    pub fn server_end_by(&self) -> Option<u64> {
+        match (self.end_ms, self.server_us) {
+            (Some(end), Some(now)) if end > 0 => {
+                let by = i128::from(self.t1_us) + i128::from(end) * 1000 - i128::from(now);
+                Some(u64::try_from(by.max(0)).unwrap_or(u64::MAX))
+            }
+            (Some(end), None) if end > 0 => None,
+            _ => Some(self.t1_us),
+        }
+    }
 }
 
 impl LeaseOp {

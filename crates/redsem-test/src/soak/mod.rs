@@ -2,6 +2,7 @@
 //! every operation recorded, and an offline checker over the history. See docs/SOAK.md.
 
 mod checker;
+mod edge;
 mod history;
 mod nemesis;
 mod ops;
@@ -22,7 +23,7 @@ use history::{Final, Meta, Record};
 
 const USAGE: &str = "usage: redsem-soak [--duration 60s] [--seed N] [--clients 3] [--tasks 6] \
 [--deployment single|volatile|sentinel] [--lease-ms 1000] [--data-dir DIR] [--history FILE] \
-| --check FILE";
+[--no-edges] | --check FILE";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -35,6 +36,8 @@ struct Args {
     history: Option<String>,
     check: Option<String>,
     data_dir: Option<String>,
+    /// Holds that run to their lease end, their probes and looks at the server (`edge.rs`).
+    edges: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -63,6 +66,7 @@ fn parse_args() -> Result<Args, String> {
         history: None,
         check: None,
         data_dir: None,
+        edges: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,6 +93,7 @@ fn parse_args() -> Result<Args, String> {
             "--history" => args.history = Some(value()?),
             "--data-dir" => args.data_dir = Some(value()?),
             "--check" => args.check = Some(value()?),
+            "--no-edges" => args.edges = false,
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument {flag}\n{USAGE}")),
         }
@@ -150,7 +155,12 @@ pub fn main() -> ExitCode {
         *by_rule.entry(v.rule).or_insert(0) += 1;
     }
     for v in violations.iter().take(10) {
-        println!("VIOLATION [{}] seed {seed}: {}", v.rule, v.detail);
+        println!(
+            "VIOLATION [{}] seed {seed} at {:.3} s: {}",
+            v.rule,
+            v.at_us as f64 / 1e6,
+            v.detail
+        );
         for r in &v.excerpt {
             println!("  {}", serde_json::to_string(r).unwrap_or_default());
         }
@@ -159,8 +169,14 @@ pub fn main() -> ExitCode {
     let fault_total: u64 = faults.values().sum();
     let faults_text: Vec<String> = faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let rules_text: Vec<String> = by_rule.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    // The first violation in the run's time: how long the soak needed to see one.
+    let first = violations
+        .iter()
+        .min_by_key(|v| v.at_us)
+        .map(|v| format!(", the first at {:.3} s ({})", v.at_us as f64 / 1e6, v.rule))
+        .unwrap_or_default();
     println!(
-        "soak: seed {seed}, {:.1} s, {operations} operations, {fault_total} faults ({}), {} violations{}",
+        "soak: seed {seed}, {:.1} s, {operations} operations, {fault_total} faults ({}), {} violations{}{first}",
         started.elapsed().as_secs_f64(),
         faults_text.join(", "),
         violations.len(),
@@ -284,6 +300,13 @@ fn run(args: &Args) -> Vec<Record> {
         ),
     };
     let proxies = Arc::new(proxies);
+    // The server's own address for the edge holds' looks at it (no proxy in between); behind
+    // Sentinels the primary moves, and none is looked at.
+    let audit_url = match &deployment {
+        Deployment::Single(server) => Some(server.url()),
+        Deployment::Sentinel(_) => None,
+    };
+    let edge_gate = Arc::new(edge::EdgeGate::new((300, 1500)));
     let targets: Vec<Target> = (0..args.clients as usize)
         .map(|c| match proxies.get(c) {
             Some(proxy) => Target::Url(proxy.url()),
@@ -354,6 +377,7 @@ fn run(args: &Args) -> Vec<Record> {
     for (c, target) in targets.iter().enumerate() {
         let target = target.clone();
         let options = options.clone();
+        let options_direct = options.clone();
         let lease_options = lease_options.clone();
         let permit_options = permit_options.clone();
         let capacity = capacity.clone();
@@ -364,6 +388,14 @@ fn run(args: &Args) -> Vec<Record> {
         let latch_reached = Arc::clone(&latch_reached);
         let ready_tx = ready_tx.clone();
         let (seed, tasks) = (args.seed, args.tasks);
+        let edges = args.edges.then(|| {
+            (
+                Arc::clone(&edge_gate),
+                direct.clone(),
+                audit_url.clone(),
+                lease_options.clone().lease(edge::EDGE_LEASE),
+            )
+        });
         let spawned = thread::Builder::new()
             .name(format!("client{c}"))
             .spawn(move || {
@@ -372,6 +404,16 @@ fn run(args: &Args) -> Vec<Record> {
                     let redsem = match target.connect(options).await {
                         Ok(r) => r,
                         Err(e) => panic!("client {c} cannot connect: {e}"),
+                    };
+                    // The edge holds' probes reach the server directly.
+                    let edges = match edges {
+                        Some((gate, direct, url, options)) => {
+                            match direct.connect(options_direct).await {
+                                Ok(probe) => Some((gate, probe, url, options)),
+                                Err(e) => panic!("client {c} cannot connect its probe client: {e}"),
+                            }
+                        }
+                        None => None,
                     };
                     let mut handles = Vec::new();
                     if c == 0 && !volatile {
@@ -403,6 +445,9 @@ fn run(args: &Args) -> Vec<Record> {
                                 (sem, initial)
                             })
                             .collect();
+                        let edge = edges.as_ref().map(|(gate, probe, url, options)| {
+                            edge_kit(gate, &redsem, probe, url.as_deref(), options, &capacity)
+                        });
                         let r = redsem.clone();
                         let client = u32::try_from(c).unwrap_or(0);
                         let task = ops::Task {
@@ -423,6 +468,7 @@ fn run(args: &Args) -> Vec<Record> {
                             // a give-back the new primary missed, docs/SOAK.md): waits get
                             // a limit there.
                             permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
+                            edge,
                         };
                         handles.push(tokio::spawn(task.run()));
                     }
@@ -458,6 +504,7 @@ fn run(args: &Args) -> Vec<Record> {
         lease,
         lose_names: capacity.keys().cloned().collect(),
         deployment: args.deployment.clone(),
+        edges: Arc::clone(&edge_gate),
     };
     thread::scope(|scope| {
         let nemesis_thread = scope.spawn(|| nemesis.run(&mut deployment, nemesis_until));
@@ -516,6 +563,39 @@ fn run(args: &Args) -> Vec<Record> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     )
+}
+
+/// What one task needs for its edge holds: handles with the edge lease (without and with
+/// keep-alive) and on the direct probe client, per lease semaphore, and an auditor.
+fn edge_kit(
+    gate: &Arc<edge::EdgeGate>,
+    redsem: &Redsem,
+    probe: &Redsem,
+    audit_url: Option<&str>,
+    options: &LeaseOptions,
+    capacity: &BTreeMap<String, u32>,
+) -> edge::EdgeKit {
+    let sem = |r: &Redsem, name: &str, cap: u32, options: LeaseOptions| {
+        r.lease_semaphore_with(name, cap, options)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    edge::EdgeKit {
+        gate: Arc::clone(gate),
+        leases: capacity
+            .iter()
+            .map(|(name, &cap)| {
+                [
+                    sem(redsem, name, cap, options.clone().keepalive(false)),
+                    sem(redsem, name, cap, options.clone()),
+                ]
+            })
+            .collect(),
+        probes: capacity
+            .iter()
+            .map(|(name, &cap)| sem(probe, name, cap, options.clone()))
+            .collect(),
+        auditor: audit_url.and_then(edge::Auditor::new),
+    }
 }
 
 /// `call`, tried up to three times (the control client's connection may have been cut by a

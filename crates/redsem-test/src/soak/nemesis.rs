@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use redsem_test::FaultProxy;
 
 use super::Deployment;
+use super::edge::{EDGE_LEASE, EdgeGate};
 use super::history::{Fault, Record};
 use super::ops::Recorder;
 use super::rng::Rng;
@@ -47,6 +48,8 @@ pub struct Nemesis {
     pub lose_names: Vec<String>,
     /// `single`, `volatile` or `sentinel`.
     pub deployment: String,
+    /// Where a `stall` edge hold asks for its `lease_end` fault.
+    pub edges: Arc<EdgeGate>,
 }
 
 fn redis_con(port: u16) -> Option<redis::Connection> {
@@ -74,6 +77,50 @@ fn connected_replicas(port: u16) -> usize {
 }
 
 impl Nemesis {
+    /// Sleep for `gap`, aiming a `lease_end` fault at each `stall` edge hold that begins
+    /// meanwhile (most of them; only where clients have proxies).
+    fn quiet(&mut self, gap: Duration) {
+        let end = Instant::now() + gap;
+        while Instant::now() < end {
+            thread::sleep(Duration::from_millis(2));
+            if self.proxies.is_empty() {
+                continue;
+            }
+            if let Some(client) = self.edges.take_stall()
+                && self.rng.chance(0.8)
+            {
+                self.lease_end(client as usize);
+            }
+        }
+    }
+
+    /// `lease_end`: a client holding a `stall` edge hold (kept alive, under the edge lease)
+    /// has its proxy forward nothing from 0–150 ms into the hold until well past a lease: its
+    /// renewals stop, so the lease ends on the server while the holder still believes it
+    /// holds, and the hold's approach probes that end. Half the time the freeze follows
+    /// 50–150 ms in which every chunk is delayed by 5–45 ms (the last renewals arrive late,
+    /// each still within a third of the lease): a local validity counted from a renewal's
+    /// reply instead of its sending would then outlast the lease by the delay.
+    fn lease_end(&mut self, client: usize) {
+        let proxy = &self.proxies[client];
+        thread::sleep(Duration::from_millis(self.rng.below(150)));
+        let start = self.rec.now();
+        if self.rng.chance(0.5) {
+            proxy.set_delay(Duration::from_millis(5 + self.rng.below(40)));
+            thread::sleep(Duration::from_millis(50 + self.rng.below(100)));
+            proxy.set_delay(Duration::ZERO);
+        }
+        proxy.set_frozen(true);
+        thread::sleep(EDGE_LEASE + Duration::from_millis(20 + self.rng.below(200)));
+        proxy.set_frozen(false);
+        self.rec.push(Record::Fault(Fault {
+            kind: "lease_end".into(),
+            target: format!("client{client}"),
+            start_us: start,
+            end_us: self.rec.now(),
+        }));
+    }
+
     /// Inject faults until `until`, each recorded.
     pub fn run(&mut self, deployment: &mut Deployment, until: Instant) {
         let sentinel = self.deployment == "sentinel";
@@ -86,7 +133,7 @@ impl Nemesis {
             if Instant::now() + gap >= until {
                 break;
             }
-            thread::sleep(gap);
+            self.quiet(gap);
             let mut kinds: Vec<&str> = KINDS.to_vec();
             kinds.retain(|k| match *k {
                 "lose_state" => self.deployment == "volatile",

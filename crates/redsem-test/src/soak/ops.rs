@@ -62,9 +62,56 @@ pub struct Task {
     /// A limit for the permit waits that have none (`acquire`): where permits can be lost
     /// for good (a failover), a wait without one could block the task to the end.
     pub permit_wait_limit: Option<Duration>,
+    /// The holds that run to their lease end (`super::edge`); `None`: none (`--no-edges`).
+    pub edge: Option<super::edge::EdgeKit>,
 }
 
-fn outcome(err: &redsem::Error) -> String {
+/// When each check-in of a wait answered "queued" (the first is when the request was
+/// queued), gathered by the progress callback and written into the operation.
+#[derive(Clone)]
+pub struct Progress {
+    reports: Arc<Mutex<Vec<u64>>>,
+    rec: Arc<Recorder>,
+}
+
+impl Progress {
+    pub fn new(rec: &Arc<Recorder>) -> Progress {
+        Progress {
+            reports: Arc::new(Mutex::new(Vec::new())),
+            rec: Arc::clone(rec),
+        }
+    }
+
+    /// The callback for `acquire_with_progress`.
+    pub fn reporter(&self) -> impl FnMut(u64) + Send + 'static {
+        let this = self.clone();
+        move |_ahead: u64| {
+            this.reports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(this.rec.now());
+        }
+    }
+
+    /// `queued_us` and `max_gap_us` of `op` (its `inv_us` and `ret_us` set).
+    pub fn finish(&self, op: &mut LeaseOp) {
+        let reports = std::mem::take(
+            &mut *self
+                .reports
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        op.queued_us = reports.first().copied();
+        if !reports.is_empty() {
+            let mut times = vec![op.inv_us];
+            times.extend(&reports);
+            times.push(op.ret_us);
+            op.max_gap_us = times.windows(2).map(|w| w[1].saturating_sub(w[0])).max();
+        }
+    }
+}
+
+pub fn outcome(err: &redsem::Error) -> String {
     if err.is_not_acquired() {
         "busy".into()
     } else if err.is_timeout() {
@@ -119,17 +166,21 @@ impl Task {
     /// it would stretch the believed holding past its real end: only an instant still ahead
     /// is the validity itself. The validity only moves forward (renewals), so the latest
     /// such sample is a lower bound of the end the holder believed.
-    fn validity(&self, permit: &LeasePermit) -> Option<u64> {
+    pub fn validity(&self, permit: &LeasePermit) -> Option<u64> {
         let end = permit.expires_at().into_std();
         (end > Instant::now()).then(|| self.rec.at(end))
     }
 
-    async fn stopped(&self) {
+    pub async fn stopped(&self) {
         let mut stop = self.stop.clone();
         let _ = stop.wait_for(|s| *s).await;
     }
 
     async fn lease_round(&mut self) {
+        if self.edge.as_ref().is_some_and(|e| e.gate.try_start()) {
+            self.edge_round().await;
+            return;
+        }
         let sem = self.leases[self.rng.below(self.leases.len() as u64) as usize].clone();
         let cap = sem.capacity();
         let units = if cap > 1 && self.rng.chance(0.15) {
@@ -160,17 +211,8 @@ impl Task {
             self.rec.push(Record::Lease(op));
             return;
         }
-        // When each check-in answered "queued" (the first is when the request was queued).
-        let reports = Arc::new(Mutex::new(Vec::new()));
-        let progress = {
-            let (reports, rec) = (Arc::clone(&reports), Arc::clone(&self.rec));
-            move |_ahead: u64| {
-                reports
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(rec.now());
-            }
-        };
+        let watch = Progress::new(&self.rec);
+        let progress = watch.reporter();
         op.inv_us = self.rec.now();
         let result: Result<LeasePermit, String> = if kind < 30 {
             op.op = "try".into();
@@ -208,18 +250,7 @@ impl Task {
             }
         };
         op.ret_us = self.rec.now();
-        let reports = std::mem::take(
-            &mut *reports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        op.queued_us = reports.first().copied();
-        if !reports.is_empty() {
-            let mut times = vec![op.inv_us];
-            times.extend(&reports);
-            times.push(op.ret_us);
-            op.max_gap_us = times.windows(2).map(|w| w[1].saturating_sub(w[0])).max();
-        }
+        watch.finish(&mut op);
         let permit = match result {
             Ok(permit) => permit,
             Err(outcome) => {
@@ -235,6 +266,11 @@ impl Task {
         // ended before it was first seen (its runtime frozen while the reply came) was never
         // believed held: its interval is empty.
         let mut valid_until = self.validity(&permit).unwrap_or(op.ret_us);
+        if self.rng.below(100) < 10 {
+            // What the server stored beside what the holder believes (the `lease_end` rule).
+            let believed = self.validity(&permit);
+            self.audit(&mut op, permit.id(), believed).await;
+        }
         let hold = Duration::from_micros(self.rng.below(8000));
         tokio::select! {
             () = tokio::time::sleep(hold) => {}
@@ -266,23 +302,27 @@ impl Task {
             op.lost_us = Some(self.rec.now());
         }
         op.valid_until_us = Some(valid_until);
-        let end = self.rng.below(100);
-        if end < 10 {
-            op.end = Some("drop".into());
-            op.end_us = Some(self.rec.now());
-            drop(permit);
-        } else {
-            op.end = Some("release".into());
-            op.end_us = Some(self.rec.now());
-            let r = permit.release().await;
-            op.release_ret_us = Some(self.rec.now());
-            op.release_outcome = Some(match r {
-                Ok(()) => "ok".into(),
-                Err(e) if e.is_not_held() => "not_held".into(),
-                Err(e) => outcome(&e),
-            });
-        }
+        let drop_it = self.rng.below(100) < 10;
+        self.end_hold(&mut op, permit, drop_it).await;
         self.rec.push(Record::Lease(op));
+    }
+
+    /// End a hold: drop the permit, or release it and record the release.
+    pub async fn end_hold(&self, op: &mut LeaseOp, permit: LeasePermit, drop_it: bool) {
+        op.end_us = Some(self.rec.now());
+        if drop_it {
+            op.end = Some("drop".into());
+            drop(permit);
+            return;
+        }
+        op.end = Some("release".into());
+        let r = permit.release().await;
+        op.release_ret_us = Some(self.rec.now());
+        op.release_outcome = Some(match r {
+            Ok(()) => "ok".into(),
+            Err(e) if e.is_not_held() => "not_held".into(),
+            Err(e) => outcome(&e),
+        });
     }
 
     async fn permit_round(&mut self) {

@@ -1,0 +1,467 @@
+//! Holds that run to their lease end, and looks at the server beside them (docs/SOAK.md,
+//! "Lease ends").
+//!
+//! A hold of the soak's usual rounds lasts a few milliseconds and is renewed, so a lease
+//! rarely ends while someone believes it held: a server that ends leases a little early
+//! went unseen. An *edge hold* takes every unit of a semaphore under a short lease
+//! ([`EDGE_LEASE`]) and keeps it until its local validity is about to end: without
+//! keep-alive (`expire`), `forget()`ed (`forget`), or kept alive until the nemesis freezes
+//! its client's proxy (`stall`, the `lease_end` fault). In the last milliseconds of the
+//! validity the task tries for a unit of the same semaphore on a client of its own that
+//! reaches the server directly (a grant then is two holders at once), and reads what the
+//! server stores for the hold (its lease end and `TIME`, on a connection of its own): the
+//! `lease_end` rule compares it with what the holder believes. One edge hold runs at a time,
+//! with a pause between (so the semaphores are mostly free for the other rounds).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redsem::{LeasePermit, LeaseSemaphore, PermitId};
+
+use super::history::{Audit, LeaseOp, Record};
+use super::ops::{Progress, Task, outcome};
+
+/// The lease of an edge hold: short, so a hold reaches its end soon and frees the semaphore.
+pub const EDGE_LEASE: Duration = Duration::from_millis(200);
+
+/// How long before its local validity ends a hold starts probing.
+const APPROACH: Duration = Duration::from_millis(7);
+
+/// At most this many probes (each with a look at the server) per approach.
+const MOST_PROBES: usize = 16;
+
+/// What a task needs for edge holds.
+pub struct EdgeKit {
+    pub gate: std::sync::Arc<EdgeGate>,
+    /// Per lease semaphore (in the order of `Task::leases`), handles with the edge lease:
+    /// without keep-alive, and with it.
+    pub leases: Vec<[LeaseSemaphore; 2]>,
+    /// The same semaphores on a client that reaches the server directly (no proxy): the
+    /// probes.
+    pub probes: Vec<LeaseSemaphore>,
+    /// Reads the server's side of a grant (`None` where the soak has no direct address of
+    /// the server that takes writes: behind Sentinels).
+    pub auditor: Option<Auditor>,
+}
+
+/// One edge hold at a time, with a pause between; and the `stall` hold the nemesis may aim a
+/// `lease_end` fault at.
+#[derive(Debug)]
+pub struct EdgeGate {
+    state: Mutex<GateState>,
+    /// The pause after an edge hold: from `gap_ms.0` to `gap_ms.1`.
+    gap_ms: (u64, u64),
+}
+
+#[derive(Debug)]
+struct GateState {
+    busy: bool,
+    next_at: Instant,
+    /// A `stall` hold in progress: its client, and whether the nemesis took it already.
+    stall: Option<(u32, bool)>,
+    turns: u64,
+}
+
+impl EdgeGate {
+    pub fn new(gap_ms: (u64, u64)) -> EdgeGate {
+        EdgeGate {
+            state: Mutex::new(GateState {
+                busy: false,
+                next_at: Instant::now(),
+                stall: None,
+                turns: 0,
+            }),
+            gap_ms,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the caller may start an edge hold now (then it must call [`finish`]).
+    ///
+    /// [`finish`]: EdgeGate::finish
+    pub fn try_start(&self) -> bool {
+        let mut state = self.state();
+        if state.busy || Instant::now() < state.next_at {
+            return false;
+        }
+        state.busy = true;
+        true
+    }
+
+    /// The edge hold ended: the next may start after a pause (spread by the turn count, so
+    /// the schedule depends on no task's generator).
+    pub fn finish(&self) {
+        let mut state = self.state();
+        state.turns += 1;
+        let (lo, hi) = self.gap_ms;
+        let spread = (state.turns.wrapping_mul(0x9e37_79b9) >> 7) % (hi - lo).max(1);
+        state.busy = false;
+        state.stall = None;
+        state.next_at = Instant::now() + Duration::from_millis(lo + spread);
+    }
+
+    fn post_stall(&self, client: u32) {
+        self.state().stall = Some((client, false));
+    }
+
+    /// For the nemesis: the client of a `stall` hold not aimed at yet (now taken).
+    pub fn take_stall(&self) -> Option<u32> {
+        let mut state = self.state();
+        match state.stall {
+            Some((client, false)) => {
+                state.stall = Some((client, true));
+                Some(client)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Reads a grant's lease end and the server's `TIME` in one transaction, on a connection of
+/// its own that bypasses the proxies (made again after a fault cut it).
+pub struct Auditor {
+    client: redis::Client,
+    con: Option<MultiplexedConnection>,
+}
+
+/// What a look reads: `TIME` (seconds, microseconds) and the lease end's score, if any.
+type Look = ((u64, u64), Option<f64>);
+
+/// How long a look at the server may take before it is given up (unrecorded).
+const LOOK_LIMIT: Duration = Duration::from_millis(500);
+
+impl Auditor {
+    pub fn new(url: &str) -> Option<Auditor> {
+        Some(Auditor {
+            client: redis::Client::open(url).ok()?,
+            con: None,
+        })
+    }
+
+    /// `TIME` in µs and the score of `id` in `key`, or `None` if the server could not be
+    /// asked.
+    async fn look(&mut self, key: &str, id: &str) -> Option<(u64, Option<i64>)> {
+        if self.con.is_none() {
+            let made =
+                tokio::time::timeout(LOOK_LIMIT, self.client.get_multiplexed_async_connection())
+                    .await;
+            self.con = made.ok().and_then(Result::ok);
+        }
+        let con = self.con.as_mut()?;
+        let mut pipe = redis::pipe();
+        pipe.atomic().cmd("TIME").cmd("ZSCORE").arg(key).arg(id);
+        let read: Result<redis::RedisResult<Look>, _> =
+            tokio::time::timeout(LOOK_LIMIT, pipe.query_async(con)).await;
+        match read {
+            Ok(Ok(((secs, micros), score))) => {
+                // (Scores are whole milliseconds, exact in an f64.)
+                #[allow(clippy::cast_possible_truncation)]
+                let end = score.map(|s| s as i64);
+                Some((secs * 1_000_000 + micros, end))
+            }
+            _ => {
+                self.con = None;
+                None
+            }
+        }
+    }
+}
+
+/// The `leases` key of the lease semaphore `name` (crates/redsem/src/keys.rs, default prefix).
+fn leases_key(name: &str) -> String {
+    format!("redsem:{{lease:{name}}}:leases")
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Expire,
+    Forget,
+    Stall,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Expire => "expire",
+            Mode::Forget => "forget",
+            Mode::Stall => "stall",
+        }
+    }
+}
+
+/// The hold being approached: a permit, or the validity of one that was forgotten.
+enum Held<'a> {
+    Permit(&'a LeasePermit),
+    Forgotten(u64),
+}
+
+impl Task {
+    /// The local validity the holder believes now, if it still does (not known lost, and
+    /// still ahead).
+    fn believed(&self, held: &Held<'_>) -> Option<u64> {
+        match held {
+            Held::Permit(permit) => permit.is_held().then(|| self.validity(permit)).flatten(),
+            Held::Forgotten(until) => (self.rec.now() < *until).then_some(*until),
+        }
+    }
+
+    /// Look at what the server stores for the grant `id` of `op`, beside `believed` (read
+    /// just before), and record it in `op.audits`. Nothing without an auditor or a belief.
+    pub async fn audit(&mut self, op: &mut LeaseOp, id: &PermitId, believed: Option<u64>) {
+        let Some(believed) = believed else { return };
+        let Some(auditor) = self.edge.as_mut().and_then(|e| e.auditor.as_mut()) else {
+            return;
+        };
+        let t0 = self.rec.now();
+        let Some((server_us, end_ms)) = auditor.look(&leases_key(&op.name), id.as_str()).await
+        else {
+            return;
+        };
+        op.audits.push(Audit {
+            via: "read".into(),
+            believed_us: believed,
+            t0_us: t0,
+            t1_us: self.rec.now() + 1,
+            server_us: Some(server_us),
+            end_ms,
+        });
+    }
+
+    /// An edge hold (see the module): every unit of one semaphore, held to its lease end.
+    pub async fn edge_round(&mut self) {
+        let Some(kit) = self.edge.as_ref() else {
+            return;
+        };
+        let gate = std::sync::Arc::clone(&kit.gate);
+        let i = self.rng.below(kit.leases.len() as u64) as usize;
+        let mode = match self.rng.below(100) {
+            0..45 => Mode::Expire,
+            45..75 => Mode::Forget,
+            _ => Mode::Stall,
+        };
+        let sem = kit.leases[i][usize::from(mode != Mode::Expire)].clone();
+        let units = sem.capacity();
+        let mut op = LeaseOp {
+            client: self.client,
+            task: self.task,
+            name: sem.name().to_owned(),
+            op: "timeout".into(),
+            units,
+            edge: Some(mode.name().into()),
+            ..LeaseOp::default()
+        };
+        let wait = Duration::from_millis(20 + self.rng.below(300));
+        let watch = Progress::new(&self.rec);
+        op.inv_us = self.rec.now();
+        let result = sem
+            .acquire_with_progress(units, Some(wait), watch.reporter())
+            .await;
+        op.ret_us = self.rec.now();
+        watch.finish(&mut op);
+        let permit = match result {
+            Ok(permit) => permit,
+            Err(e) => {
+                op.outcome = outcome(&e);
+                self.rec.push(Record::Lease(op));
+                gate.finish();
+                return;
+            }
+        };
+        op.outcome = "ok".into();
+        op.token = Some(permit.token().get());
+        op.slots = permit.slots().to_vec();
+        let id = permit.id().clone();
+        let mut valid_until = self.validity(&permit).unwrap_or(op.ret_us);
+        let believed = self.believed(&Held::Permit(&permit));
+        self.audit(&mut op, &id, believed).await;
+        match mode {
+            Mode::Forget => {
+                // Nobody releases it: the server keeps it until its lease ends, which the
+                // holder may count on until its local validity ends.
+                permit.forget();
+                op.end = Some("forget".into());
+                self.approach(&mut op, &id, &Held::Forgotten(valid_until), i, false)
+                    .await;
+            }
+            Mode::Expire => {
+                // Now and then a refresh sent in the last milliseconds of the validity.
+                let late = self.rng.chance(0.3);
+                let seen = self
+                    .approach(&mut op, &id, &Held::Permit(&permit), i, late)
+                    .await;
+                valid_until = valid_until.max(seen.unwrap_or(0));
+                self.finish_edge(&mut op, permit).await;
+            }
+            Mode::Stall => {
+                let seen = self.stall(&mut op, &id, &permit, i, &gate).await;
+                valid_until = valid_until.max(seen.unwrap_or(0));
+                self.finish_edge(&mut op, permit).await;
+            }
+        }
+        op.valid_until_us = Some(valid_until);
+        self.rec.push(Record::Lease(op));
+        gate.finish();
+    }
+
+    /// After the approach: wait a moment for the local loss (its timer fires just after the
+    /// validity ends), then release (answered at once, "not held", once lost).
+    async fn finish_edge(&mut self, op: &mut LeaseOp, permit: LeasePermit) {
+        let _ = tokio::time::timeout(Duration::from_millis(5), permit.lost()).await;
+        if op.lost_us.is_none() && !permit.is_held() {
+            op.lost_us = Some(self.rec.now());
+        }
+        self.end_hold(op, permit, false).await;
+    }
+
+    /// A `stall` hold: kept alive for 0.4–1.2 s, looked at every 100 ms, unless its renewals
+    /// stop (the nemesis froze its proxy: `lease_end`) and its validity comes to its end:
+    /// then the approach. Returns the latest validity seen ahead.
+    async fn stall(
+        &mut self,
+        op: &mut LeaseOp,
+        id: &PermitId,
+        permit: &LeasePermit,
+        i: usize,
+        gate: &EdgeGate,
+    ) -> Option<u64> {
+        gate.post_stall(self.client);
+        let until = self.rec.now() + 400_000 + self.rng.below(800_000);
+        let approach = u64::try_from(APPROACH.as_micros()).unwrap_or(0);
+        let mut latest = None;
+        while let Some(v) = self.believed(&Held::Permit(permit)) {
+            latest = latest.max(Some(v));
+            let now = self.rec.now();
+            if now >= until {
+                break;
+            }
+            let wake = until.min(v.saturating_sub(approach)).min(now + 100_000);
+            let at = self.rec.start + Duration::from_micros(wake);
+            tokio::select! {
+                () = tokio::time::sleep_until(at.into()) => {}
+                () = permit.lost() => {
+                    op.lost_us = Some(self.rec.now());
+                    break;
+                }
+            }
+            let believed = self.believed(&Held::Permit(permit));
+            match believed {
+                Some(v) if self.rec.now() + approach >= v => {
+                    // The renewals stopped: the lease is about to end.
+                    let seen = self.approach(op, id, &Held::Permit(permit), i, false).await;
+                    latest = latest.max(seen);
+                    break;
+                }
+                _ => self.audit(op, id, believed).await,
+            }
+        }
+        latest
+    }
+
+    /// Around the end of `held`'s local validity, from [`APPROACH`] before it to just after
+    /// it: a look at the server and a try for one unit on the direct client, over and over
+    /// (and once, if `refresh_late`, a refresh of the permit in its last 3 ms). Returns the
+    /// latest validity seen ahead.
+    async fn approach(
+        &mut self,
+        op: &mut LeaseOp,
+        id: &PermitId,
+        held: &Held<'_>,
+        i: usize,
+        mut refresh_late: bool,
+    ) -> Option<u64> {
+        let approach = u64::try_from(APPROACH.as_micros()).unwrap_or(0);
+        let mut latest = None;
+        // (A renewal that got through after all moves the end: approached again, twice at
+        // most.)
+        'again: for _ in 0..3 {
+            let Some(v) = self.believed(held) else {
+                return latest;
+            };
+            latest = latest.max(Some(v));
+            let at = self.rec.start + Duration::from_micros(v.saturating_sub(approach));
+            tokio::time::sleep_until(at.into()).await;
+            for _ in 0..MOST_PROBES {
+                let believed = self.believed(held);
+                if self.rec.now() > v + 500 {
+                    break;
+                }
+                if believed.is_some_and(|b| b > v + approach) {
+                    // Renewed after all (a stall whose renewal got through): approach the
+                    // new end.
+                    continue 'again;
+                }
+                self.audit(op, id, believed).await;
+                if let (true, Some(b), Held::Permit(permit)) = (refresh_late, believed, held)
+                    && b.saturating_sub(self.rec.now()) < 3000
+                {
+                    refresh_late = false;
+                    self.late_refresh(op, permit, b).await;
+                    continue 'again;
+                }
+                self.probe(i).await;
+            }
+            return latest;
+        }
+        latest
+    }
+
+    /// A refresh of `permit`, believed valid until `believed`, in the last milliseconds of
+    /// its validity; "not held" is recorded as a look at the server (via `refresh`).
+    async fn late_refresh(&mut self, op: &mut LeaseOp, permit: &LeasePermit, believed: u64) {
+        let t0 = self.rec.now();
+        let r = permit.refresh().await;
+        let t1 = self.rec.now() + 1;
+        op.refresh = Some(match &r {
+            Ok(()) => "ok".into(),
+            Err(e) => outcome(e),
+        });
+        if let Err(redsem::Error::LeaseLost { .. }) = r {
+            // Known lost before it was sent is answered at once, after the validity ended:
+            // then `believed` is before `t0`, which the rule allows.
+            op.lost_us.get_or_insert(t1);
+            op.audits.push(Audit {
+                via: "refresh".into(),
+                believed_us: believed,
+                t0_us: t0,
+                t1_us: t1,
+                server_us: None,
+                end_ms: None,
+            });
+        }
+    }
+
+    /// Try for one unit of semaphore `i` on the direct client; a grant is released at once.
+    async fn probe(&mut self, i: usize) {
+        let Some(sem) = self.edge.as_ref().map(|e| e.probes[i].clone()) else {
+            return;
+        };
+        let mut op = LeaseOp {
+            client: self.client,
+            task: self.task,
+            name: sem.name().to_owned(),
+            op: "probe".into(),
+            units: 1,
+            ..LeaseOp::default()
+        };
+        op.inv_us = self.rec.now();
+        let r = sem.try_acquire().await;
+        op.ret_us = self.rec.now();
+        match r {
+            Ok(permit) => {
+                op.outcome = "ok".into();
+                op.token = Some(permit.token().get());
+                op.slots = permit.slots().to_vec();
+                op.valid_until_us = Some(self.validity(&permit).unwrap_or(op.ret_us));
+                self.end_hold(&mut op, permit, false).await;
+            }
+            Err(e) => op.outcome = outcome(&e),
+        }
+        self.rec.push(Record::Lease(op));
+    }
+}
