@@ -23,6 +23,7 @@ use judge::{Judge, Outcome};
 const USAGE: &str = "\
 usage: redsem-mutants [flags]
   --list                 print the catalogue (ids) and exit
+  --show                 print each mutant's changed lines (- before, + after) and exit
   --filter SUBSTR        only mutants whose id contains SUBSTR (repeatable: any of them)
   --sample N             a seeded random sample of N mutants, stratified over the files
   --seed S               the sample's seed (default 1)
@@ -40,6 +41,7 @@ usage: redsem-mutants [flags]
 #[derive(Debug)]
 struct Args {
     list: bool,
+    show: bool,
     filters: Vec<String>,
     sample: Option<usize>,
     seed: u64,
@@ -61,6 +63,7 @@ fn repo_root() -> PathBuf {
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
         list: false,
+        show: false,
         filters: Vec::new(),
         sample: None,
         seed: 1,
@@ -79,6 +82,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
             "--list" => args.list = true,
+            "--show" => args.show = true,
             "--filter" => args.filters.push(value()?),
             "--sample" => args.sample = Some(usize::try_from(number(value()?)?).unwrap_or(0)),
             "--seed" => args.seed = number(value()?)?,
@@ -128,6 +132,21 @@ fn sources() -> Result<Vec<Source>, String> {
     }
     out.sort_by(|a, b| a.stem.cmp(&b.stem));
     Ok(out)
+}
+
+/// Print the lines `m` changes in its file.
+fn show(m: &Mutant, sources: &[Source]) {
+    println!("{}", m.id);
+    let Some(source) = sources.iter().find(|s| s.stem == m.file) else {
+        return;
+    };
+    let before: Vec<&str> = source.text.lines().collect();
+    let after: Vec<&str> = m.text.lines().collect();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        if b != a {
+            println!("  {:>4} - {b}\n  {:>4} + {a}", i + 1, i + 1);
+        }
+    }
 }
 
 /// The ids argued equivalent, with their reasons: `id  reason` per line, `#` comments.
@@ -258,6 +277,12 @@ fn run(args: Result<Args, String>) -> Result<ExitCode, String> {
         .collect();
     if let Some(n) = args.sample {
         chosen = sample(chosen, n, args.seed);
+    }
+    if args.show {
+        for m in &chosen {
+            show(m, &sources);
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     if args.list {
         for m in &chosen {

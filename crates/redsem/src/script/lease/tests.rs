@@ -1193,3 +1193,430 @@ async fn a_release_meeting_a_foreign_lease_key_takes_nothing_from_its_holder() {
     let (_, other) = granted(acquire(&mut conn, req("b", 3, 1, false)).await);
     assert_ne!(other, held, "a slot of its own");
 }
+
+/// The score of `id` in the leases zset (its lease end, or minus a tombstone's forget-at).
+async fn lease_score(conn: &mut MultiplexedConnection, id: &str) -> Option<i64> {
+    let score: Option<f64> = conn.zscore(&keys().all[0], id).await.expect("ZSCORE");
+    #[allow(clippy::cast_possible_truncation)]
+    score.map(|s| s as i64)
+}
+
+/// Run `call`, and assert that it stored for `id` the score `sign * (Redis time of the call
+/// + plus)`, to the millisecond: the time read before and after the call brackets it.
+async fn assert_stored_from_now<F: std::future::Future>(
+    conn: &mut MultiplexedConnection,
+    call: impl FnOnce(MultiplexedConnection) -> F,
+    id: &str,
+    sign: i64,
+    plus: i64,
+    what: &str,
+) -> F::Output {
+    let before = server_millis(conn).await;
+    let out = call(conn.clone()).await;
+    let after = server_millis(conn).await;
+    let stored = sign * lease_score(conn, id).await.expect("an entry");
+    assert!(
+        (before + plus..=after + plus).contains(&stored),
+        "{what}: {stored} is not between {} and {}",
+        before + plus,
+        after + plus
+    );
+    out
+}
+
+#[tokio::test]
+async fn every_lease_end_a_script_stores_is_its_redis_time_plus_the_lease_to_the_ms() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let lease = 30_000;
+    let a = assert_stored_from_now(
+        &mut conn,
+        |mut c| async move { acquire(&mut c, req("a", 1, 1, true)).await },
+        "a",
+        1,
+        lease,
+        "a grant",
+    )
+    .await;
+    granted(a);
+    let mut w = req("w", 1, 1, true);
+    w.waiter_lease = Duration::from_secs(20);
+    let q = assert_stored_from_now(
+        &mut conn,
+        |mut c| async move { acquire(&mut c, w).await },
+        "w",
+        1,
+        20_000,
+        "a waiter",
+    )
+    .await;
+    assert!(matches!(q, Acquire::Queued { .. }), "{q:?}");
+    assert_stored_from_now(
+        &mut conn,
+        |mut c| async move {
+            lease_poll(
+                &mut c,
+                &keys(),
+                "w",
+                Duration::from_secs(30),
+                Duration::from_secs(25),
+            )
+            .await
+            .expect("poll")
+        },
+        "w",
+        1,
+        25_000,
+        "a waiter's poll",
+    )
+    .await;
+    assert_stored_from_now(
+        &mut conn,
+        |mut c| async move { acquire(&mut c, req("a", 1, 1, true)).await },
+        "a",
+        1,
+        lease,
+        "a resent acquire",
+    )
+    .await;
+    assert_stored_from_now(
+        &mut conn,
+        |mut c| async move {
+            lease_refresh(&mut c, &keys(), "a", Duration::from_secs(12))
+                .await
+                .expect("refresh")
+        },
+        "a",
+        1,
+        12_000,
+        "a refresh",
+    )
+    .await;
+    // Released with a waiter behind it (the general path): a tombstone for a minute.
+    assert_stored_from_now(
+        &mut conn,
+        |mut c| async move { release(&mut c, &keys(), "a").await.expect("release") },
+        "a",
+        -1,
+        60_000,
+        "a tombstone",
+    )
+    .await;
+    // Released with nobody queued (the fast path): its tombstone too.
+    assert_stored_from_now(
+        &mut conn,
+        |mut c| async move { release(&mut c, &keys(), "w").await.expect("release") },
+        "w",
+        -1,
+        60_000,
+        "a fast release's tombstone",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_state_of_another_layout_is_refused_and_left_alone() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let () = conn.hset(&k.all[2], "layout", "9").await.expect("hset");
+    let before = state_fields(&mut conn).await;
+    let refused = |r: Result<()>| match r {
+        Err(Error::Incompatible { key, found, ours }) => {
+            assert_eq!(
+                (key.as_str(), found.as_str(), ours.as_str()),
+                (k.all[2].as_str(), "9", "1")
+            );
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    };
+    refused(
+        lease_acquire(&mut conn, &k, &req("b", 2, 1, false))
+            .await
+            .map(|_| ()),
+    );
+    refused(release(&mut conn, &k, "a").await.map(|_| ()));
+    refused(lease_status(&mut conn, &k).await.map(|_| ()));
+    assert_eq!(before, state_fields(&mut conn).await, "nothing written");
+}
+
+#[tokio::test]
+async fn the_leftovers_of_a_lost_state_are_cleared_before_a_new_one_is_made() {
+    // Eviction of the state hash alone: the leases, queue and bitmap of a state that is gone.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    acquire(&mut conn, req("w", 1, 1, true)).await;
+    let _: () = conn.del(&k.all[2]).await.expect("del state");
+    granted(acquire(&mut conn, req("b", 2, 2, false)).await);
+    let leases: Vec<String> = conn.zrange(&k.all[0], 0, -1).await.expect("zrange");
+    let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
+    assert_eq!((leases, queue), (vec!["b".to_owned()], vec![]));
+}
+
+/// The state hash as a sorted list of fields, without `next` and `tnext` (settle's hints)
+/// and `idle` (absent or 0 while live: the same).
+async fn state_fields(conn: &mut MultiplexedConnection) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = conn.hgetall(&keys().all[2]).await.expect("hgetall");
+    all.retain(|(name, _)| !matches!(name.as_str(), "next" | "tnext" | "idle"));
+    all.sort();
+    all
+}
+
+#[tokio::test]
+async fn a_repair_rebuilds_exactly_the_counters_labels_and_entries_the_scripts_kept() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let labelled = |id, label, units, wait| Request {
+        label,
+        ..req(id, 4, units, wait)
+    };
+    granted(acquire(&mut conn, labelled("a", "x", 1, false)).await);
+    granted(acquire(&mut conn, req("b", 4, 1, false)).await);
+    granted(acquire(&mut conn, req("c", 4, 1, false)).await);
+    release(&mut conn, &k, "c").await.expect("release");
+    granted(acquire(&mut conn, labelled("d", "y", 1, false)).await);
+    let q = acquire(&mut conn, labelled("w", "x", 2, true)).await;
+    assert!(matches!(q, Acquire::Queued { .. }), "{q:?}");
+    let fields = state_fields(&mut conn).await;
+    let leases: Vec<(String, f64)> = conn
+        .zrange_withscores(&k.all[0], 0, -1)
+        .await
+        .expect("zrange");
+    let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
+
+    // Counters that disagree (a unit count of 0 with holders), a holder's lease entry lost,
+    // and entries without a record in both zsets.
+    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    let () = conn.zrem(&k.all[0], "b").await.expect("zrem");
+    let () = conn.zadd(&k.all[0], "ghost", 1e15).await.expect("zadd");
+    let () = conn.zadd(&k.all[1], "ghost", 1).await.expect("zadd");
+    let before = server_millis(&mut conn).await;
+    lease_status(&mut conn, &k).await.expect("status");
+    let after = server_millis(&mut conn).await;
+
+    assert_eq!(state_fields(&mut conn).await, fields, "the state hash");
+    let b = lease_score(&mut conn, "b")
+        .await
+        .expect("b's lease entry is back");
+    assert!(
+        (before + 30_000..=after + 30_000).contains(&b),
+        "b's lease is a full lease from the repair: {b} {before} {after}"
+    );
+    let mut repaired: Vec<(String, f64)> = conn
+        .zrange_withscores(&k.all[0], 0, -1)
+        .await
+        .expect("zrange");
+    repaired.retain(|(id, _)| id != "b");
+    let mut kept = leases.clone();
+    kept.retain(|(id, _)| id != "b");
+    assert_eq!(repaired, kept, "the other lease entries, and no ghost");
+    let requeued: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
+    assert_eq!(requeued, queue, "the queue, and no ghost");
+}
+
+#[tokio::test]
+async fn a_queue_entry_that_is_no_longer_a_waiter_is_dropped_when_it_reaches_the_head() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("gone", 1, 1, false)).await);
+    release(&mut conn, &k, "gone").await.expect("release");
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    acquire(&mut conn, req("w", 1, 1, true)).await;
+    // The tombstoned id back in the queue ahead of w (its ticket lower), counted as waiting.
+    let () = conn.zadd(&k.all[1], "gone", 0).await.expect("zadd");
+    let () = conn.hset(&k.all[2], "qlen", "2").await.expect("hset");
+    let released = lease_release(&mut conn, &k, "a", CHANNEL, "1")
+        .await
+        .expect("release");
+    assert_eq!(
+        released.handed.len(),
+        1,
+        "w is granted past the stale entry: {released:?}"
+    );
+    assert!(released.handed[0].starts_with("w|"), "{released:?}");
+    let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
+    assert!(queue.is_empty(), "the stale entry is gone: {queue:?}");
+}
+
+/// Write a tombstone for `id` forgotten at `forget` (ms), counted in `nt`.
+async fn bury_at(conn: &mut MultiplexedConnection, id: &str, forget: i64) {
+    let k = keys();
+    let () = conn.zadd(&k.all[0], id, -forget).await.expect("zadd");
+    let () = conn
+        .hset(&k.all[2], format!("r:{id}"), "x|R|")
+        .await
+        .expect("hset");
+    let () = conn.hincr(&k.all[2], "nt", 1).await.expect("hincr");
+}
+
+#[tokio::test]
+async fn tombstones_go_at_their_forget_at_and_the_next_one_is_looked_at_then() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    // Up to 20 tries for a call that runs within 5 ms of the time read before it.
+    for _ in 0..20 {
+        let now = server_millis(&mut conn).await;
+        bury_at(&mut conn, "old", now - 3000).await;
+        bury_at(&mut conn, "soon", now + 5).await;
+        bury_at(&mut conn, "later", now + 100_000).await;
+        let () = conn
+            .hset(&k.all[2], "tnext", now - 3000)
+            .await
+            .expect("hset");
+        lease_status(&mut conn, &k).await.expect("status");
+        let after = server_millis(&mut conn).await;
+        let tnext: i64 = conn.hget(&k.all[2], "tnext").await.expect("hget");
+        let soon = lease_score(&mut conn, "soon").await;
+        assert_eq!(
+            lease_score(&mut conn, "old").await,
+            None,
+            "past its forget-at"
+        );
+        assert_eq!(
+            lease_score(&mut conn, "later").await,
+            Some(-(now + 100_000))
+        );
+        if after < now + 5 {
+            assert_eq!(soon, Some(-(now + 5)), "kept to its forget-at");
+            assert_eq!(tnext, now + 5, "the next tombstone's forget-at");
+            return;
+        }
+        // Too slow to tell: start over.
+        let () = conn
+            .zrem(&k.all[0], &["soon", "later"])
+            .await
+            .expect("zrem");
+        let () = conn
+            .hdel(&k.all[2], &["r:soon", "r:later"])
+            .await
+            .expect("hdel");
+        let () = conn.hset(&k.all[2], "nt", 0).await.expect("hset");
+    }
+    panic!("no status call ran within 5 ms in 20 tries");
+}
+
+#[tokio::test]
+async fn one_call_drops_every_holder_whose_lease_ended() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b", "c"] {
+        granted(acquire(&mut conn, req(id, 3, 1, false)).await);
+    }
+    // a and b ended long ago (the ends a frozen holder leaves).
+    let () = conn
+        .zadd_multiple(&k.all[0], &[(1, "a"), (2, "b")])
+        .await
+        .expect("zadd");
+    let () = conn.hset(&k.all[2], "next", 1).await.expect("hset");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let holding: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!((status.in_use, holding), (1, vec!["c"]));
+}
+
+#[tokio::test]
+async fn a_waiter_behind_the_head_rechecks_at_a_third_of_its_lease() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let short = Request {
+        lease: Duration::from_secs(3),
+        ..req("a", 1, 1, true)
+    };
+    granted(acquire(&mut conn, short).await);
+    let Acquire::Queued { recheck: head, .. } = acquire(&mut conn, req("w1", 1, 1, true)).await
+    else {
+        panic!("w1 should queue");
+    };
+    let Acquire::Queued {
+        recheck: behind, ..
+    } = acquire(&mut conn, req("w2", 1, 1, true)).await
+    else {
+        panic!("w2 should queue");
+    };
+    assert!(
+        head <= Duration::from_secs(3),
+        "the head looks when the lease ends: {head:?}"
+    );
+    assert_eq!(behind, Duration::from_secs(10), "a third of its 30 s");
+}
+
+#[tokio::test]
+async fn an_acquire_with_a_count_that_is_not_a_number_is_refused() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let good = ["id", "2", "1", "1000", "", "0", "try", "1000", CHANNEL];
+    for bad in 1..=3 {
+        for at in [1, 2, 3, 7] {
+            let mut args = good;
+            args[at] = ["x", "", "1e"][bad - 1];
+            let reply = args
+                .iter()
+                .fold(LEASE_ACQUIRE.key(&k.all[..]), |call, arg| call.arg(*arg))
+                .invoke_acked(&mut conn)
+                .await;
+            let message = format!("{reply:?}");
+            assert!(
+                message.contains("not a number"),
+                "argument {at} = {:?}: {message}",
+                args[at]
+            );
+        }
+    }
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.capacity, None, "nothing made");
+}
+
+#[tokio::test]
+async fn an_acquire_that_repairs_the_counters_serves_the_queue_first() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    acquire(&mut conn, req("w", 1, 1, true)).await;
+    // a's record lost (its unit free by the records), the counters still say it holds.
+    let () = conn.hdel(&k.all[2], "r:a").await.expect("hdel");
+    let () = conn.zrem(&k.all[0], "a").await.expect("zrem");
+    let b = acquire(&mut conn, req("b", 1, 1, true)).await;
+    assert!(
+        matches!(b, Acquire::Queued { position: 0, .. }),
+        "b waits behind w's grant: {b:?}"
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let holding: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(holding, vec!["w"]);
+}
+
+#[tokio::test]
+async fn a_poll_of_a_waiter_without_its_place_is_gone_and_its_record_dropped() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    acquire(&mut conn, req("w", 1, 1, true)).await;
+    let () = conn.zrem(&k.all[1], "w").await.expect("zrem");
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "w",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert_eq!(polled, Acquire::Gone);
+    let (record, qlen): (Option<String>, String) = redis::pipe()
+        .hget(&k.all[2], "r:w")
+        .hget(&k.all[2], "qlen")
+        .query_async(&mut conn)
+        .await
+        .expect("hget");
+    assert_eq!((record, qlen.as_str()), (None, "0"));
+}
