@@ -107,6 +107,10 @@ impl LeaseModel {
     /// Apply what a script did: wake-ups to the waiters' mailboxes, the ghosts of grants and
     /// queued requests.
     fn apply(&self, state: &mut State, fx: Effects) {
+        // (A withdrawal comes first: the grants it lets through are made after it.)
+        for id in fx.withdrawn {
+            state.fifo.retain(|&(w, _)| w != id);
+        }
         for (id, token, arrival) in fx.grants {
             if state.last_token.is_some_and(|last| token <= last) {
                 state.tokens_in_order = false;
@@ -121,9 +125,6 @@ impl LeaseModel {
             if !state.clients[usize::from(client)].stalled() {
                 state.fifo.push((id, arrival));
             }
-        }
-        for id in fx.withdrawn {
-            state.fifo.retain(|&(w, _)| w != id);
         }
         for (client, wake) in fx.wakes {
             // The notifier hands a message only to the request id registered for it.
