@@ -150,7 +150,9 @@ pub struct Client {
     pub main: Main,
     pub withdrawals: Vec<Withdrawal>,
     pub net: Vec<Msg>,
-    /// The last wake-up published to this client's channel, not yet read.
+    /// The last wake-up published to this client's channel, still on its pub/sub connection.
+    pub pubsub: Option<Wake>,
+    /// The wake-up the notifier routed to the current request's mailbox, not yet read.
     pub mailbox: Option<Wake>,
     /// Frozen (process and connection) until this tick.
     pub stalled_until: Option<u8>,
@@ -192,6 +194,7 @@ impl Client {
             main: Main::Idle,
             withdrawals: Vec::new(),
             net: Vec::new(),
+            pubsub: None,
             mailbox: None,
             stalled_until: None,
             stalled_holding: false,
@@ -287,6 +290,9 @@ impl Client {
                 if poll {
                     self.send_poll(ctx, id, last);
                 } else {
+                    if ctx.cfg.clear_news_on_resend {
+                        self.mailbox = None;
+                    }
                     self.send_acquire(ctx, id, true, last, now_h, false);
                 }
             }

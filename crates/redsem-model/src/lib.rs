@@ -150,6 +150,9 @@ pub struct Config {
     /// settle leaves a tombstone where it drops a holder whose lease ended, so that a resent
     /// `lease_acquire` of that id answers `GONE` instead of queueing it as a new request.
     pub tombstone_expired: bool,
+    /// The client-side change weighed for the same defect: a resent enqueue first drops any
+    /// wake-up its mailbox holds. (Not enough: docs/MODEL.md.)
+    pub clear_news_on_resend: bool,
 }
 
 impl Config {
@@ -177,6 +180,7 @@ impl Config {
             faults: Faults::NONE,
             bug: Bug::None,
             tombstone_expired: false,
+            clear_news_on_resend: false,
         }
     }
 

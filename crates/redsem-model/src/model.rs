@@ -48,9 +48,12 @@ pub enum Action {
     Exec(u8),
     /// Client `c` reads its first reply.
     Receive(u8),
+    /// Client `c`'s notifier reads the wake-up on its pub/sub connection and routes it to the
+    /// mailbox of the request id it names, if that one is registered.
+    Deliver(u8),
     /// Fault: client `c`'s first reply is lost.
     LoseReply(u8),
-    /// Fault: the wake-up waiting for client `c` is lost.
+    /// Fault: the wake-up on its way to client `c` is lost.
     LoseWake(u8),
     /// Fault: client `c` stalls.
     Stall(u8),
@@ -127,11 +130,7 @@ impl LeaseModel {
             }
         }
         for (client, wake) in fx.wakes {
-            // The notifier hands a message only to the request id registered for it.
-            let target = &mut state.clients[usize::from(client)];
-            if registered(&target.main) == Some(wake.id) {
-                target.mailbox = Some(wake);
-            }
+            state.clients[usize::from(client)].pubsub = Some(wake);
         }
         state.resent_answered |= fx.resent;
     }
@@ -157,7 +156,7 @@ impl LeaseModel {
                     Msg::Req(req) | Msg::Rep(req, _) => Msg::Rep(req, Reply::Failed),
                 };
             }
-            client.mailbox = None;
+            client.pubsub = None;
             if let Main::Napping { recheck, .. } = &mut client.main {
                 *recheck = (*recheck).min(now_h);
             }
@@ -170,6 +169,7 @@ impl LeaseModel {
             let ctx = self.ctx(c, state.now);
             client.stalled()
                 || (client.net.is_empty()
+                    && client.pubsub.is_none()
                     && !client.main_due(&ctx)
                     && !client.keepalive_due(&ctx)
                     && !client.withdrawal_due(&ctx))
@@ -236,6 +236,9 @@ impl Model for LeaseModel {
             if matches!(client.net.first(), Some(Msg::Rep(..))) {
                 actions.push(Action::Receive(id));
             }
+            if client.pubsub.is_some() {
+                actions.push(Action::Deliver(id));
+            }
             if fault_left {
                 let live_reply = client
                     .net
@@ -244,7 +247,7 @@ impl Model for LeaseModel {
                 if faults.lose_reply && live_reply {
                     actions.push(Action::LoseReply(id));
                 }
-                if faults.lose_wake && client.mailbox.is_some() {
+                if faults.lose_wake && client.pubsub.is_some() {
                     actions.push(Action::LoseWake(id));
                 }
                 if faults.stall > 0 && client.main != Main::Done {
@@ -327,8 +330,16 @@ impl Model for LeaseModel {
                 // waiter lease, with the same id.)
                 state.faults += 1;
             }
+            Action::Deliver(c) => {
+                let client = &mut state.clients[usize::from(c)];
+                if let Some(wake) = client.pubsub.take()
+                    && registered(&client.main) == Some(wake.id)
+                {
+                    client.mailbox = Some(wake);
+                }
+            }
             Action::LoseWake(c) => {
-                state.clients[usize::from(c)].mailbox = None;
+                state.clients[usize::from(c)].pubsub = None;
                 state.faults += 1;
             }
             Action::Stall(c) => {

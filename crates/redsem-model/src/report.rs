@@ -133,8 +133,8 @@ fn describe_step(model: &LeaseModel, before: &State, action: Action, after: &Sta
             };
             let mut woke = String::new();
             for (k, client) in after.clients.iter().enumerate() {
-                if client.mailbox != before.clients[k].mailbox
-                    && let Some(w) = client.mailbox
+                if client.pubsub != before.clients[k].pubsub
+                    && let Some(w) = client.pubsub
                 {
                     let _ = write!(
                         woke,
@@ -168,6 +168,13 @@ fn describe_step(model: &LeaseModel, before: &State, action: Action, after: &Sta
             )
         }
         Action::LoseReply(c) => format!("FAULT: a reply to c{c} is lost"),
+        Action::Deliver(c) => {
+            let routed = match after.clients[usize::from(c)].mailbox {
+                Some(w) if before.clients[usize::from(c)].mailbox != Some(w) => "to its mailbox",
+                _ => "and drops it (no request of that id waits)",
+            };
+            format!("c{c} notifier reads the wake-up {routed}")
+        }
         Action::LoseWake(c) => format!("FAULT: the wake-up for c{c} is lost"),
         Action::Stall(c) => format!(
             "FAULT: c{c} stalls until t={}",

@@ -180,6 +180,24 @@ fn a_resent_acquire_queued_as_new_takes_a_stale_wake_up_as_its_grant() {
     }
 }
 
+/// The client-side change weighed for it is not enough: the old wake-up can still be on the
+/// pub/sub connection when the resend clears the mailbox, and be routed to it after.
+#[test]
+fn clearing_the_mailbox_at_the_resend_does_not_close_the_stale_wake_up() {
+    let mut cfg = stale_wake_up();
+    cfg.clear_news_on_resend = true;
+    let model = LeaseModel::watching(cfg, "capacity");
+    let outcome = check(model.clone(), 1);
+    let path = outcome
+        .counterexample("capacity")
+        .unwrap_or_else(|| panic!("no counterexample with the mailbox cleared"));
+    let told = describe_path(&model, path);
+    assert!(
+        told.contains("c1 notifier reads the wake-up to its mailbox"),
+        "{told}"
+    );
+}
+
 #[test]
 #[ignore = "larger: 15 s in release (docs/MODEL.md)"]
 fn with_expired_grants_tombstoned_no_wake_up_is_taken_stale() {
