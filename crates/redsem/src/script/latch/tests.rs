@@ -10,7 +10,7 @@ use redsem_test::RedisServer;
 use super::*;
 use crate::script::test_support::{
     assert_wrong_type, connect, connect_without_channels, evict_by_filling, next_message, pttl,
-    subscribe,
+    server_millis, subscribe,
 };
 
 fn lk() -> LatchKeys {
@@ -172,4 +172,41 @@ async fn a_counting_latch_keeps_its_applied_ids_through_volatile_lru_eviction() 
     latch_count_down(&mut conn, &l, "c2").await.expect("down");
     latch_count_down(&mut conn, &l, "c3").await.expect("down");
     assert!(pttl(&mut conn, &l.all[2]).await > 0);
+}
+
+#[tokio::test]
+async fn the_last_count_down_meeting_a_foreign_done_key_reports_it_and_opens_nothing() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+    let _: () = conn.rpush(&k.all[1], "foreign").await.expect("rpush");
+    let result = latch_count_down(&mut conn, &k, "r").await.map(drop);
+    assert_wrong_type(vec![("count_down", result)], &k.all[1], 1);
+    let value: Vec<String> = conn.lrange(&k.all[1], 0, -1).await.expect("lrange");
+    assert_eq!(value, ["foreign"], "left alone");
+    let count: i64 = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, 1, "still counting");
+}
+
+#[tokio::test]
+async fn an_opened_latch_remembers_its_ids_for_a_minute_from_its_redis_time() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+    let before = server_millis(&mut conn).await;
+    latch_count_down(&mut conn, &k, "r")
+        .await
+        .expect("count down");
+    let after = server_millis(&mut conn).await;
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&k.all[2])
+        .query_async(&mut conn)
+        .await
+        .expect("PEXPIRETIME");
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&at),
+        "{at} is not a minute after {before}..{after}"
+    );
 }

@@ -812,3 +812,113 @@ async fn a_key_replaced_while_in_use_is_reported_by_the_fast_paths_and_left_alon
         }
     }
 }
+
+/// The forget-at of the remembered id `name` (`r:<request>` or `m:<request>`), if any.
+async fn remembered_until(conn: &mut MultiplexedConnection, name: &str) -> Option<i64> {
+    let score: Option<f64> = conn.zscore(&pk().all[5], name).await.expect("ZSCORE");
+    #[allow(clippy::cast_possible_truncation)]
+    score.map(|s| s as i64)
+}
+
+/// Assert that `name` is remembered until a minute after the Redis time of a call made
+/// between `before` and now (ms).
+async fn assert_remembered_a_minute(conn: &mut MultiplexedConnection, name: &str, before: i64) {
+    let after = server_millis(conn).await;
+    let until = remembered_until(conn, name).await.expect("remembered");
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&until),
+        "{name}: {until} is not a minute after {before}..{after}"
+    );
+}
+
+#[tokio::test]
+async fn every_id_a_permit_script_remembers_is_kept_a_minute_from_its_redis_time() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 1).await.expect("set"));
+    // The first grant takes the general path (its bookkeeping has no schedule yet).
+    let before = server_millis(&mut conn).await;
+    assert_eq!(
+        acquire(&mut conn, "a", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_remembered_a_minute(&mut conn, "r:a", before).await;
+    // A grant by the fast path.
+    add(&mut conn, "one", 1).await;
+    let before = server_millis(&mut conn).await;
+    assert_eq!(
+        acquire(&mut conn, "b", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_remembered_a_minute(&mut conn, "r:b", before).await;
+    let before = server_millis(&mut conn).await;
+    add(&mut conn, "more", 1).await;
+    assert_remembered_a_minute(&mut conn, "m:more", before).await;
+    let before = server_millis(&mut conn).await;
+    permit_withdraw(&mut conn, &pk(), "a")
+        .await
+        .expect("withdraw");
+    assert_remembered_a_minute(&mut conn, "r:a", before).await;
+}
+
+#[tokio::test]
+async fn a_waiter_withdrawn_behind_a_head_that_does_not_fit_leaves_the_queue() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 0).await.expect("set"));
+    let _ = acquire(&mut conn, "big", 5, true, LONG).await;
+    let _ = acquire(&mut conn, "small", 1, true, LONG).await;
+    assert_eq!(
+        permit_withdraw(&mut conn, &pk(), "small")
+            .await
+            .expect("withdraw"),
+        Withdrawal::Withdrawn
+    );
+    let queue: Vec<String> = conn.zrange(&pk().all[1], 0, -1).await.expect("zrange");
+    assert_eq!(queue, vec!["big".to_owned()]);
+    let qlen: String = conn.hget(&pk().all[3], "qlen").await.expect("hget");
+    assert_eq!(qlen, "1");
+}
+
+#[tokio::test]
+async fn a_batch_withdraws_and_checks_in_requests_made_by_earlier_calls() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 2).await.expect("set"));
+    assert_eq!(
+        acquire(&mut conn, "held", 2, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    let _ = acquire(&mut conn, "w1", 1, true, LONG).await;
+    let _ = acquire(&mut conn, "w2", 1, true, LONG).await;
+    let ops = [
+        PermitOp::poll("w2", LONG),
+        PermitOp::withdraw("held"),
+        PermitOp::poll("w1", LONG),
+        PermitOp::poll("w2", LONG),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &pk(), CHANNEL, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    let polled = |acked| permits_granted("permit_poll", acked).expect("poll");
+    assert!(
+        matches!(polled(next()), PermitAcquire::Queued { position: 1, .. }),
+        "w2 waits behind w1"
+    );
+    assert_eq!(
+        withdrawn(next()).expect("withdraw"),
+        Withdrawal::Returned(2)
+    );
+    assert_eq!(polled(next()), PermitAcquire::Granted, "w1 collects");
+    assert_eq!(polled(next()), PermitAcquire::Granted, "w2 collects");
+    assert_eq!(available(&mut conn).await, 0);
+}
