@@ -37,8 +37,20 @@ impl Patience {
     }
 }
 
-/// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moment (on
-/// [`clock`]) the answered attempt was sent. While Redis is unreachable (a dropped connection
+/// When one check-in was sent (on [`clock`]), by its first attempt and by the attempt whose
+/// answer came back: the two differ when attempts failed in between.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent {
+    /// The first attempt: what the server holds for the request may date from it. An attempt
+    /// whose reply was lost may have been applied, and what it made may have run out before a
+    /// later attempt came (a stall, an outage); a wake-up it earned is judged by this instant.
+    pub(crate) first: Duration,
+    /// The attempt answered: an answer describes the state as of this attempt.
+    pub(crate) answered: Duration,
+}
+
+/// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moments
+/// (on [`clock`]) its first and its answered attempt were sent ([`Sent`]). While Redis is unreachable (a dropped connection
 /// the connection manager is restoring, a failover) or answers `LOADING` (restarted, reading
 /// its data back: the check-in was refused, not applied), try again every [`RETRY_EVERY`] for as
 /// long as the waiter lease started by the last answered check-in (sent at `last`) keeps the
@@ -50,15 +62,19 @@ pub(crate) async fn check_in<T, F, Fut>(
     waiter_lease: Duration,
     deadline: Option<Instant>,
     mut call: F,
-) -> Result<(T, Duration)>
+) -> Result<(T, Sent)>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
+    let first = clock::now();
+    let mut sent = first;
     loop {
-        let sent = clock::now();
         match call().await {
-            Ok(answer) => return Ok((answer, sent)),
+            Ok(answer) => {
+                let answered = sent;
+                return Ok((answer, Sent { first, answered }));
+            }
             Err(err)
                 if unreachable(&err)
                     && clock::now() + RETRY_EVERY < last + waiter_lease
@@ -66,6 +82,7 @@ where
             {
                 tracing::debug!(error = %Chain(&err), "check-in failed; trying again within the waiter lease");
                 tokio::time::sleep(RETRY_EVERY).await;
+                sent = clock::now();
             }
             Err(err) => return Err(err),
         }

@@ -73,7 +73,8 @@ pub(crate) trait Request: Sync {
     fn poll(&self, id: &str) -> impl Future<Output = Result<Answer<Self::Grant>>> + Send;
 
     /// A grant carried by the wake-up message's `news`, for a request whose last answered
-    /// check-in was sent at `sent` (on [`clock`]); `None` to check in instead.
+    /// check-in was first sent at `sent` (on [`clock`]: its first attempt, when it took more
+    /// than one); `None` to check in instead.
     fn handed(&self, _news: &str, _sent: Duration) -> Option<Self::Grant> {
         None
     }
@@ -156,7 +157,7 @@ pub(crate) async fn acquire<R: Request>(
                     return Ok(Won {
                         grant,
                         id,
-                        sent,
+                        sent: sent.answered,
                         handed: false,
                     });
                 }
@@ -180,19 +181,26 @@ pub(crate) async fn acquire<R: Request>(
                             _ => return Err(timeout(queue.name(), started)),
                         }
                     }
+                    // A grant handed over with a wake-up is judged by the first attempt of
+                    // the last check-in: the server's place may date from an attempt whose
+                    // reply was lost, and the wake-up may be for a grant that ran out before a
+                    // later attempt queued the same id afresh (the model check's stale
+                    // wake-up, docs/MODEL.md).
                     if let Some(news) = mailbox.news()
-                        && let Some(grant) = request.handed(&news, sent)
+                        && let Some(grant) = request.handed(&news, sent.first)
                     {
                         withdraw.disarm();
                         return Ok(Won {
                             grant,
                             id,
-                            sent,
+                            sent: sent.first,
                             handed: true,
                         });
                     }
-                    let polled =
-                        check_in(sent, waiter_lease, deadline, || request.poll(id.as_str())).await;
+                    let polled = check_in(sent.answered, waiter_lease, deadline, || {
+                        request.poll(id.as_str())
+                    })
+                    .await;
                     (answer, sent) = match polled {
                         Ok(answered) => answered,
                         Err(err) => return Err(failed(&mut withdraw, err).await),

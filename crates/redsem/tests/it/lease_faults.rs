@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redsem::{Error, LeaseOptions, MAX_UNITS};
-use redsem_test::RedisServer;
+use redsem_test::{FaultProxy, RedisServer};
 
 use crate::support::connect_url as connect;
 use crate::support::{
@@ -190,18 +190,18 @@ async fn eviction_under_volatile_lru_never_takes_live_state() {
     next.release().await.expect("release");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_wake_up_never_becomes_a_permit() {
-    // Issue 9 #5: a waiter stalled past the lease of the grant it was sent queued again and
-    // then built a permit from the old grant still in its mailbox, while another client held
-    // the only unit.
-    let server = RedisServer::start();
-    let waiter = Frozen::spawn(server.url(), |redsem| async move {
+/// What a waiter of the stale wake-up tests saw: its permit's token and whether it was held
+/// when the acquire returned, or the error.
+type Seen = Result<(redsem::FencingToken, bool), String>;
+
+/// A client on a runtime of its own (frozen by the test) that waits for the only unit of `s`
+/// (leases and waiter leases of 300 ms) once started, and releases what it got.
+fn stale_waiter(url: String) -> Frozen<Seen> {
+    Frozen::spawn(url, |redsem| async move {
         let sem = redsem
             .lease_semaphore_with("s", 1, short(300))
             .expect("semaphore");
-        let got = sem.acquire_timeout(LIMIT).await;
-        match got {
+        match sem.acquire_timeout(LIMIT).await {
             Ok(permit) => {
                 let seen = (permit.token(), permit.is_held());
                 let _ = permit.release().await;
@@ -209,7 +209,33 @@ async fn a_stale_wake_up_never_becomes_a_permit() {
             }
             Err(e) => Err(e.to_string()),
         }
-    });
+    })
+}
+
+/// After its stall, `waiter` must stay queued while `other` holds the only unit, and be
+/// granted after it, held, with a later token.
+async fn stays_queued_behind(waiter: Frozen<Seen>, other: redsem::LeasePermit) {
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    if let Some(early) = waiter.returned() {
+        panic!(
+            "the waiter returned {early:?} (token, held) while {} holds the only unit",
+            other.token()
+        );
+    }
+    let other_token = other.token();
+    other.release().await.expect("release");
+    let (token, held) = waiter.finish().await.expect("granted");
+    assert!(held, "a permit is returned held");
+    assert!(token > other_token, "{token} after {other_token}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_wake_up_never_becomes_a_permit() {
+    // Issue 9 #5: a waiter stalled past the lease of the grant it was sent queued again and
+    // then built a permit from the old grant still in its mailbox, while another client held
+    // the only unit.
+    let server = RedisServer::start();
+    let waiter = stale_waiter(server.url());
     let redsem = connect(&server.url()).await;
     let sem = redsem
         .lease_semaphore_with("s", 1, short(300))
@@ -231,18 +257,50 @@ async fn a_stale_wake_up_never_becomes_a_permit() {
     )
     .await;
     // The waiter wakes up while `other` holds the only unit: it must not return a permit.
-    tokio::time::sleep(Duration::from_millis(1_800)).await;
-    if let Some(early) = waiter.returned() {
-        panic!(
-            "the waiter returned {early:?} (token, held) while {} holds the only unit",
-            other.token()
-        );
-    }
-    let other_token = other.token();
-    other.release().await.expect("release");
-    let (token, held) = waiter.finish().await.expect("granted");
-    assert!(held, "a permit is returned held");
-    assert!(token > other_token, "{token} after {other_token}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stays_queued_behind(waiter, other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_for_a_request_resent_after_its_grant_ran_out_never_becomes_a_permit() {
+    // Found by the model check (docs/MODEL.md, "The stale wake-up"): the enqueue's reply is
+    // lost and the waiter stalls before sending it again, past its waiter lease. Meanwhile it
+    // was handed the unit by a wake-up, unclaimed, which ran out and went to another client.
+    // The resent enqueue (same id) is queued afresh, and the old wake-up, still in the
+    // mailbox, must not be taken for a grant (it was judged by the resend's send time; it is
+    // judged by the first attempt's now). Failed before that with "the waiter returned
+    // Ok((FencingToken(...923448), true)) (token, held) while ...325886 holds the only unit".
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let waiter = stale_waiter(proxy.url());
+    let redsem = connect(&server.url()).await;
+    let sem = redsem
+        .lease_semaphore_with("s", 1, short(300))
+        .expect("semaphore");
+    // (Its first call loads the scripts, so the waiter's first call is its enqueue.)
+    let holder = sem.try_acquire().await.expect("holder");
+    proxy.drop_reply_after(b"{lease:s}");
+    waiter.start();
+    within(LIMIT, "the enqueue's reply is lost", async {
+        while proxy.triggered() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // The engine sends the enqueue again 50 ms after the loss: stall it before that.
+    waiter.freeze(Duration::from_millis(1_500));
+    let status = sem.status().await.expect("status");
+    assert_eq!(status.waiters.len(), 1, "the lost enqueue was applied");
+    holder.release().await.expect("release");
+    // The unit handed to the frozen waiter stays unclaimed past its waiter lease.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let other = retry(
+        "another client takes the unit",
+        Error::is_not_acquired,
+        || sem.try_acquire(),
+    )
+    .await;
+    stays_queued_behind(waiter, other).await;
 }
 
 #[tokio::test]
