@@ -173,12 +173,31 @@ impl Judge {
         self.soak(dir.path())
     }
 
-    /// The script tests with the mutated file in `dir`.
+    /// The script tests with the mutated file in `dir`. A test that fails is run again alone
+    /// to confirm it: if it passes then (a test that failed under load, not by the mutant),
+    /// the whole run is made once more and its outcome is the answer.
     pub fn tests(&self, file: &str, dir: &Path) -> Outcome {
+        let outcome = self.run_tests(Self::filters(file), false, dir);
+        let Outcome::Killed { by } = &outcome else {
+            return outcome;
+        };
+        if !by.starts_with("script::") {
+            return outcome;
+        }
+        match self.run_tests(vec![by.as_str()], true, dir) {
+            Outcome::Survived => self.run_tests(Self::filters(file), false, dir),
+            _ => outcome,
+        }
+    }
+
+    fn run_tests(&self, filters: Vec<&str>, exact: bool, dir: &Path) -> Outcome {
         let mut cmd = Command::new(&self.test_binary);
-        cmd.args(Self::filters(file))
+        cmd.args(filters)
             .arg("--test-threads")
             .arg(self.test_threads.to_string());
+        if exact {
+            cmd.arg("--exact");
+        }
         let child = match spawn(cmd, dir) {
             Ok(child) => child,
             Err(outcome) => return outcome,

@@ -859,6 +859,22 @@ async fn every_id_a_permit_script_remembers_is_kept_a_minute_from_its_redis_time
         .await
         .expect("withdraw");
     assert_remembered_a_minute(&mut conn, "r:a", before).await;
+    // A grant in a batch (never the fast path).
+    add(&mut conn, "two", 1).await;
+    let before = server_millis(&mut conn).await;
+    within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(
+            &mut conn,
+            &pk(),
+            CHANNEL,
+            &[PermitOp::acquire("c", 1, false, LONG)],
+        ),
+    )
+    .await
+    .expect("permit_batch");
+    assert_remembered_a_minute(&mut conn, "r:c", before).await;
 }
 
 #[tokio::test]
@@ -921,4 +937,15 @@ async fn a_batch_withdraws_and_checks_in_requests_made_by_earlier_calls() {
     assert_eq!(polled(next()), PermitAcquire::Granted, "w1 collects");
     assert_eq!(polled(next()), PermitAcquire::Granted, "w2 collects");
     assert_eq!(available(&mut conn).await, 0);
+}
+
+#[tokio::test]
+async fn an_addition_while_others_wait_adds_to_the_count_and_available_says_it_is_set() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 3).await.expect("set"));
+    let _ = acquire(&mut conn, "w", 5, true, LONG).await;
+    assert_eq!(add(&mut conn, "one", 1).await, Addition::Applied(4));
+    let state = permit_available(&mut conn, &pk()).await.expect("available");
+    assert_eq!((state.available, state.waiters, state.set), (4, 1, true));
 }
