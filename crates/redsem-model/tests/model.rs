@@ -199,13 +199,20 @@ fn clearing_the_mailbox_at_the_resend_does_not_close_the_stale_wake_up() {
 }
 
 #[test]
-#[ignore = "larger: 15 s in release (docs/MODEL.md)"]
+#[ignore = "larger: 47 s in release (docs/MODEL.md)"]
 fn with_expired_grants_tombstoned_no_wake_up_is_taken_stale() {
-    assert_sound(stale_wake_up().with_expired_tombstones(), 2);
+    let cfg = stale_wake_up().with_expired_tombstones();
+    let outcome = check(LeaseModel::new(cfg.clone()), 2);
+    assert_kept(&cfg, &outcome);
+    // (No restart among its faults.)
+    assert_eq!(
+        outcome.unreached,
+        ["sometimes: a restart while someone holds or waits"]
+    );
 }
 
 #[test]
-#[ignore = "larger: about 40 s in release (docs/MODEL.md)"]
+#[ignore = "larger: 82 s in release (docs/MODEL.md)"]
 fn two_clients_running_two_acquires_each_keep_every_property_through_any_two_faults() {
     // (As implemented the stale wake-up breaks this one: checked with the change proposed.)
     let cfg = Config::new(2, 1)
@@ -217,7 +224,7 @@ fn two_clients_running_two_acquires_each_keep_every_property_through_any_two_fau
 }
 
 #[test]
-#[ignore = "larger: about 90 s in release (docs/MODEL.md)"]
+#[ignore = "larger: 4 min and 1.1 GB in release (docs/MODEL.md)"]
 fn three_clients_on_one_unit_keep_every_property_through_any_two_faults() {
     assert_sound(
         Config::new(3, 1)
