@@ -205,6 +205,20 @@ impl Config {
         self
     }
 
+    /// The last `n` clients try (`try_acquire`, never queued) where they would acquire.
+    pub fn with_tries(mut self, n: usize) -> Config {
+        let clients = self.ops.len();
+        for ops in self.ops.iter_mut().skip(clients.saturating_sub(n)) {
+            for op in ops.iter_mut() {
+                *op = Op::Try {
+                    units: op.units(),
+                    hold: op.hold(),
+                };
+            }
+        }
+        self
+    }
+
     /// Every client runs `n` copies of its operations.
     pub fn with_rounds(mut self, n: usize) -> Config {
         for ops in &mut self.ops {

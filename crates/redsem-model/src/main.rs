@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use redsem_model::{Bug, Config, Faults, LeaseModel, check, describe_path};
 
-const USAGE: &str = "usage: redsem-model [--clients N] [--capacity N] [--rounds N] [--horizon TICKS]
+const USAGE: &str = "usage: redsem-model [--clients N] [--capacity N] [--tries N] [--rounds N] [--horizon TICKS]
                     [--faults N] [--no-lose-reply] [--no-lose-wake] [--no-stall] [--no-restart]
                     [--state-loss] [--tombstone-expired] [--clear-news-on-resend] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step]
                     [--watch capacity|slots|validity|tokens|fifo|return] [--threads N]";
@@ -26,6 +26,7 @@ fn main() -> ExitCode {
 
 fn run(args: Vec<String>) -> Result<bool, String> {
     let (mut clients, mut capacity, mut rounds, mut horizon, mut threads) = (2, 1, 1, None, 1);
+    let mut tries = 0;
     let mut faults = Faults {
         lose_reply: true,
         lose_wake: true,
@@ -46,6 +47,7 @@ fn run(args: Vec<String>) -> Result<bool, String> {
             "--clients" => clients = number(value()?)?,
             "--capacity" => capacity = number(value()?)?,
             "--rounds" => rounds = number(value()?)?,
+            "--tries" => tries = number(value()?)?,
             "--horizon" => horizon = Some(number(value()?)?),
             "--faults" => faults.budget = number(value()?)?,
             "--threads" => threads = number(value()?)?,
@@ -76,6 +78,7 @@ fn run(args: Vec<String>) -> Result<bool, String> {
         return Err(String::from("--clients and --capacity must be 1..=4"));
     }
     let mut cfg = Config::new(usize::from(clients), capacity)
+        .with_tries(usize::from(tries))
         .with_rounds(usize::from(rounds))
         .with_faults(faults)
         .with_bug(bug);
