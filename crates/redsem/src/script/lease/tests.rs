@@ -1388,9 +1388,12 @@ async fn a_repair_rebuilds_exactly_the_counters_labels_and_entries_the_scripts_k
         .expect("zrange");
     let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
 
-    // Counters that disagree (a unit count of 0 with holders), a holder's lease entry lost,
-    // and entries without a record in both zsets.
-    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    // Counters that disagree (no unit in use by 5 holders, 7 tombstones for 1), a holder's
+    // lease entry lost, and entries without a record in both zsets.
+    let () = conn
+        .hset_multiple(&k.all[2], &[("used", "0"), ("nh", "5"), ("nt", "7")])
+        .await
+        .expect("hset");
     let () = conn.zrem(&k.all[0], "b").await.expect("zrem");
     let () = conn.zadd(&k.all[0], "ghost", 1e15).await.expect("zadd");
     let () = conn.zadd(&k.all[1], "ghost", 1).await.expect("zadd");
