@@ -949,3 +949,20 @@ async fn an_addition_while_others_wait_adds_to_the_count_and_available_says_it_i
     let state = permit_available(&mut conn, &pk()).await.expect("available");
     assert_eq!((state.available, state.waiters, state.set), (4, 1, true));
 }
+
+#[tokio::test]
+async fn a_dead_waiter_is_dropped_at_its_own_lease_though_a_later_one_has_a_longer_lease() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let short = Duration::from_millis(100);
+    let _ = acquire(&mut conn, "dead", 1, true, short).await;
+    let _ = acquire(&mut conn, "live", 1, true, LONG).await;
+    assert_eq!(add(&mut conn, "r1", 0).await, Addition::Applied(0));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(add(&mut conn, "r2", 1).await, Addition::Applied(0));
+    assert_eq!(
+        poll(&mut conn, "live").await,
+        PermitAcquire::Granted,
+        "the permit went to the live waiter, past the dead one"
+    );
+}
