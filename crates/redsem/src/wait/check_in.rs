@@ -49,6 +49,14 @@ pub(crate) struct Sent {
     pub(crate) answered: Duration,
 }
 
+impl Sent {
+    /// The check-in took more than one attempt (one at least failed, maybe after the server
+    /// had applied it).
+    pub(crate) fn resent(&self) -> bool {
+        self.answered != self.first
+    }
+}
+
 /// Send a check-in (`call`: an enqueue or a poll) and return its answer with the moments
 /// (on [`clock`]) its first and its answered attempt were sent ([`Sent`]). While Redis is unreachable (a dropped connection
 /// the connection manager is restoring, a failover) or answers `LOADING` (restarted, reading

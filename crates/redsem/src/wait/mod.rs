@@ -149,6 +149,13 @@ pub(crate) async fn acquire<R: Request>(
             Ok(answered) => answered,
             Err(err) => return Err(failed(&mut withdraw, err).await),
         };
+        // The enqueue took more than one attempt: the server may have queued this id, granted
+        // it by wake-up, let that grant run out and forgotten it before a later attempt queued
+        // the id afresh; a wake-up for the forgotten place may then be in the mailbox or still
+        // on the pub/sub connection, and nothing tells it from one for the new place. Such a
+        // request takes no grant from a wake-up: a poll claims it (found by the model check,
+        // docs/MODEL.md "The stale wake-up").
+        let enqueue_resent = sent.resent();
         let mut was_queued = false;
         loop {
             match answer {
@@ -183,10 +190,9 @@ pub(crate) async fn acquire<R: Request>(
                     }
                     // A grant handed over with a wake-up is judged by the first attempt of
                     // the last check-in: the server's place may date from an attempt whose
-                    // reply was lost, and the wake-up may be for a grant that ran out before a
-                    // later attempt queued the same id afresh (the model check's stale
-                    // wake-up, docs/MODEL.md).
+                    // reply was lost.
                     if let Some(news) = mailbox.news()
+                        && !enqueue_resent
                         && let Some(grant) = request.handed(&news, sent.first)
                     {
                         withdraw.disarm();

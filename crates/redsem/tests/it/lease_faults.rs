@@ -194,10 +194,11 @@ async fn eviction_under_volatile_lru_never_takes_live_state() {
 /// when the acquire returned, or the error.
 type Seen = Result<(redsem::FencingToken, bool), String>;
 
-/// A client on a runtime of its own (frozen by the test) that waits for the only unit of `s`
-/// (leases and waiter leases of 300 ms) once started, and releases what it got.
-fn stale_waiter(url: String) -> Frozen<Seen> {
-    Frozen::spawn(url, |redsem| async move {
+/// A client on a runtime of its own (frozen by the test, or stalled at `stall`: see
+/// [`Frozen::spawn_stalling`]) that waits for the only unit of `s` (leases and waiter leases of
+/// 300 ms) once started, and releases what it got.
+fn stale_waiter(url: String, stall: Option<(&'static str, Duration)>) -> Frozen<Seen> {
+    Frozen::spawn_stalling(url, stall, |redsem| async move {
         let sem = redsem
             .lease_semaphore_with("s", 1, short(300))
             .expect("semaphore");
@@ -235,7 +236,7 @@ async fn a_stale_wake_up_never_becomes_a_permit() {
     // then built a permit from the old grant still in its mailbox, while another client held
     // the only unit.
     let server = RedisServer::start();
-    let waiter = stale_waiter(server.url());
+    let waiter = stale_waiter(server.url(), None);
     let redsem = connect(&server.url()).await;
     let sem = redsem
         .lease_semaphore_with("s", 1, short(300))
@@ -272,7 +273,15 @@ async fn a_wake_up_for_a_request_resent_after_its_grant_ran_out_never_becomes_a_
     // Ok((FencingToken(...923448), true)) (token, held) while ...325886 holds the only unit".
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let waiter = stale_waiter(proxy.url());
+    // The stall: where `check_in` has found the waiter lease long enough for a resend and is
+    // about to sleep before sending it, the waiter's thread blocks for 1.5 s (5 waiter leases).
+    let waiter = stale_waiter(
+        proxy.url(),
+        Some((
+            "check-in failed; trying again",
+            Duration::from_millis(1_500),
+        )),
+    );
     let redsem = connect(&server.url()).await;
     let sem = redsem
         .lease_semaphore_with("s", 1, short(300))
@@ -287,8 +296,6 @@ async fn a_wake_up_for_a_request_resent_after_its_grant_ran_out_never_becomes_a_
         }
     })
     .await;
-    // The engine sends the enqueue again 50 ms after the loss: stall it before that.
-    waiter.freeze(Duration::from_millis(1_500));
     let status = sem.status().await.expect("status");
     assert_eq!(status.waiters.len(), 1, "the lost enqueue was applied");
     holder.release().await.expect("release");

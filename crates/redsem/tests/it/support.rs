@@ -304,9 +304,50 @@ pub(crate) struct Frozen<T> {
     thread: std::thread::JoinHandle<()>,
 }
 
+/// Blocks the thread it runs on for `pause` at the first event whose message contains `at`:
+/// a stall at an exact step of the library (the events it logs), as a paused process's.
+struct StallAt {
+    at: &'static str,
+    pause: Duration,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StallAt {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if message.0.contains(self.at) && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::thread::sleep(self.pause);
+        }
+    }
+}
+
 impl<T: Send + 'static> Frozen<T> {
     /// Prepare a client of `url` that runs `body` once [`Frozen::start`] is called.
     pub(crate) fn spawn<F, Fut>(url: String, body: F) -> Frozen<T>
+    where
+        F: FnOnce(redsem::Redsem) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+    {
+        Self::spawn_stalling(url, None, body)
+    }
+
+    /// As [`spawn`](Self::spawn), and the client's thread also blocks for `pause` at the first
+    /// event the library logs whose message contains `at` (`stall`).
+    pub(crate) fn spawn_stalling<F, Fut>(
+        url: String,
+        stall: Option<(&'static str, Duration)>,
+        body: F,
+    ) -> Frozen<T>
     where
         F: FnOnce(redsem::Redsem) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = T>,
@@ -315,6 +356,14 @@ impl<T: Send + 'static> Frozen<T> {
         let (freeze, freeze_rx) = std::sync::mpsc::channel::<Duration>();
         let (result_tx, result) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
+            use tracing_subscriber::layer::SubscriberExt;
+            let _stalls = stall.map(|(at, pause)| {
+                tracing::subscriber::set_default(tracing_subscriber::registry().with(StallAt {
+                    at,
+                    pause,
+                    done: std::sync::atomic::AtomicBool::new(false),
+                }))
+            });
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -369,6 +418,8 @@ impl<T: Send + 'static> Frozen<T> {
             }
         })
         .await;
+        // A client never frozen still waits for its freeze: hang up, so its runtime can end.
+        drop(self.freeze);
         self.thread.join().expect("frozen client thread");
         got
     }
