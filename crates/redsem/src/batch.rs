@@ -188,3 +188,113 @@ impl<G: Group> std::fmt::Debug for Batcher<G> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A group that answers every operation with its own number and records each call: the
+    /// task it was sent from and the operations it carried. (The batcher's own bookkeeping:
+    /// what a batch does on Redis is tested with the scripts and in `tests/it/group_commit.rs`.)
+    #[derive(Default)]
+    struct Calls {
+        sent: Mutex<Vec<(Option<tokio::task::Id>, Vec<u32>)>>,
+        /// While set, a call waits for it before it answers (a call in flight).
+        hold: Mutex<Option<Arc<tokio::sync::Notify>>>,
+    }
+
+    impl Group for Calls {
+        type Op = u32;
+        const SCRIPT: &'static str = "calls";
+
+        async fn send(&self, ops: Vec<u32>) -> Result<Sent> {
+            let replies = ops.iter().map(|&n| Value::Int(i64::from(n))).collect();
+            self.sent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((tokio::task::try_id(), ops));
+            let hold = self.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(hold) = hold {
+                hold.notified().await;
+            }
+            Ok(Sent {
+                replies,
+                unconfirmed: None,
+            })
+        }
+    }
+
+    fn sent(batcher: &Batcher<Calls>) -> Vec<(Option<tokio::task::Id>, Vec<u32>)> {
+        batcher
+            .group
+            .sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn a_call_after_an_answered_one_goes_at_once_from_its_own_task() {
+        let batcher = Arc::new(Batcher::new(Calls::default()));
+        let caller = Arc::clone(&batcher);
+        let (task, replies) = tokio::spawn(async move {
+            let first = caller.submit(1).await.map(|(v, _)| v);
+            let second = caller.submit(2).await.map(|(v, _)| v);
+            (tokio::task::id(), [first, second])
+        })
+        .await
+        .expect("caller");
+        assert!(
+            matches!(replies, [Ok(Value::Int(1)), Ok(Value::Int(2))]),
+            "{replies:?}"
+        );
+        // Each went alone, from the caller's task: no sender task, no batch to join.
+        assert_eq!(
+            sent(&batcher),
+            [(Some(task), vec![1]), (Some(task), vec![2])]
+        );
+        assert_eq!(batcher.pending.lock().expect("pending").in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn calls_made_while_one_is_in_flight_go_together_in_order_in_one_batch() {
+        let batcher = Arc::new(Batcher::new(Calls::default()));
+        let hold = Arc::new(tokio::sync::Notify::new());
+        *batcher.group.hold.lock().expect("hold") = Some(Arc::clone(&hold));
+        let first = tokio::spawn({
+            let batcher = Arc::clone(&batcher);
+            async move { batcher.submit(1).await.map(|(v, _)| v) }
+        });
+        // The first call is on its way and not answered: the next ones queue behind it.
+        while sent(&batcher).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let later: Vec<_> = (2..=4)
+            .map(|n| {
+                let batcher = Arc::clone(&batcher);
+                tokio::spawn(async move { batcher.submit(n).await.map(|(v, _)| v) })
+            })
+            .collect();
+        for (n, call) in (2..=4).zip(later) {
+            let reply = tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .expect("answered in time")
+                .expect("task");
+            assert!(
+                matches!(reply, Ok(Value::Int(r)) if r == i64::from(n)),
+                "{reply:?}"
+            );
+        }
+        hold.notify_one();
+        let reply = tokio::time::timeout(Duration::from_secs(10), first)
+            .await
+            .expect("answered in time")
+            .expect("task");
+        assert!(matches!(reply, Ok(Value::Int(1))), "{reply:?}");
+        let batches: Vec<Vec<u32>> = sent(&batcher).into_iter().map(|(_, ops)| ops).collect();
+        assert_eq!(batches, [vec![1], vec![2, 3, 4]]);
+        assert_eq!(batcher.pending.lock().expect("pending").in_flight, 0);
+    }
+}

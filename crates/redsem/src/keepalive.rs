@@ -429,6 +429,8 @@ mod tests {
     struct Fake {
         ticket: u64,
         id: PermitId,
+        /// Its local validity (on [`clock`]).
+        valid_until: Duration,
     }
 
     impl Renewable for Fake {
@@ -439,7 +441,7 @@ mod tests {
             Duration::from_secs(30)
         }
         fn valid_until(&self) -> Duration {
-            Duration::from_secs(1_000)
+            self.valid_until
         }
         fn semaphore(&self) -> &str {
             "s"
@@ -461,6 +463,7 @@ mod tests {
             state: Arc::new(Fake {
                 ticket,
                 id: PermitId::random(),
+                valid_until: Duration::from_secs(1_000),
             }),
             at: Duration::ZERO,
             next,
@@ -507,5 +510,57 @@ mod tests {
         assert!(schedule.completed((1, Some(Ok(true))), later).is_none());
         assert_eq!(schedule.permits[&1].next, Some(later + lease / 3));
         assert!(schedule.permits[&3].next.is_none(), "not renewed stays so");
+    }
+
+    #[tokio::test]
+    async fn a_new_permit_is_renewed_after_a_third_of_its_lease_or_within_half_of_what_is_left() {
+        let keepalive = Keepalive::new(CancellationToken::new());
+        let lease = Duration::from_secs(30);
+        let before = clock::now();
+        // Plenty of validity left: the first renewal a third of the lease from now.
+        let long = Arc::new(Fake {
+            ticket: keepalive.ticket(),
+            id: PermitId::random(),
+            valid_until: before + Duration::from_secs(100),
+        });
+        keepalive.schedule(long.clone(), true);
+        // A grant handed over with 8 s of validity left: within half of that.
+        let short = Arc::new(Fake {
+            ticket: keepalive.ticket(),
+            id: PermitId::random(),
+            valid_until: before + Duration::from_secs(8),
+        });
+        keepalive.schedule(short.clone(), true);
+        let after = clock::now();
+        // (The driver was spawned but has not run: this test's thread never yielded.)
+        let schedule = lock(&keepalive.inner.schedule);
+        let next = |ticket| schedule.permits[&ticket].next.expect("renewed");
+        let first = next(long.ticket);
+        assert!(
+            first >= before + lease / 3 && first <= after + lease / 3,
+            "{first:?} is not a third of the lease after {before:?}"
+        );
+        let soon = next(short.ticket);
+        assert!(
+            soon >= before + Duration::from_secs(4) - (after - before)
+                && soon <= after + Duration::from_secs(4),
+            "{soon:?} is not half of the 8 s left after {before:?}"
+        );
+        assert_eq!(schedule.leases.get(&lease), Some(&2));
+    }
+
+    #[test]
+    fn a_permit_taken_out_leaves_no_timer_and_no_lease_behind() {
+        let mut schedule = Schedule::default();
+        let lease = Duration::from_secs(30);
+        schedule.insert(1, entry(1, Some(Duration::from_secs(110))), lease);
+        schedule.insert(2, entry(2, Some(Duration::from_secs(120))), lease);
+        assert!(schedule.remove(1).is_some());
+        assert_eq!(schedule.leases.get(&lease), Some(&1), "one permit left");
+        assert!(schedule.remove(2).is_some());
+        assert!(schedule.remove(2).is_none(), "taken out once");
+        assert!(schedule.timers.is_empty() && schedule.permits.is_empty());
+        // The driver wakes at least every quarter of the shortest lease it still follows.
+        assert!(schedule.leases.is_empty(), "{:?}", schedule.leases);
     }
 }
