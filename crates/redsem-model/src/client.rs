@@ -5,9 +5,10 @@
 //! Its clock is in half ticks ([`Half`]): it acts at `2 * now + 1`, after the server's
 //! millisecond began. What it believes follows `lease/mod.rs`: a grant's local validity is
 //! `sent + delay + lease − 1 ms`, for a grant taken from a wake-up at most `sent + waiter lease
-//! − 1 ms`, and a renewal sent at `sent` moves it to `sent + lease − 1 ms`.
+//! − 1 ms` (`sent`: the first attempt of the last check-in), and a renewal sent at `sent`
+//! moves it to `sent + lease − 1 ms`.
 
-use crate::{Config, Half, Op, ReqId};
+use crate::{Bug, Config, Half, Op, ReqId};
 
 /// A request on its way to the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,7 +95,8 @@ pub enum Main {
     /// Between operations.
     Idle,
     /// `lease_acquire` sent at `sent`; `last`: when the check-in loop began (its retries stay
-    /// within a waiter lease of it); `resent`: a try's one resend was used.
+    /// within a waiter lease of it), which is also its first attempt; `resent`: a try's one
+    /// resend was used.
     Asking {
         id: ReqId,
         wait: bool,
@@ -102,23 +104,28 @@ pub enum Main {
         sent: Half,
         resent: bool,
     },
-    /// Queued: naps until a wake-up or `recheck`; `sent`: when the answered check-in was sent.
+    /// Queued: naps until a wake-up or `recheck`; `first` and `sent`: when the first and the
+    /// answered attempt of the last check-in were sent (`check_in::Sent`).
     Napping {
         id: ReqId,
+        first: Half,
         sent: Half,
         recheck: Half,
     },
-    /// `lease_poll` sent at `sent`; `last`: the last answered check-in.
+    /// `lease_poll` sent at `sent`, first at `first`; `last`: the last answered check-in.
     Polling {
         id: ReqId,
         last: Half,
+        first: Half,
         sent: Half,
     },
-    /// A check-in failed; sent again at `at` (`retry::RETRY_EVERY` later).
+    /// A check-in failed; sent again at `at` (`retry::RETRY_EVERY` later); `first`: its first
+    /// attempt.
     Resend {
         id: ReqId,
         poll: bool,
         last: Half,
+        first: Half,
         at: Half,
     },
     Holding(Holding),
@@ -154,6 +161,9 @@ pub struct Client {
     pub pubsub: Option<Wake>,
     /// The wake-up the notifier routed to the current request's mailbox, not yet read.
     pub mailbox: Option<Wake>,
+    /// The current request's enqueue took more than one attempt (`Sent::resent`): it takes no
+    /// grant from a wake-up.
+    pub enqueue_resent: bool,
     /// Frozen (process and connection) until this tick.
     pub stalled_until: Option<u8>,
     /// Stalled at some point while holding its current permit (a ghost).
@@ -196,6 +206,7 @@ impl Client {
             net: Vec::new(),
             pubsub: None,
             mailbox: None,
+            enqueue_resent: false,
             stalled_until: None,
             stalled_holding: false,
         }
@@ -258,14 +269,26 @@ impl Client {
                 Some(op) => self.ask(ctx, op),
                 None => self.main = Main::Done,
             },
-            Main::Napping { id, sent, .. } => {
+            Main::Napping {
+                id, first, sent, ..
+            } => {
+                // The news is taken from the mailbox whether it is used or not.
                 let wake = self.mailbox.take().filter(|w| w.id == id);
-                // `LeaseRequest::handed`: used only with more than half the waiter lease left.
+                // `wait::acquire`: a request whose enqueue was resent takes no grant from a
+                // wake-up (a poll claims it); else `LeaseRequest::handed` takes it with more
+                // than half the waiter lease left, counted (as is the validity) from the first
+                // attempt of the last check-in.
+                let takes = !(self.enqueue_resent && ctx.cfg.no_wake_after_resend());
+                let from = if ctx.cfg.judges_wake_by_first() {
+                    first
+                } else {
+                    sent
+                };
                 match wake {
-                    Some(w) if sent + ctx.cfg.waiter_lease_h() / 2 > now_h => {
+                    Some(w) if takes && from + ctx.cfg.waiter_lease_h() / 2 > now_h => {
                         let delay = 2 * Half::from(w.delay);
-                        let valid = (sent + delay + ctx.cfg.lease_h())
-                            .min(sent + ctx.cfg.waiter_lease_h())
+                        let valid = (from + delay + ctx.cfg.lease_h())
+                            .min(from + ctx.cfg.waiter_lease_h())
                             .saturating_sub(ctx.cfg.clock_step_h());
                         let granted = Holding {
                             id,
@@ -283,14 +306,28 @@ impl Client {
                         seen.handed = true;
                         self.hold(ctx, granted);
                     }
+                    // The window of the poll counts from the answered attempt.
                     _ => self.send_poll(ctx, id, sent),
                 }
             }
-            Main::Resend { id, poll, last, .. } => {
+            Main::Resend {
+                id,
+                poll,
+                last,
+                first,
+                ..
+            } => {
                 if poll {
-                    self.send_poll(ctx, id, last);
+                    self.net.push(Msg::Req(Req::Poll { id }));
+                    self.main = Main::Polling {
+                        id,
+                        last,
+                        first,
+                        sent: now_h,
+                    };
                 } else {
-                    if ctx.cfg.clear_news_on_resend {
+                    self.enqueue_resent = true;
+                    if ctx.cfg.bug == Bug::NewsClearedOnResend {
                         self.mailbox = None;
                     }
                     self.send_acquire(ctx, id, true, last, now_h, false);
@@ -385,19 +422,20 @@ impl Client {
     /// The answer to a check-in of `id` (an enqueue, or a poll).
     fn answered(&mut self, ctx: &Ctx<'_>, id: ReqId, poll: bool, reply: Reply, seen: &mut Sights) {
         let now_h = ctx.now_h();
-        let (wait, last, sent, resent) = match self.main {
+        let (wait, last, first, sent, resent) = match self.main {
             Main::Asking {
                 id: mine,
                 wait,
                 last,
                 sent,
                 resent,
-            } if mine == id && !poll => (wait, last, sent, resent),
+            } if mine == id && !poll => (wait, last, last, sent, resent),
             Main::Polling {
                 id: mine,
                 last,
+                first,
                 sent,
-            } if mine == id && poll => (true, last, sent, false),
+            } if mine == id && poll => (true, last, first, sent, false),
             _ => return,
         };
         match reply {
@@ -428,6 +466,7 @@ impl Client {
             Reply::Queued { recheck } => {
                 self.main = Main::Napping {
                     id,
+                    first,
                     sent,
                     recheck: now_h + 2 * Half::from(recheck),
                 };
@@ -455,6 +494,7 @@ impl Client {
                         id,
                         poll,
                         last,
+                        first,
                         at: now_h + ctx.cfg.retry_h(),
                     };
                 } else {
@@ -501,6 +541,7 @@ impl Client {
         let id = ((ctx.c as u8) << 5) | (self.ids & 0x1f);
         self.ids += 1;
         self.mailbox = None; // registered for the new id only
+        self.enqueue_resent = false;
         self.send_acquire(ctx, id, op.waits(), ctx.now_h(), ctx.now_h(), false);
     }
 
@@ -533,6 +574,7 @@ impl Client {
         self.main = Main::Polling {
             id,
             last,
+            first: ctx.now_h(),
             sent: ctx.now_h(),
         };
     }
@@ -551,6 +593,7 @@ impl Client {
                 .period_h()
                 .min(granted.valid.saturating_sub(now_h) / 2);
         self.stalled_holding = false;
+        self.enqueue_resent = false;
         self.main = Main::Holding(granted);
     }
 
@@ -566,6 +609,7 @@ impl Client {
 
     fn next_op(&mut self) {
         self.pc += 1;
+        self.enqueue_resent = false;
         self.main = Main::Idle;
     }
 }

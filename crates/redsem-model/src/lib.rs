@@ -58,7 +58,8 @@ impl Op {
     }
 }
 
-/// A defect put back into the model, each one the soak was shown to find (docs/SOAK.md).
+/// A defect put back into the model: the four the soak was shown to find (docs/SOAK.md), and
+/// the stale wake-up this model found (docs/MODEL.md) with the halves of its fix taken out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Bug {
     /// The protocol as implemented.
@@ -74,15 +75,31 @@ pub enum Bug {
     /// The client counts its local validity as `sent + lease`, without the millisecond the
     /// server's floored `TIME` can take off (the gap the 36-minute soak found).
     NoClockStep,
+    /// The waiting engine before the stale wake-up's fix (6328a1c, 422ea05): a wake-up's grant
+    /// is judged by the answered attempt of the last check-in (`LeaseRequest::handed`'s "more
+    /// than half the waiter lease left" and the local validity bound), and taken even by a
+    /// request whose enqueue was resent.
+    StaleWakeUp,
+    /// [`Bug::StaleWakeUp`] with the mailbox's news dropped when the enqueue is resent: the
+    /// client-side change weighed first (not enough: the old wake-up can still be on the
+    /// pub/sub connection).
+    NewsClearedOnResend,
+    /// The fix's second half (6328a1c) without its first (422ea05): a wake-up is judged by the
+    /// first attempt of the last check-in, but taken even by a request whose enqueue was
+    /// resent.
+    WakeAfterResend,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 8] = [
         Bug::None,
         Bug::GrantSkipsQueue,
         Bug::ReleaseKeepsSlot,
         Bug::TokenNotRaised,
         Bug::NoClockStep,
+        Bug::StaleWakeUp,
+        Bug::NewsClearedOnResend,
+        Bug::WakeAfterResend,
     ];
 
     /// The name used on the command line.
@@ -93,6 +110,9 @@ impl Bug {
             Bug::ReleaseKeepsSlot => "release-keeps-slot",
             Bug::TokenNotRaised => "token-not-raised",
             Bug::NoClockStep => "no-clock-step",
+            Bug::StaleWakeUp => "stale-wake-up",
+            Bug::NewsClearedOnResend => "news-cleared-on-resend",
+            Bug::WakeAfterResend => "wake-after-resend",
         }
     }
 
@@ -146,13 +166,6 @@ pub struct Config {
     pub horizon: u8,
     pub faults: Faults,
     pub bug: Bug,
-    /// A change proposed for the defect this model found (docs/MODEL.md, "The stale wake-up"):
-    /// settle leaves a tombstone where it drops a holder whose lease ended, so that a resent
-    /// `lease_acquire` of that id answers `GONE` instead of queueing it as a new request.
-    pub tombstone_expired: bool,
-    /// The client-side change weighed for the same defect: a resent enqueue first drops any
-    /// wake-up its mailbox holds. (Not enough: docs/MODEL.md.)
-    pub clear_news_on_resend: bool,
 }
 
 impl Config {
@@ -179,15 +192,7 @@ impl Config {
             horizon: 12,
             faults: Faults::NONE,
             bug: Bug::None,
-            tombstone_expired: false,
-            clear_news_on_resend: false,
         }
-    }
-
-    /// With the change proposed for the stale wake-up ([`Config::tombstone_expired`]).
-    pub fn with_expired_tombstones(mut self) -> Config {
-        self.tombstone_expired = true;
-        self
     }
 
     pub fn with_faults(mut self, faults: Faults) -> Config {
@@ -245,6 +250,20 @@ impl Config {
     /// `lease::SERVER_CLOCK_STEP`, 1 ms, in half ticks (none with [`Bug::NoClockStep`]).
     pub(crate) fn clock_step_h(&self) -> Half {
         if self.bug == Bug::NoClockStep { 0 } else { 2 }
+    }
+
+    /// A wake-up's grant is judged by the first attempt of the last check-in (6328a1c), not
+    /// the answered one.
+    pub(crate) fn judges_wake_by_first(&self) -> bool {
+        !matches!(self.bug, Bug::StaleWakeUp | Bug::NewsClearedOnResend)
+    }
+
+    /// A request whose enqueue was resent takes no grant from a wake-up (422ea05).
+    pub(crate) fn no_wake_after_resend(&self) -> bool {
+        !matches!(
+            self.bug,
+            Bug::StaleWakeUp | Bug::NewsClearedOnResend | Bug::WakeAfterResend
+        )
     }
 
     /// The keepalive's period, a third of the lease.

@@ -7,7 +7,8 @@ use redsem_model::{Bug, Config, Faults, LeaseModel, check, describe_path};
 
 const USAGE: &str = "usage: redsem-model [--clients N] [--capacity N] [--tries N] [--rounds N] [--horizon TICKS]
                     [--faults N] [--no-lose-reply] [--no-lose-wake] [--no-stall] [--no-restart]
-                    [--state-loss] [--tombstone-expired] [--clear-news-on-resend] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step]
+                    [--state-loss] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step|
+                           stale-wake-up|news-cleared-on-resend|wake-after-resend]
                     [--watch capacity|slots|validity|tokens|fifo|return] [--threads N]";
 
 /// The prefixes of the `always` properties, for `--watch`.
@@ -37,8 +38,6 @@ fn run(args: Vec<String>) -> Result<bool, String> {
     };
     let mut bug = Bug::None;
     let mut watch = None;
-    let mut tombstone_expired = false;
-    let mut clear_news = false;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
@@ -56,8 +55,6 @@ fn run(args: Vec<String>) -> Result<bool, String> {
             "--no-stall" => faults.stall = 0,
             "--no-restart" => faults.restart = false,
             "--state-loss" => faults.state_loss = true,
-            "--tombstone-expired" => tombstone_expired = true,
-            "--clear-news-on-resend" => clear_news = true,
             "--watch" => {
                 let name = value()?;
                 watch = Some(
@@ -82,8 +79,6 @@ fn run(args: Vec<String>) -> Result<bool, String> {
         .with_rounds(usize::from(rounds))
         .with_faults(faults)
         .with_bug(bug);
-    cfg.tombstone_expired = tombstone_expired;
-    cfg.clear_news_on_resend = clear_news;
     if let Some(horizon) = horizon {
         cfg = cfg.with_horizon(horizon);
     }

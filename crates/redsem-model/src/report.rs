@@ -261,12 +261,18 @@ fn phase(main: &Main) -> String {
         Main::Asking { id: r, .. } => format!("asking {}", id(r)),
         Main::Napping {
             id: r,
+            first,
             sent,
             recheck,
         } => format!(
-            "queued {} (checked in at {}, recheck at {})",
+            "queued {} (checked in at {}{}, recheck at {})",
             id(r),
             half(sent),
+            if first == sent {
+                String::new()
+            } else {
+                format!(", first sent at {}", half(first))
+            },
             half(recheck)
         ),
         Main::Polling { id: r, .. } => format!("polling {}", id(r)),

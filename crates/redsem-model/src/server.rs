@@ -15,10 +15,6 @@ use std::collections::BTreeMap;
 use crate::client::{Reply, Wake};
 use crate::{Bug, Config, ReqId};
 
-/// The release attempt named by the tombstone of a lease that ended ([`Config::tombstone_expired`]):
-/// no client's.
-const EXPIRED: u8 = u8::MAX;
-
 /// What the server keeps of one request id (`r:<id>` and its `leases` entry).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Record {
@@ -278,15 +274,6 @@ impl Server {
             match record {
                 Record::Holder { units, slots, .. } => {
                     self.drop_holder(run.cfg, units, slots);
-                    if run.cfg.tombstone_expired {
-                        // (Named by no release attempt: the holder's own release of it
-                        // answers NOTHELD, a withdrawal RELEASED, a resent acquire GONE.)
-                        let tomb = Record::Tomb {
-                            withdrawn: false,
-                            attempt: EXPIRED,
-                        };
-                        self.records.insert(id, tomb);
-                    }
                 }
                 Record::Waiter { .. } => self.queue.retain(|&w| w != id),
                 Record::Tomb { .. } => {}
