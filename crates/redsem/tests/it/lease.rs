@@ -219,8 +219,16 @@ async fn refresh_release_and_not_held(ctx: &TestContext<Topology>) {
         .redsem
         .lease_semaphore_with("s", 2, short(5_000))
         .expect("semaphore");
+    let asked = tokio::time::Instant::now();
     let permit = sem.try_acquire().await.expect("acquire");
     let before = permit.expires_at();
+    // Within the lease asked for, counted from the request, and well ahead of now (the
+    // instant, not one as far in the past: cargo-mutants' `+` → `-` in `expires_at`).
+    assert!(before <= asked + Duration::from_millis(5_000), "{before:?}");
+    assert!(
+        before > tokio::time::Instant::now() + Duration::from_millis(4_000),
+        "{before:?}"
+    );
     tokio::time::sleep(Duration::from_millis(20)).await;
     permit.refresh().await.expect("refresh");
     assert!(permit.expires_at() > before);
