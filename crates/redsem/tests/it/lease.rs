@@ -303,6 +303,16 @@ async fn status_shows_holders_with_labels_tokens_slots_and_time_left(ctx: &TestC
     assert_eq!(status.holders[0].label.as_deref(), Some("host-1"));
     assert_eq!(status.holders[1].slots, b.slots());
     assert!(status.holders[0].expires_in > Duration::from_secs(29));
+    // The soonest of the two ends, both granted just now with the default 30 s lease.
+    let next = status
+        .next_lease_end()
+        .expect("holders, so a next lease end");
+    assert_eq!(
+        Some(next),
+        status.holders.iter().map(|h| h.expires_in).min(),
+        "the soonest end"
+    );
+    assert!(next > Duration::from_secs(29), "{next:?}");
     assert!(status.waiters.is_empty());
     assert_eq!(
         ctx.redsem.lease_semaphore_names().await.expect("names"),
