@@ -100,3 +100,52 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    fn refused() -> Error {
+        Error::Protocol {
+            script: "test",
+            detail: "refused".into(),
+        }
+    }
+
+    fn unreachable_server() -> Error {
+        Error::Unavailable(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        )))
+    }
+
+    /// Run `until_reached` with `patience` on a call that always fails with `err()`; returns
+    /// how many times it was sent, or panics after 5 s.
+    async fn attempts(patience: Duration, err: fn() -> Error) -> u32 {
+        let calls = AtomicU32::new(0);
+        let sent = until_reached(patience, || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { Err::<(), _>(err()) }
+        });
+        let result = tokio::time::timeout(Duration::from_secs(5), sent)
+            .await
+            .expect("until_reached gave up in time");
+        assert!(result.is_err());
+        calls.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn a_background_call_refused_for_another_reason_than_an_unreachable_server_is_sent_once()
+    {
+        assert_eq!(attempts(Duration::from_secs(30), refused).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_background_call_to_an_unreachable_server_is_sent_again_until_its_patience_ends() {
+        // Every 50 ms for 200 ms, and then given up (`attempts` bounds the wait).
+        let n = attempts(Duration::from_millis(200), unreachable_server).await;
+        assert!(n >= 2, "sent {n} times");
+    }
+}
