@@ -141,6 +141,9 @@ pub use mutex::{Mutex, MutexGuard};
 pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
+#[cfg(feature = "lua-dir")]
+#[doc(hidden)]
+pub use script::library_source_with;
 pub use types::{FencingToken, PermitId};
 pub use url::{ConnectTarget, TargetHosts};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use redsem_test::RedisServer;
 
-use super::catalogue::{Mutant, Source};
+use super::catalogue::Mutant;
 
 /// What became of a mutant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +59,6 @@ pub struct Judge {
     pub test_timeout: Duration,
     pub soak_seeds: Vec<u64>,
     pub soak_duration: Duration,
-    pub sources: Vec<Source>,
 }
 
 /// A child process's stdout, line by line, until it ends or `deadline`; `stop` says whether
@@ -141,15 +140,6 @@ impl Judge {
 
     /// Judge `mutant` against `checker` (a server where its library is loaded first).
     pub fn judge(&self, mutant: &Mutant, checker: &RedisServer) -> Outcome {
-        if let Err(error) = self.load(mutant, checker) {
-            return if error.contains("compiling") || error.contains("syntax") {
-                Outcome::Unviable { error }
-            } else {
-                Outcome::Killed {
-                    by: format!("FUNCTION LOAD: {error}"),
-                }
-            };
-        }
         let dir = match tempfile::tempdir() {
             Ok(dir) => dir,
             Err(e) => {
@@ -164,6 +154,15 @@ impl Judge {
         ) {
             return Outcome::Killed {
                 by: format!("(runner: cannot write the mutant: {e})"),
+            };
+        }
+        if let Err(error) = load(dir.path(), checker) {
+            return if error.contains("compiling") || error.contains("syntax") {
+                Outcome::Unviable { error }
+            } else {
+                Outcome::Killed {
+                    by: format!("FUNCTION LOAD: {error}"),
+                }
             };
         }
         let outcome = self.tests(&mutant.file, dir.path());
@@ -257,48 +256,17 @@ impl Judge {
         }
         Outcome::Survived
     }
-
-    /// Load the library with the mutant in place into `checker`: `Err` with Redis's message
-    /// if it is refused.
-    pub fn load(&self, mutant: &Mutant, checker: &RedisServer) -> Result<(), String> {
-        let source = library(&self.sources, Some(mutant));
-        let mut conn = checker.connection();
-        redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(source)
-            .query::<String>(&mut conn)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
 }
 
-/// The function library as `redsem::script::library` assembles it (a fixed name: the
-/// checker replaces it each time), with `mutant`'s text in place of its file.
-pub fn library(sources: &[Source], mutant: Option<&Mutant>) -> String {
-    let text = |stem: &str| -> &str {
-        match mutant {
-            Some(m) if m.file == stem => &m.text,
-            _ => sources
-                .iter()
-                .find(|s| s.stem == stem)
-                .map_or("", |s| s.text.as_str()),
-        }
-    };
-    let mut out = format!("#!lua name=mutant\n{}\n", text("common"));
-    for primitive in ["latch", "lease", "permit"] {
-        out.push_str("do\n");
-        out.push_str(text(&format!("{primitive}_prelude")));
-        for op in sources.iter().filter(|s| {
-            s.stem.starts_with(&format!("{primitive}_")) && !s.stem.ends_with("_prelude")
-        }) {
-            out.push_str(&format!(
-                "redis.register_function('mutant_{}', function(KEYS, ARGV)\nbegin(KEYS)\n{}\nend)\n",
-                op.stem,
-                text(&op.stem)
-            ));
-        }
-        out.push_str("end\n");
-    }
-    out
+/// Load the library, as `redsem` assembles it with the files of `dir` in place of its own
+/// (`redsem::library_source_with`), into `checker`: `Err` with Redis's message if it is refused.
+fn load(dir: &Path, checker: &RedisServer) -> Result<(), String> {
+    let mut conn = checker.connection();
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(redsem::library_source_with(dir))
+        .query::<String>(&mut conn)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }

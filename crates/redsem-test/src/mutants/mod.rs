@@ -337,7 +337,6 @@ fn run(args: Result<Args, String>) -> Result<ExitCode, String> {
         test_timeout: args.test_timeout,
         soak_seeds: args.soak_seeds.clone(),
         soak_duration: args.soak_duration,
-        sources,
     };
     // The unmutated scripts must pass, or every mutant would look killed.
     let baseline = Instant::now();

@@ -18,6 +18,7 @@
 //! A call that changes state goes by [`Call::invoke_acked`], which sends a `WAIT` with it
 //! where the connection asks for replica acknowledgements (see `acks`).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, OnceLock};
 
@@ -41,15 +42,21 @@ pub(crate) enum Primitive {
 }
 
 impl Primitive {
-    fn prelude(self) -> &'static str {
+    /// Its prelude's file name and the text compiled in.
+    fn prelude_file(self) -> (&'static str, &'static str) {
         match self {
-            Primitive::Lease => lua("lease_prelude", include_str!("../../lua/lease_prelude.lua")),
-            Primitive::Permit => lua(
+            Primitive::Lease => ("lease_prelude", include_str!("../../lua/lease_prelude.lua")),
+            Primitive::Permit => (
                 "permit_prelude",
                 include_str!("../../lua/permit_prelude.lua"),
             ),
-            Primitive::Latch => lua("latch_prelude", include_str!("../../lua/latch_prelude.lua")),
+            Primitive::Latch => ("latch_prelude", include_str!("../../lua/latch_prelude.lua")),
         }
+    }
+
+    fn prelude(self) -> &'static str {
+        let (file, builtin) = self.prelude_file();
+        lua(file, builtin)
     }
 }
 
@@ -143,31 +150,69 @@ pub(crate) struct Library {
     pub(crate) source: String,
 }
 
-pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let common = lua("common", COMMON);
-    let mut sources = String::from(common);
-    for op in ALL {
+pub(crate) static LIBRARY: LazyLock<Library> =
+    LazyLock::new(|| assemble(&|file, builtin| lua(file, builtin).into()));
+
+/// The library made of each Lua file's text, as `read(file, the text compiled in)` gives it;
+/// its name (and its functions' names) carry a hash of all the texts.
+fn assemble(read: &dyn Fn(&'static str, &'static str) -> Cow<'static, str>) -> Library {
+    let common = read("common", COMMON);
+    let preludes: Vec<(Primitive, Cow<'static, str>)> =
+        [Primitive::Latch, Primitive::Lease, Primitive::Permit]
+            .into_iter()
+            .map(|primitive| {
+                let (file, builtin) = primitive.prelude_file();
+                (primitive, read(file, builtin))
+            })
+            .collect();
+    let prelude = |primitive: Primitive| {
+        preludes
+            .iter()
+            .find(|(p, _)| *p == primitive)
+            .map_or("", |(_, text)| text.as_ref())
+    };
+    let bodies: Vec<Cow<'static, str>> = ALL.iter().map(|op| read(op.name, op.body)).collect();
+    let mut sources = String::from(common.as_ref());
+    for (op, body) in ALL.iter().zip(&bodies) {
         sources.push_str(op.name);
-        sources.push_str(op.primitive.prelude());
-        sources.push_str(op.body());
+        sources.push_str(prelude(op.primitive));
+        sources.push_str(body);
     }
     let hash = Script::new(&sources).get_hash().to_owned();
     let name = format!("redsem_{}", &hash[..12]);
     let mut source = format!("#!lua name={name}\n{common}\n");
-    for primitive in [Primitive::Latch, Primitive::Lease, Primitive::Permit] {
+    for (primitive, text) in &preludes {
         source.push_str("do\n");
-        source.push_str(primitive.prelude());
-        for op in ALL.iter().filter(|op| op.primitive == primitive) {
+        source.push_str(text);
+        for (op, body) in ALL
+            .iter()
+            .zip(&bodies)
+            .filter(|(op, _)| op.primitive == *primitive)
+        {
             source.push_str(&format!(
-                "redis.register_function('{name}_{}', function(KEYS, ARGV)\nbegin(KEYS)\n{}\nend)\n",
-                op.name,
-                op.body()
+                "redis.register_function('{name}_{}', function(KEYS, ARGV)\nbegin(KEYS)\n{body}\nend)\n",
+                op.name
             ));
         }
         source.push_str("end\n");
     }
     Library { name, source }
-});
+}
+
+/// The library as this build assembles it, with the `<file>.lua` files that `dir` has in place
+/// of the ones compiled in: what the Lua mutation runner loads to tell a mutant that does not
+/// compile (docs/MUTANTS.md). For the project's own tests (feature `lua-dir`), not for use.
+#[cfg(feature = "lua-dir")]
+#[doc(hidden)]
+pub fn library_source_with(dir: &std::path::Path) -> String {
+    assemble(
+        &|file, builtin| match std::fs::read_to_string(dir.join(format!("{file}.lua"))) {
+            Ok(text) => text.into(),
+            Err(_) => builtin.into(),
+        },
+    )
+    .source
+}
 
 impl Op {
     /// The operation's Lua body (see [`lua`]).

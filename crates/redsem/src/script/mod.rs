@@ -29,5 +29,7 @@ mod test_support;
 pub(crate) use acks::*;
 pub(crate) use latch::*;
 pub(crate) use lease::*;
+#[cfg(feature = "lua-dir")]
+pub use library::library_source_with;
 pub(crate) use library::*;
 pub(crate) use permit::*;
