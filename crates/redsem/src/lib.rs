@@ -78,6 +78,7 @@
 //! | `sentinel` | on | `Redsem::connect_sentinel` and `redis+sentinel://` URLs: the primary behind Redis Sentinel, followed across failovers |
 //! | `blocking` | off | `redsem::blocking`: the same primitives for code without an async runtime |
 //! | `serde` | off | `serde::Serialize` for [`Status`], [`Holder`], [`Waiter`] and [`LatchState`] |
+//! | `tower` | off | `redsem::tower`: a tower layer holding a lease permit per request, for fleet-wide concurrency limits (axum, tonic) |
 //!
 //! `default-features = false` leaves a library for one plain-text server with fewer
 //! dependencies.
@@ -126,6 +127,9 @@ mod observe;
 mod permits;
 mod retry;
 mod script;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 mod types;
 mod url;
 mod wait;

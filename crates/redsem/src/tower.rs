@@ -1,0 +1,493 @@
+//! A [tower](https://docs.rs/tower) layer that bounds the requests in flight across a whole
+//! fleet: each request holds a permit of a [`LeaseSemaphore`] while it runs.
+//!
+//! [`LeaseLimitLayer`] wraps a service in a [`LeaseLimit`]. Every call takes one unit of the
+//! semaphore before the inner service sees the request, and gives it back when the response
+//! future completes. Since the semaphore lives in Redis, the bound holds for every process
+//! that opens the same semaphore name with the same capacity: ten replicas of an app behind a
+//! limit of 4 run at most 4 of those requests at any moment, all replicas together.
+//!
+//! # Two ways to meet a full semaphore
+//!
+//! * [`LeaseLimitLayer::waiting`]: the request joins the semaphore's first-in-first-out queue
+//!   and waits up to the given time. Past it, the call fails with [`LimitError::TimedOut`]
+//!   (an HTTP app answers 503 Service Unavailable).
+//! * [`LeaseLimitLayer::shedding`]: one attempt, no queue. When every unit is held, or others
+//!   are queued for one, the call fails at once with [`LimitError::Busy`] (an HTTP app
+//!   answers 429 Too Many Requests).
+//!
+//! Other failures of the semaphore (Redis unreachable, a capacity conflict with another
+//! process, ...) come as [`LimitError::Redis`]; the inner service's own errors as
+//! [`LimitError::Inner`]. [`LimitError::http_status`] suggests a status code for each of the
+//! layer's own errors.
+//!
+//! # Where the permit is taken and given back
+//!
+//! * `poll_ready` only asks the inner service; it never touches Redis. The permit is
+//!   requested inside the future that `call` returns, so dropping that future always cleans
+//!   up: a request still queued leaves the queue (the library's acquire withdraws it on
+//!   drop), and a held permit is released.
+//! * The inner service that was found ready is the one that gets the request, once the permit
+//!   is held (the usual clone-and-swap of tower middleware, so the service must be `Clone`).
+//! * When the inner future completes, the permit is released and the release is awaited
+//!   before the response is handed on, so a client that sends its next request after reading
+//!   the last response never finds its own earlier request still holding a unit. The release
+//!   runs in a task of its own: dropping the response future in the middle of it cannot stop
+//!   it.
+//! * A response future dropped before completion (the HTTP client went away and the server
+//!   dropped the handler) drops the permit, which releases it in the background.
+//!
+//! # A lease lost while the request runs
+//!
+//! A permit is a lease, renewed in the background. If renewals fail for a whole lease (Redis
+//! unreachable, the process paused), the unit may already be someone else's. What the layer
+//! does then is set with [`LeaseLimitLayer::on_lost`]:
+//!
+//! * [`OnLost::Abort`] (the default): the inner future is dropped as soon as the loss is
+//!   known, and the call fails with [`LimitError::LeaseLost`] (an HTTP app answers 503). The
+//!   request's work stops at its next `.await`, so no more of it runs outside the limit. A
+//!   response that was complete before the loss was noticed is still returned.
+//! * [`OnLost::Continue`]: the request runs on, and the response is returned as usual. The
+//!   handler can watch the lease itself through the [`HeldLease`] in the request's
+//!   extensions ([`HeldLease::lost`], [`HeldLease::is_lost`]), for instance to stop writing
+//!   when its fencing token may be stale.
+//!
+//! In both modes an [`http::Request`] carries a [`HeldLease`] in its extensions: the
+//! permit's fencing token, slot and id, for handlers that pass the token on to the storage
+//! they protect. Other request types can receive it by implementing [`CarryLease`].
+//!
+//! # Examples
+//!
+//! An axum route limited to 4 requests in flight over all replicas; a request waits up to
+//! 2 s for its turn:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use axum::{Router, error_handling::HandleErrorLayer, http::StatusCode, routing::get};
+//! use redsem::tower::{LeaseLimitLayer, LimitError};
+//! use tower::ServiceBuilder;
+//!
+//! # async fn example() -> redsem::Result<()> {
+//! let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+//! let sem = redsem.lease_semaphore("reports-endpoint", 4)?;
+//! let app: Router = Router::new().route("/reports", get(|| async { "done" })).route_layer(
+//!     ServiceBuilder::new()
+//!         .layer(HandleErrorLayer::new(|err: LimitError<std::convert::Infallible>| async move {
+//!             let status = err.http_status().unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+//!             (status, err.to_string())
+//!         }))
+//!         .layer(LeaseLimitLayer::waiting(sem, Duration::from_secs(2))),
+//! );
+//! # let _ = app;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The layer on a plain tower service, shedding when busy:
+//!
+//! ```no_run
+//! use redsem::tower::{LeaseLimitLayer, LimitError};
+//! use tower::{ServiceBuilder, ServiceExt as _, service_fn};
+//!
+//! # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+//! let service = ServiceBuilder::new()
+//!     .layer(LeaseLimitLayer::shedding(sem))
+//!     .service(service_fn(|request: http::Request<()>| async move {
+//!         Ok::<_, std::convert::Infallible>(request.uri().path().len())
+//!     }));
+//! match service.oneshot(http::Request::new(())).await {
+//!     Ok(length) => println!("answered: {length}"),
+//!     Err(LimitError::Busy(_)) => println!("busy, try again later"),
+//!     Err(err) => eprintln!("failed: {err}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A handler that reads its fencing token and stops when the lease is lost
+//! ([`OnLost::Continue`] leaves that to the handler):
+//!
+//! ```no_run
+//! use axum::Extension;
+//! use redsem::tower::HeldLease;
+//!
+//! async fn export(Extension(lease): Extension<HeldLease>) -> String {
+//!     tokio::select! {
+//!         () = lease.lost() => "lease lost, export stopped".to_owned(),
+//!         () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {
+//!             format!("exported under token {}", lease.token())
+//!         }
+//!     }
+//! }
+//! # let _ = export;
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::{Error, FencingToken, LeasePermit, LeaseSemaphore, PermitId};
+
+/// How a request meets a semaphore whose units are all held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Admission {
+    /// Queue (first in, first out) for at most this long, then fail with
+    /// [`LimitError::TimedOut`].
+    Wait(Duration),
+    /// Fail at once with [`LimitError::Busy`].
+    Shed,
+}
+
+/// What happens to a running request whose lease is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnLost {
+    /// Drop the inner future and fail the call with [`LimitError::LeaseLost`].
+    #[default]
+    Abort,
+    /// Let the request run to its end; the handler learns of the loss through its
+    /// [`HeldLease`].
+    Continue,
+}
+
+/// The error of a [`LeaseLimit`] service: the layer's own outcomes, or the inner service's
+/// error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimitError<E> {
+    /// Shedding ([`Admission::Shed`]): every unit was held, or other requests were queued
+    /// first. Holds the library's [`Error::NoPermit`].
+    Busy(Error),
+    /// Waiting ([`Admission::Wait`]): no unit came free in time. The request left the queue.
+    /// Holds the library's [`Error::Timeout`].
+    TimedOut(Error),
+    /// The lease was lost while the request ran, and it was stopped ([`OnLost::Abort`]).
+    /// Holds the library's [`Error::LeaseLost`].
+    LeaseLost(Error),
+    /// The semaphore failed otherwise: Redis unreachable, a capacity conflict, a key of the
+    /// wrong type, ...
+    Redis(Error),
+    /// The inner service failed.
+    Inner(E),
+}
+
+impl<E> LimitError<E> {
+    /// The library's error behind one of the layer's outcomes; `None` for
+    /// [`LimitError::Inner`].
+    pub fn redsem_error(&self) -> Option<&Error> {
+        match self {
+            LimitError::Busy(err)
+            | LimitError::TimedOut(err)
+            | LimitError::LeaseLost(err)
+            | LimitError::Redis(err) => Some(err),
+            LimitError::Inner(_) => None,
+        }
+    }
+
+    /// A status code for an HTTP answer to one of the layer's own errors: 429 Too Many
+    /// Requests when shed, 503 Service Unavailable when the wait timed out, the lease was
+    /// lost or Redis could not be reached, 500 for other failures of the semaphore (a
+    /// misconfiguration); `None` for the inner service's errors, which are the app's to map.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redsem::tower::LimitError;
+    ///
+    /// let err: LimitError<std::io::Error> = LimitError::Busy(redsem::Error::NoPermit {
+    ///     name: "api".to_owned(),
+    ///     capacity: 4,
+    ///     in_use: 4,
+    ///     waiters: 0,
+    /// });
+    /// assert_eq!(err.http_status(), Some(http::StatusCode::TOO_MANY_REQUESTS));
+    /// ```
+    pub fn http_status(&self) -> Option<http::StatusCode> {
+        Some(match self {
+            LimitError::Busy(_) => http::StatusCode::TOO_MANY_REQUESTS,
+            LimitError::TimedOut(_) | LimitError::LeaseLost(_) => {
+                http::StatusCode::SERVICE_UNAVAILABLE
+            }
+            LimitError::Redis(err) if err.is_unavailable() => http::StatusCode::SERVICE_UNAVAILABLE,
+            LimitError::Redis(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+            LimitError::Inner(_) => return None,
+        })
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for LimitError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitError::Busy(err) => write!(f, "concurrency limit reached: {err}"),
+            LimitError::TimedOut(err) => write!(f, "concurrency limit: {err}"),
+            LimitError::LeaseLost(err) => write!(f, "request stopped: {err}"),
+            LimitError::Redis(_) => f.write_str("concurrency limit unavailable"),
+            LimitError::Inner(err) => err.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for LimitError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Its message is the inner error's own: the chain goes on below it.
+            LimitError::Inner(err) => err.source(),
+            LimitError::Redis(err) => Some(err),
+            LimitError::Busy(err) | LimitError::TimedOut(err) | LimitError::LeaseLost(err) => {
+                err.source()
+            }
+        }
+    }
+}
+
+/// The permit a request holds, as its handler sees it: in the extensions of an
+/// [`http::Request`] (axum: `Extension<HeldLease>`), or handed to [`CarryLease::carry`].
+///
+/// Cloning shares the one permit. The layer releases it when the response future completes;
+/// a clone kept beyond that (moved into a spawned task, say) keeps the unit held until the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct HeldLease {
+    permit: Arc<LeasePermit>,
+}
+
+impl HeldLease {
+    /// The fencing token of the grant, to pass to the resource the limit protects.
+    pub fn token(&self) -> FencingToken {
+        self.permit.token()
+    }
+
+    /// The permit's slot, in `0..capacity`.
+    pub fn slot(&self) -> u32 {
+        self.permit.slot()
+    }
+
+    /// The permit's id.
+    pub fn id(&self) -> &PermitId {
+        self.permit.id()
+    }
+
+    /// The name of the semaphore.
+    pub fn semaphore(&self) -> &str {
+        self.permit.semaphore()
+    }
+
+    /// True once the lease is known lost or may have ended ([`LeasePermit::is_lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.permit.is_lost()
+    }
+
+    /// Resolves when the lease is known lost or may have ended ([`LeasePermit::lost`]);
+    /// also once the layer has released it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lost(&self) {
+        self.permit.lost().await;
+    }
+}
+
+impl fmt::Debug for HeldLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HeldLease").field(&self.permit).finish()
+    }
+}
+
+/// A request type that can carry the [`HeldLease`] of its call to the handler.
+///
+/// Implemented for [`http::Request`] (into its extensions). For another request type,
+/// implement it (the body may be empty, `impl CarryLease for MyRequest {}`, when its handlers
+/// do not need the lease).
+pub trait CarryLease {
+    /// Keep `lease` where the handler can find it. The default drops it.
+    fn carry(&mut self, lease: HeldLease) {
+        let _ = lease;
+    }
+}
+
+impl<B> CarryLease for http::Request<B> {
+    fn carry(&mut self, lease: HeldLease) {
+        self.extensions_mut().insert(lease);
+    }
+}
+
+/// A [`Layer`] that wraps services in a [`LeaseLimit`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn example(sem: redsem::LeaseSemaphore) {
+/// use redsem::tower::{LeaseLimitLayer, OnLost};
+///
+/// let layer = LeaseLimitLayer::waiting(sem, std::time::Duration::from_millis(500))
+///     .on_lost(OnLost::Continue);
+/// # let _ = layer;
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LeaseLimitLayer {
+    sem: LeaseSemaphore,
+    admission: Admission,
+    on_lost: OnLost,
+}
+
+impl LeaseLimitLayer {
+    /// A layer whose requests meet a full semaphore as `admission` says.
+    pub fn new(sem: LeaseSemaphore, admission: Admission) -> LeaseLimitLayer {
+        LeaseLimitLayer {
+            sem,
+            admission,
+            on_lost: OnLost::default(),
+        }
+    }
+
+    /// Requests queue for a unit for at most `timeout` ([`Admission::Wait`]).
+    pub fn waiting(sem: LeaseSemaphore, timeout: Duration) -> LeaseLimitLayer {
+        LeaseLimitLayer::new(sem, Admission::Wait(timeout))
+    }
+
+    /// Requests that find no free unit fail at once ([`Admission::Shed`]).
+    pub fn shedding(sem: LeaseSemaphore) -> LeaseLimitLayer {
+        LeaseLimitLayer::new(sem, Admission::Shed)
+    }
+
+    /// What to do with a request whose lease is lost while it runs (default
+    /// [`OnLost::Abort`]).
+    pub fn on_lost(mut self, on_lost: OnLost) -> LeaseLimitLayer {
+        self.on_lost = on_lost;
+        self
+    }
+}
+
+impl<S> Layer<S> for LeaseLimitLayer {
+    type Service = LeaseLimit<S>;
+
+    fn layer(&self, inner: S) -> LeaseLimit<S> {
+        LeaseLimit {
+            inner,
+            sem: self.sem.clone(),
+            admission: self.admission,
+            on_lost: self.on_lost,
+        }
+    }
+}
+
+/// A service that runs each request of its inner service under a permit of a
+/// [`LeaseSemaphore`] (see [the module](self)).
+#[derive(Debug, Clone)]
+pub struct LeaseLimit<S> {
+    inner: S,
+    sem: LeaseSemaphore,
+    admission: Admission,
+    on_lost: OnLost,
+}
+
+impl<S> LeaseLimit<S> {
+    /// Wrap `inner` (as [`LeaseLimitLayer::new`] does).
+    pub fn new(inner: S, sem: LeaseSemaphore, admission: Admission) -> LeaseLimit<S> {
+        LeaseLimitLayer::new(sem, admission).layer(inner)
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The semaphore the requests take their permits from.
+    pub fn semaphore(&self) -> &LeaseSemaphore {
+        &self.sem
+    }
+}
+
+impl<S, Req> Service<Req> for LeaseLimit<S>
+where
+    S: Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    S::Response: Send + 'static,
+    Req: CarryLease + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = LimitError<S::Error>;
+    type Future = BoxFuture<'static, Result<S::Response, LimitError<S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness of the inner service only: the permit is taken in the call's future, so
+        // that dropping that future is all a caller needs to do to give it up.
+        self.inner.poll_ready(cx).map_err(LimitError::Inner)
+    }
+
+    fn call(&mut self, mut request: Req) -> Self::Future {
+        // The instance that was polled ready serves this request; a clone takes its place.
+        let replacement = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, replacement);
+        let sem = self.sem.clone();
+        let admission = self.admission;
+        let on_lost = self.on_lost;
+        Box::pin(async move {
+            let permit = Arc::new(take(&sem, admission).await?);
+            request.carry(HeldLease {
+                permit: permit.clone(),
+            });
+            let response = inner.call(request);
+            let outcome = match on_lost {
+                OnLost::Abort => {
+                    tokio::select! {
+                        biased;
+                        outcome = response => outcome,
+                        () = permit.lost() => {
+                            return Err(LimitError::LeaseLost(Error::LeaseLost {
+                                name: permit.semaphore().to_owned(),
+                                id: permit.id().to_string(),
+                            }));
+                        }
+                    }
+                }
+                OnLost::Continue => response.await,
+            };
+            give_back(permit).await;
+            outcome.map_err(LimitError::Inner)
+        })
+    }
+}
+
+/// One unit of `sem`, as `admission` says.
+async fn take<E>(sem: &LeaseSemaphore, admission: Admission) -> Result<LeasePermit, LimitError<E>> {
+    let taken = match admission {
+        Admission::Wait(timeout) => sem.acquire_timeout(timeout).await,
+        Admission::Shed => sem.try_acquire().await,
+    };
+    taken.map_err(|err| match err {
+        Error::NoPermit { .. } => LimitError::Busy(err),
+        Error::Timeout { .. } => LimitError::TimedOut(err),
+        err => LimitError::Redis(err),
+    })
+}
+
+/// Release `permit` and wait for the release to be done, in a task of its own so that a
+/// caller that stops waiting cannot cut it short.
+async fn give_back(permit: Arc<LeasePermit>) {
+    let Ok(permit) = Arc::try_unwrap(permit) else {
+        // The handler kept a clone of its `HeldLease`: the last clone releases it on drop.
+        return;
+    };
+    let name = permit.semaphore().to_owned();
+    let released = tokio::spawn(permit.release()).await;
+    match released {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!(
+            semaphore = %name,
+            error = %err,
+            "the permit of a finished request could not be released; its lease ends by itself"
+        ),
+        Err(err) => tracing::warn!(semaphore = %name, error = %err, "the release task failed"),
+    }
+}
