@@ -1,22 +1,16 @@
-//! The command line: global options, parsing (clap), and [`run`], which parses, sets up
-//! logging and the runtime, and executes the subcommand.
+//! The command line: its grammar (clap; the global options are in [`crate::context`]), and
+//! [`run`], which parses, sets up logging and the runtime, and executes the subcommand.
 
-use std::cell::OnceCell;
 use std::ffi::OsString;
-use std::io::IsTerminal as _;
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
+use clap::Parser;
 use clap::error::ErrorKind;
-use clap::{ArgAction, Parser};
-use redsem::{Redsem, RedsemOptions, ServerChecks};
 
 use crate::command::Command;
+use crate::context::{Context, GlobalArgs, MORE};
 use crate::error::{CliError, exit};
-use crate::spinner::Progress;
-use crate::target::{Nodes, Target};
-use crate::{logging, values};
+use crate::logging;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -70,9 +64,6 @@ Exit codes (of `run` and `lock`: see `redsem run --help`):
   78  Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL
       rights on the prefix's keys, channels or commands (see --server-checks)";
 
-/// What `-h` says after the options: the examples, notes and exit codes are in `--help`.
-pub(crate) const MORE: &str = "Examples, details and exit codes: --help";
-
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
 #[derive(Debug, Parser)]
@@ -92,405 +83,18 @@ pub(crate) struct Cli {
     command: Command,
 }
 
-/// Options every subcommand takes, before or after its name.
-#[derive(Debug, clap::Args)]
-#[command(next_help_heading = "Global options")]
-struct GlobalArgs {
-    /// Redis to use: one server, a cluster (redis+cluster://) or the primary behind Sentinels
-    /// (redis+sentinel://)
-    ///
-    /// One server: redis://[user:password@]host[:port][/db] (rediss:// for TLS); a cluster:
-    /// redis+cluster://host:port[,host:port...]; the primary that Sentinels watch:
-    /// redis+sentinel://host[:port][,host[:port]...]/MASTER[/db].
-    ///
-    /// A cluster URL lists seed nodes (any of them will do; default port 6379); a Sentinel URL
-    /// lists Sentinels (default port 26379) and the name they monitor the primary under. A
-    /// user:password@ applies to the data nodes, not to the Sentinels. rediss+cluster:// and
-    /// rediss+sentinel:// use TLS throughout.
-    #[arg(
-        long,
-        global = true,
-        value_name = "URL",
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
-        hide_env_values = true
-    )]
-    url: String,
-
-    /// For rediss://: trust the CA certificates in this PEM file instead of the system's
-    #[arg(
-        long,
-        global = true,
-        value_name = "FILE",
-        env = "REDSEM_TLS_CA",
-        hide_short_help = true,
-        hide_env_values = true,
-        value_parser = values::file
-    )]
-    tls_ca: Option<PathBuf>,
-
-    /// Start of every key redsem writes, to keep apart applications sharing one Redis
-    #[arg(
-        long,
-        global = true,
-        value_name = "P",
-        env = "REDSEM_PREFIX",
-        default_value = "redsem",
-        hide_env_values = true,
-        value_parser = values::prefix
-    )]
-    prefix: String,
-
-    /// What to do if Redis is set up so that redsem's guarantees would not hold (an allkeys-*
-    /// eviction policy, missing ACL rights): refuse with exit 78, warn and go on, or not check
-    #[arg(
-        long,
-        global = true,
-        value_name = "WHAT",
-        env = "REDSEM_SERVER_CHECKS",
-        hide_short_help = true,
-        default_value = "enforce",
-        hide_env_values = true
-    )]
-    server_checks: ServerChecksArg,
-
-    /// Have every grant, renewal and release confirmed by N replicas of the primary (WAIT),
-    /// waiting at most DUR for them (default 1s, at most a third of --lease; 0 turns it off)
-    ///
-    /// A grant the replicas do not acknowledge in time is given back and the command exits 75
-    /// (nothing is held; try later). A release, count-down or other change not acknowledged
-    /// stands on the primary, but a failover to a replica that missed it may undo it; it exits
-    /// 75 too, and repeating it would apply it twice. The user needs +wait. Each change waits
-    /// about one more round trip, to the slowest of the N fastest replicas.
-    #[arg(
-        long,
-        global = true,
-        value_name = "N[/DUR]",
-        env = "REDSEM_REPLICA_ACKS",
-        hide_short_help = true,
-        hide_env_values = true,
-        value_parser = values::replica_acks
-    )]
-    replica_acks: Option<values::ReplicaAcks>,
-
-    /// Log to stderr: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
-    #[arg(short, long, global = true, action = ArgAction::Count)]
-    verbose: u8,
-
-    /// Say nothing while waiting: no spinner, no "waiting for" line
-    #[arg(short, long, global = true)]
-    quiet: bool,
-}
-
-/// `--server-checks`: see `redsem::ServerChecks`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum ServerChecksArg {
-    /// Refuse to work with such a server (exit 78)
-    Enforce,
-    /// Log a warning (shown with -v) and go on
-    Warn,
-    /// Do not check
-    Off,
-}
-
-impl From<ServerChecksArg> for ServerChecks {
-    fn from(arg: ServerChecksArg) -> Self {
-        match arg {
-            ServerChecksArg::Enforce => ServerChecks::Enforce,
-            ServerChecksArg::Warn => ServerChecks::Warn,
-            ServerChecksArg::Off => ServerChecks::Off,
-        }
-    }
-}
-
-/// What every subcommand gets: how to reach Redis, and how to talk to the user.
-#[derive(Debug)]
-pub(crate) struct Context {
-    url: String,
-    tls_ca: Option<PathBuf>,
-    prefix: String,
-    server_checks: ServerChecks,
-    /// `--replica-acks`, when on (N above 0).
-    replica_acks: Option<values::ReplicaAcks>,
-    quiet: bool,
-    /// The client `connect` made, kept so its background clean-up is awaited before exit.
-    connected: OnceCell<Redsem>,
-}
-
-impl Context {
-    /// Connect to Redis with the global options.
-    pub(crate) async fn connect(&self) -> Result<Redsem, CliError> {
-        self.connect_checking(self.server_checks).await
-    }
-
-    /// Connect as [`connect`](Self::connect) does, with the server checks as `checks` says
-    /// (`doctor` reports them itself instead).
-    pub(crate) async fn connect_checking(&self, checks: ServerChecks) -> Result<Redsem, CliError> {
-        let target = self.target()?;
-        self.check_tls(&target)?;
-        let mut options = RedsemOptions::default()
-            .prefix(self.prefix.as_str())
-            .server_checks(checks);
-        if let Some(ca) = &self.tls_ca {
-            options = options.tls_root_cert(ca);
-        }
-        if let Some(acks) = self.replica_acks {
-            options = options.replica_acks(acks.replicas, acks.timeout);
-        }
-        // The library reads the cluster and sentinel forms too; behind Sentinels it follows
-        // the primary across failovers (a `run` outlives one).
-        let redsem = match Redsem::connect_with(&self.url, options).await {
-            Ok(redsem) => redsem,
-            Err(err) => return Err(self.connect_error(&target, err).await),
-        };
-        Ok(self.connected.get_or_init(|| redsem).clone())
-    }
-
-    /// `--url`, as given (with its password: do not show it).
-    pub(crate) fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// What `--url` names: one server, a cluster, or the primary behind Sentinels.
-    pub(crate) fn target(&self) -> Result<Target, CliError> {
-        crate::target::parse(&self.url)
-    }
-
-    /// The address of the primary that the Sentinels of `nodes` watch as `master`: the answer
-    /// of the first Sentinel that knows it.
-    pub(crate) async fn primary_of(
-        &self,
-        nodes: &Nodes,
-        master: &str,
-    ) -> Result<(String, u16), CliError> {
-        let mut failures = Vec::new();
-        for (host, port) in nodes.addresses().iter().cloned() {
-            let asked = async {
-                let mut conn = self.sentinel_connection(nodes, &host, port).await?;
-                let reply: Option<(String, u16)> = redsem::redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(master)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| CliError::new(exit::UNAVAILABLE, e.to_string()))?;
-                Ok::<_, CliError>(reply)
-            };
-            match asked.await {
-                Ok(Some(primary)) => return Ok(primary),
-                Ok(None) => failures.push(format!("{host}:{port} knows no master {master:?}")),
-                Err(err) => failures.push(format!("{host}:{port}: {err}")),
-            }
-        }
-        Err(CliError::new(
-            exit::UNAVAILABLE,
-            format!(
-                "no Sentinel of {} gave the address of master {master:?}: {}",
-                redacted(&self.url),
-                failures.join("; ")
-            ),
-        ))
-    }
-
-    /// A plain connection to the Sentinel at `host:port` of `nodes` (TLS with `rediss+`,
-    /// without the data nodes' password).
-    pub(crate) async fn sentinel_connection(
-        &self,
-        nodes: &Nodes,
-        host: &str,
-        port: u16,
-    ) -> Result<redsem::redis::aio::MultiplexedConnection, CliError> {
-        self.node_connection(&nodes.without_credentials().node_url(host, port, None))
-            .await
-    }
-
-    /// A plain connection to the one server at `url` (with `--tls-ca`): a node of a cluster,
-    /// the primary behind Sentinels, a Sentinel.
-    pub(crate) async fn node_connection(
-        &self,
-        url: &str,
-    ) -> Result<redsem::redis::aio::MultiplexedConnection, CliError> {
-        let unavailable = |e: redsem::redis::RedisError| {
-            CliError::new(
-                exit::UNAVAILABLE,
-                format!("cannot reach Redis at {}: {e}", redacted(url)),
-            )
-        };
-        let client = match &self.tls_ca {
-            None => redsem::redis::Client::open(url).map_err(unavailable)?,
-            Some(ca) => {
-                let pem = std::fs::read(ca).map_err(|e| {
-                    CliError::new(exit::USAGE, format!("cannot read {}: {e}", ca.display()))
-                })?;
-                let certs = redsem::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                };
-                redsem::redis::Client::build_with_tls(url, certs).map_err(unavailable)?
-            }
-        };
-        let config = redsem::redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(5)));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(unavailable)
-    }
-
-    /// `--prefix`.
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// `--replica-acks`, when on.
-    pub(crate) fn replica_acks(&self) -> Option<values::ReplicaAcks> {
-        self.replica_acks
-    }
-
-    /// What went wrong connecting, in one line that says what to do.
-    async fn connect_error(&self, target: &Target, err: redsem::Error) -> CliError {
-        let url = redacted(&self.url);
-        if let redsem::Error::Redis(cause) = &err
-            && cause.kind() == redsem::redis::ErrorKind::Parse
-        {
-            return CliError::new(
-                exit::UNAVAILABLE,
-                format!(
-                    "{url} is not a Redis server: its answer is not the Redis protocol; check \
-                     the host and port of --url / REDIS_URL"
-                ),
-            );
-        }
-        if let (Target::Sentinel { master, .. }, redsem::Error::Redis(cause)) = (target, &err)
-            && matches!(
-                cause.kind(),
-                redsem::redis::ErrorKind::MasterNameNotFoundBySentinel
-                    | redsem::redis::ErrorKind::NoValidReplicasFoundBySentinel
-            )
-        {
-            return CliError::new(
-                exit::UNAVAILABLE,
-                format!(
-                    "no Sentinel of {url} names a primary for {master:?} that answers as one: \
-                     check the name after the hosts (as in their `sentinel monitor NAME ...`), \
-                     or wait for a failover to end"
-                ),
-            );
-        }
-        let Some(cause) = std::error::Error::source(&err).filter(|_| err.is_unavailable()) else {
-            return CliError::from(err);
-        };
-        let refused = matches!(&err, redsem::Error::Unavailable(c) if c.is_connection_refusal());
-        if matches!(target, Target::Server)
-            && crate::target::is_tls(target, &self.url)
-            && !refused
-            && !tls_refused(&err)
-            && let Some((host, port)) = host_and_port(&self.url)
-            && speaks_plain_redis(&host, port).await
-        {
-            let plain = url.replacen("rediss://", "redis://", 1);
-            return CliError::new(
-                exit::UNAVAILABLE,
-                format!(
-                    "cannot reach Redis at {url}: {host}:{port} speaks plain Redis, not TLS; \
-                     use {plain}, or the server's TLS port"
-                ),
-            );
-        }
-        CliError::new(
-            exit::UNAVAILABLE,
-            format!(
-                "cannot reach Redis at {url}: {}{}",
-                crate::error::chain(cause),
-                self.unreachable_hint(target, &err)
-            ),
-        )
-    }
-
-    /// Refuse what would not be the TLS the user asked for: `#insecure` (no certificate
-    /// checks) and `--tls-ca` with a plain `redis://` URL.
-    fn check_tls(&self, target: &Target) -> Result<(), CliError> {
-        if let Some((_, "insecure")) = self.url.split_once('#') {
-            return Err(CliError::new(
-                exit::USAGE,
-                format!(
-                    "{}: #insecure (no certificate checks) is not supported; trust the \
-                     server's CA with --tls-ca FILE",
-                    redacted(&self.url)
-                ),
-            ));
-        }
-        if let Some(ca) = &self.tls_ca
-            && !crate::target::is_tls(target, &self.url)
-        {
-            return Err(CliError::new(
-                exit::USAGE,
-                format!(
-                    "--tls-ca {} is for rediss:// URLs (and rediss+cluster://, \
-                     rediss+sentinel://), and {} is not TLS",
-                    ca.display(),
-                    redacted(&self.url)
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// What to try next when Redis cannot be reached: start one (connection refused), or
-    /// trust its CA (a refused TLS handshake); nothing for other failures.
-    fn unreachable_hint(&self, target: &Target, err: &redsem::Error) -> String {
-        if !crate::target::is_tls(target, &self.url) || !tls_refused(err) {
-            return match err {
-                redsem::Error::Unavailable(cause)
-                    if cause.is_connection_refusal() && matches!(target, Target::Server) =>
-                {
-                    " (start one with `redis-server --daemonize yes`, or point --url / REDIS_URL \
-                     at another)"
-                        .to_owned()
-                }
-                _ => String::new(),
-            };
-        }
-        match &self.tls_ca {
-            None => " (TLS refused; to trust a private CA, pass --tls-ca FILE)".to_owned(),
-            Some(ca) => format!(" (TLS refused with --tls-ca {})", ca.display()),
-        }
-    }
-
-    /// Wait (at most [`SETTLE_LIMIT`]) for the clean-up the command left in the background:
-    /// a withdrawn request, a dropped permit's release.
-    async fn settle(&self) {
-        let Some(redsem) = self.connected.get() else {
-            return;
-        };
-        if tokio::time::timeout(SETTLE_LIMIT, redsem.flush())
-            .await
-            .is_err()
-        {
-            tracing::warn!("a release or withdrawal still unsent at exit; its lease will end it");
-        }
-    }
-
-    /// How to show a wait on stderr (if `waits`): a spinner on a terminal, one line off it,
-    /// nothing with `--quiet`.
-    pub(crate) fn progress(&self, waits: bool) -> Progress {
-        if self.quiet || !waits {
-            Progress::Off
-        } else if std::io::stderr().is_terminal() {
-            Progress::Spinner
-        } else {
-            Progress::Line
-        }
-    }
-}
-
-/// How long, at most, to let background clean-ups (a withdrawn request, a dropped permit's
-/// release) finish before the process exits.
-const SETTLE_LIMIT: Duration = Duration::from_secs(1);
-
 /// Parse `args`, then execute the subcommand; the `Err` is printed by `main`.
 pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, CliError> {
     let args: Vec<OsString> = args.into_iter().collect();
+    if args.len() <= 1 {
+        // `redsem` alone: the short help (as `-h`), on stderr as it is no answer, and a usage
+        // error; also when REDIS_URL or another variable gives an option (clap then asks for a
+        // subcommand in one line instead).
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_help().to_string();
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), help.as_bytes());
+        return Ok(ExitCode::from(exit::USAGE));
+    }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
@@ -499,15 +103,9 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
             return Ok(ExitCode::SUCCESS);
         }
         Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            // `redsem` alone: the help, on stderr as it is no answer, and a usage error; the
-            // long one (examples and exit codes) for `redsem` itself.
-            if args.len() <= 1 {
-                use clap::CommandFactory as _;
-                let help = Cli::command().render_long_help().to_string();
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), help.as_bytes());
-            } else {
-                let _ = err.print();
-            }
+            // `redsem permits` and the like: the help, on stderr as it is no answer, and a
+            // usage error.
+            let _ = err.print();
             return Ok(ExitCode::from(exit::USAGE));
         }
         Err(err) if runs_a_command(&args) => {
@@ -515,25 +113,48 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         }
         Err(err) => return Err(usage_error(&err)),
     };
+    if let Some(word) = cli
+        .command
+        .command_words()
+        .and_then(|cmd| stray_word(&args, cmd))
+    {
+        return Err(crate::command::own_failure(CliError::new(
+            exit::USAGE,
+            format!(
+                "unexpected argument '{}' before '--': redsem's options go before '--' and the \
+                 command after it (see --help)",
+                word.to_string_lossy()
+            ),
+        )));
+    }
     logging::init(cli.global.verbose);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CliError::new(exit::FAILURE, format!("cannot start a runtime: {e}")))?;
-    let ctx = Context {
-        url: cli.global.url,
-        tls_ca: cli.global.tls_ca,
-        prefix: cli.global.prefix,
-        server_checks: cli.global.server_checks.into(),
-        replica_acks: cli.global.replica_acks.filter(|acks| acks.replicas > 0),
-        quiet: cli.global.quiet,
-        connected: OnceCell::new(),
-    };
+    let ctx = Context::new(cli.global, <Cli as clap::CommandFactory>::command);
     runtime.block_on(async {
         let outcome = cli.command.execute(&ctx).await;
         ctx.settle().await;
         outcome
     })
+}
+
+/// The word of `args` (the whole command line) that clap took for the start of `cmd` (the
+/// command of `run` or `lock`, with its arguments) though a `--` follows it: options before
+/// `--` are parsed strictly, so a stray word there is a mistake (`run demo -l 2 parsecs --
+/// true`), never the command. `None` when `cmd` follows a `--`, or has none in it.
+fn stray_word<'a>(args: &[OsString], cmd: &'a [OsString]) -> Option<&'a OsString> {
+    // clap takes every word after the first of the command for it: `cmd` ends the line.
+    let start = args.len().checked_sub(cmd.len())?;
+    let after_dashes = start
+        .checked_sub(1)
+        .and_then(|before| args.get(before))
+        .is_some_and(|word| word == "--");
+    if after_dashes || !cmd.iter().any(|word| word == "--") {
+        return None;
+    }
+    cmd.first()
 }
 
 /// Whether the subcommand in `args` is `run` or `lock`, whose own failures exit 125: the first
@@ -578,73 +199,6 @@ fn usage_error(err: &clap::Error) -> CliError {
     CliError::new(exit::USAGE, format!("{message} (see --help)"))
 }
 
-/// Whether `err` comes from a failed TLS handshake: rustls errors reach us as I/O errors of
-/// kind `InvalidData` (tokio-rustls), which redis keeps behind an `Arc`.
-fn tls_refused(err: &redsem::Error) -> bool {
-    let mut cause = std::error::Error::source(err);
-    while let Some(err) = cause {
-        let io = err.downcast_ref::<std::io::Error>().or_else(|| {
-            err.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
-                .and_then(|inner| inner.downcast_ref::<std::io::Error>())
-        });
-        if io.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData) {
-            return true;
-        }
-        cause = err.source();
-    }
-    false
-}
-
-/// The host and port of a `redis://` or `rediss://` URL (default port 6379).
-fn host_and_port(url: &str) -> Option<(String, u16)> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    if let Some(bracketed) = host_port.strip_prefix('[') {
-        let (host, after) = bracketed.split_once(']')?;
-        let port = after.strip_prefix(':').map_or(Ok(6379), str::parse).ok()?;
-        return Some((host.to_owned(), port));
-    }
-    match host_port.rsplit_once(':') {
-        Some((host, port)) => Some((host.to_owned(), port.parse().ok()?)),
-        None => Some((host_port.to_owned(), 6379)),
-    }
-}
-
-/// Whether `host:port` answers a plain-text `PING` as Redis does (`+PONG`, or `-NOAUTH` when
-/// it wants a password), within a second: told a TLS handshake, such a server says nothing.
-async fn speaks_plain_redis(host: &str, port: u16) -> bool {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let probe = async {
-        let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-        stream.write_all(b"PING\r\n").await.ok()?;
-        let mut reply = [0u8; 16];
-        let n = stream.read(&mut reply).await.ok()?;
-        let reply = reply.get(..n)?;
-        Some(reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH"))
-    };
-    tokio::time::timeout(Duration::from_secs(1), probe)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or(false)
-}
-
-/// `url` without its password, for messages.
-pub(crate) fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,25 +207,6 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(
-            redacted("redis://app:s3cret@db:6379/0"),
-            "redis://app:***@db:6379/0"
-        );
-        assert_eq!(redacted("redis://db:6379"), "redis://db:6379");
-    }
-
-    #[test]
-    fn host_and_port_are_read_from_urls() {
-        let hp = |url| host_and_port(url);
-        assert_eq!(hp("rediss://db:6380"), Some(("db".into(), 6380)));
-        assert_eq!(hp("rediss://u:p@db:6380/0"), Some(("db".into(), 6380)));
-        assert_eq!(hp("rediss://db"), Some(("db".into(), 6379)));
-        assert_eq!(hp("rediss://[::1]:7000"), Some(("::1".into(), 7000)));
-        assert_eq!(hp("rediss://db:port"), None);
     }
 
     /// Every indented line of every help's examples and notes (commands, tables) fits 80
@@ -720,6 +255,35 @@ mod tests {
         assert!(!runs_a_command(&args(&["--prefix", "run", "status"])));
         assert!(!runs_a_command(&args(&["status", "run"])));
         assert!(!runs_a_command(&args(&["--url=redis://h", "acquire"])));
+    }
+
+    #[test]
+    fn a_word_before_the_dashes_is_not_taken_for_the_command() {
+        let stray = |words: &[&str]| -> Option<String> {
+            let args: Vec<OsString> = std::iter::once("redsem")
+                .chain(words.iter().copied())
+                .map(OsString::from)
+                .collect();
+            let cli = Cli::try_parse_from(&args).expect("parses");
+            let cmd = cli.command.command_words().expect("run or lock");
+            stray_word(&args, cmd).map(|w| w.to_string_lossy().into_owned())
+        };
+        let run = ["run", "demo", "--limit", "2", "--lease", "3"];
+        let with = |tail: &[&'static str]| -> Vec<&'static str> {
+            run.iter().chain(tail).copied().collect()
+        };
+        assert_eq!(
+            stray(&with(&["parsecs", "--", "true"])),
+            Some("parsecs".into())
+        );
+        assert_eq!(
+            stray(&["lock", "x", "-n", "oops", "--", "true"]),
+            Some("oops".into())
+        );
+        assert_eq!(stray(&with(&["--", "true"])), None);
+        assert_eq!(stray(&with(&["true", "-x"])), None);
+        assert_eq!(stray(&with(&["--", "grep", "--", "-v"])), None);
+        assert_eq!(stray(&with(&["-c", "echo --"])), None);
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! shell. See `redsem --help`.
 //!
 //! The flow is parse ([`cli`]) → validate (value parsers in [`values`], the library's checks)
-//! → execute ([`command`]); every failure is a [`error::CliError`] that carries its exit code, and
-//! only `main` prints it, once, as one line.
+//! → execute ([`command`], each subcommand given the [`context::Context`] of the global
+//! options); every failure is a [`error::CliError`] that carries its exit code, and only `main`
+//! prints it, once, as one line.
 
 mod child;
 mod cli;
 mod command;
+mod context;
 mod error;
 mod logging;
 mod output;

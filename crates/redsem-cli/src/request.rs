@@ -7,7 +7,7 @@ use std::time::Duration;
 use redsem::{LeaseOptions, LeasePermit, Redsem};
 use tokio::time::Instant;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output;
 use crate::signals::{self, Signals};

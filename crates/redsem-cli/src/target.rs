@@ -38,15 +38,37 @@ const FORMS: &str = "redis://[user:password@]host[:port][/db], rediss://... (TLS
 /// A usage error for a `--url` the `redis` crate cannot read: which scheme is wrong, and the
 /// forms that work.
 fn not_a_url(url: &str) -> CliError {
-    let shown = crate::cli::redacted(url);
+    let shown = redacted(url);
     let what = match url.split_once("://") {
         Some((scheme, _)) if !KNOWN_SCHEMES.contains(&scheme) => {
             format!("--url {shown}: unknown scheme {scheme:?}")
+        }
+        Some(_) if let Some(port) = bad_port(url) => {
+            return CliError::new(
+                exit::USAGE,
+                format!("--url {shown}: the port {port:?} is not a number from 1 to 65535"),
+            );
         }
         Some(_) => format!("--url {shown} is not a URL redsem can read"),
         None => format!("--url {shown} has no scheme"),
     };
     CliError::new(exit::USAGE, format!("{what}; write {FORMS}"))
+}
+
+/// The port of a one-server `url` (`scheme://[user:password@]host:port[/...]`) when it is not
+/// one: not a number, or not in 1..=65535; `None` when it is one, or there is none.
+fn bad_port(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    let port = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.1.strip_prefix(':')?,
+        None => host_port.rsplit_once(':')?.1,
+    };
+    match port.parse::<u16>() {
+        Ok(number) if number != 0 => None,
+        _ => Some(port.to_owned()),
+    }
 }
 
 /// The schemes of one server that the `redis` crate reads.
@@ -75,11 +97,23 @@ pub(crate) fn is_tls(target: &Target, url: &str) -> bool {
 pub(crate) fn unsupported(url: &str) -> CliError {
     CliError::new(
         exit::USAGE,
-        format!(
-            "--url {}: this form is not supported here",
-            crate::cli::redacted(url)
-        ),
+        format!("--url {}: this form is not supported here", redacted(url)),
     )
+}
+
+/// `url` without its password, for messages.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+        }
+        None => url.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -177,5 +211,49 @@ mod tests {
             assert!(!text.contains('\n'), "{url}: {text}");
             assert!(!text.contains("secret"), "{url}: {text}");
         }
+    }
+
+    #[test]
+    fn a_port_out_of_range_is_named() {
+        for (url, port) in [
+            ("redis://127.0.0.1:99999", "99999"),
+            ("rediss://u:p@db:65536/0", "65536"),
+            ("redis://[::1]:70000", "70000"),
+            ("redis://db:6x79", "6x79"),
+        ] {
+            assert_eq!(bad_port(url).as_deref(), Some(port), "{url}");
+            let err = parse(url).unwrap_err();
+            assert_eq!(err.code(), exit::USAGE, "{url}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!(
+                    "the port \"{port}\" is not a number from 1 to 65535"
+                )),
+                "{url}: {text}"
+            );
+        }
+        for url in [
+            "redis://db:6379",
+            "redis://db",
+            "redis://[::1]",
+            "unix:///tmp/r.sock",
+        ] {
+            assert_eq!(bad_port(url), None, "{url}");
+        }
+        assert!(
+            !parse("rediss://u:secret@db:65536")
+                .unwrap_err()
+                .to_string()
+                .contains("secret")
+        );
+    }
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redacted("redis://app:s3cret@db:6379/0"),
+            "redis://app:***@db:6379/0"
+        );
+        assert_eq!(redacted("redis://db:6379"), "redis://db:6379");
     }
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::CliError;
 use crate::output;
 use crate::request::PermitRequest;
@@ -30,7 +30,7 @@ Exit codes: 0 acquired · 1 other error (limit conflict) · 2 usage error ·
 
 /// Take a permit of NAME and print its id; it lives one lease unless refreshed
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     #[command(flatten)]
     request: PermitRequest,

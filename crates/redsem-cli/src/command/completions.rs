@@ -2,10 +2,9 @@
 
 use std::process::ExitCode;
 
-use clap::CommandFactory as _;
 use clap_complete::Shell;
 
-use crate::cli::Cli;
+use crate::context::Context;
 use crate::error::CliError;
 use crate::output;
 
@@ -17,7 +16,7 @@ Examples:
 
 /// Print the completion script for SHELL on stdout
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The shell to complete in
     #[arg(value_name = "SHELL")]
@@ -25,8 +24,8 @@ pub(crate) struct Args {
 }
 
 impl Args {
-    pub(crate) fn execute(self) -> Result<ExitCode, CliError> {
-        let mut command = Cli::command();
+    pub(crate) fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
+        let mut command = ctx.grammar();
         // Into memory first: clap_complete panics on a write error, and a closed pipe
         // (`redsem completions zsh | head -1`) is not one to report.
         let mut script = Vec::new();

@@ -14,7 +14,7 @@ use redsem::redis::{self, aio::MultiplexedConnection};
 use redsem::{ServerChecks, ServerFinding, Verdict};
 use serde::Serialize;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output::{self, table};
 use crate::target::Target;

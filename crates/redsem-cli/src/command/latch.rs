@@ -7,7 +7,7 @@ use std::time::Duration;
 use redsem::{CountDownLatch, Error, LatchState};
 use tokio::time::Instant;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output;
 use crate::request::Patience;
@@ -77,7 +77,7 @@ Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
 /// Set, count down, await or read the countdown latch NAME
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES, arg_required_else_help = false)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES, arg_required_else_help = false)]
 pub(crate) struct Args {
     /// The latch's name
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -90,18 +90,18 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum Action {
     /// Set the count to COUNT, unless the latch is counting already
-    #[command(after_help = crate::cli::MORE, after_long_help = SET_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::context::MORE, after_long_help = SET_EXAMPLES, allow_negative_numbers = true)]
     Set {
         /// How many count-downs open the latch
         #[arg(value_name = "COUNT", value_parser = values::count)]
         count: u64,
     },
     /// Take one from the count; at 0 the latch opens
-    #[command(after_help = crate::cli::MORE, after_long_help = COUNT_DOWN_EXAMPLES)]
+    #[command(after_help = crate::context::MORE, after_long_help = COUNT_DOWN_EXAMPLES)]
     CountDown,
     /// Wait until the count reaches 0
     #[command(
-        after_help = crate::cli::MORE,
+        after_help = crate::context::MORE,
         after_long_help = AWAIT_EXAMPLES,
         mut_arg("no_wait", |arg| arg.help("Do not wait: exit 0 if the latch is open now, 75 if \
             it is counting (or, with --require-set, never set)"))
@@ -115,7 +115,7 @@ enum Action {
         require_set: bool,
     },
     /// Print the count-downs to go (0 when not counting)
-    #[command(after_help = crate::cli::MORE, after_long_help = COUNT_EXAMPLES)]
+    #[command(after_help = crate::context::MORE, after_long_help = COUNT_EXAMPLES)]
     Count,
 }
 

@@ -14,11 +14,12 @@ mod run;
 mod serve;
 mod status;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 pub(crate) use run::own_failure;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::CliError;
 
 #[derive(Debug, clap::Subcommand)]
@@ -37,6 +38,16 @@ pub(crate) enum Command {
 }
 
 impl Command {
+    /// The command `run` or `lock` is to run, with its arguments, as given; `None` for the
+    /// other subcommands.
+    pub(crate) fn command_words(&self) -> Option<&[OsString]> {
+        match self {
+            Command::Run(args) => Some(args.command_words()),
+            Command::Lock(args) => Some(args.command_words()),
+            _ => None,
+        }
+    }
+
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         match self {
             Command::Run(args) => args.execute(ctx).await,
@@ -49,7 +60,7 @@ impl Command {
             Command::Serve(args) => args.execute(ctx).await,
             Command::Permits(args) => args.execute(ctx).await,
             Command::Latch(args) => args.execute(ctx).await,
-            Command::Completions(args) => args.execute(),
+            Command::Completions(args) => args.execute(ctx),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redsem::{Error, PermitSemaphore};
 use tokio::time::Instant;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output;
 use crate::request::Patience;
@@ -92,7 +92,7 @@ Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
 /// Add, set, acquire, release or count the permits of NAME (no owners, no leases)
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES, arg_required_else_help = false)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES, arg_required_else_help = false)]
 pub(crate) struct Args {
     /// The semaphore's name
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -105,21 +105,21 @@ pub(crate) struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum Action {
     /// Add N permits (a negative N takes them away)
-    #[command(after_help = crate::cli::MORE, after_long_help = ADD_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::context::MORE, after_long_help = ADD_EXAMPLES, allow_negative_numbers = true)]
     Add {
         /// How many permits to add
         #[arg(value_name = "N", value_parser = values::delta)]
         permits: i64,
     },
     /// Set the permits to N, unless they were set before
-    #[command(after_help = crate::cli::MORE, after_long_help = TRY_SET_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::context::MORE, after_long_help = TRY_SET_EXAMPLES, allow_negative_numbers = true)]
     TrySet {
         /// How many permits there are at first
         #[arg(value_name = "N", value_parser = values::initial_permits)]
         permits: u32,
     },
     /// Take N permits, waiting in line for them
-    #[command(after_help = crate::cli::MORE, after_long_help = ACQUIRE_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::context::MORE, after_long_help = ACQUIRE_EXAMPLES, allow_negative_numbers = true)]
     Acquire {
         /// How many permits to take
         #[arg(value_name = "N", default_value = "1", value_parser = values::permits)]
@@ -129,14 +129,14 @@ enum Action {
         patience: Patience,
     },
     /// Give back N permits
-    #[command(after_help = crate::cli::MORE, after_long_help = RELEASE_EXAMPLES, allow_negative_numbers = true)]
+    #[command(after_help = crate::context::MORE, after_long_help = RELEASE_EXAMPLES, allow_negative_numbers = true)]
     Release {
         /// How many permits to give back
         #[arg(value_name = "N", default_value = "1", value_parser = values::permits)]
         permits: u32,
     },
     /// Print the number of permits free now
-    #[command(after_help = crate::cli::MORE, after_long_help = AVAILABLE_EXAMPLES)]
+    #[command(after_help = crate::context::MORE, after_long_help = AVAILABLE_EXAMPLES)]
     Available,
 }
 

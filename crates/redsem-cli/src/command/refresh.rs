@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redsem::PermitId;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::CliError;
 use crate::values;
 
@@ -20,7 +20,7 @@ Exit codes: 0 extended · 1 not held (released, or its lease ended) · 2 usage e
 
 /// Extend the lease of permit ID of NAME to DUR from now
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The semaphore's name
     #[arg(value_name = "NAME", value_parser = values::name)]

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use redsem::PermitId;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::CliError;
 use crate::values;
 
@@ -24,7 +24,7 @@ Exit codes: 0 released · 1 not held (already released, or its lease ended) · 2
 
 /// Release permit ID of NAME (or withdraw a queued request)
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The semaphore's name
     #[arg(value_name = "NAME", value_parser = values::name)]

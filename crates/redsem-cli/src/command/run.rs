@@ -10,7 +10,7 @@ use redsem::LeasePermit;
 use tokio::time::Instant;
 
 use crate::child::{self, Child};
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output;
 use crate::request::{PermitRequest, RequestOptions};
@@ -89,7 +89,7 @@ Examples:
 
 /// Run a command while holding a permit of NAME; release it when the command exits
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = format!("{EXAMPLES}\n{HOW_IT_RUNS}"))]
+#[command(after_help = crate::context::MORE, after_long_help = format!("{EXAMPLES}\n{HOW_IT_RUNS}"))]
 pub(crate) struct Args {
     #[command(flatten)]
     request: PermitRequest,
@@ -100,7 +100,7 @@ pub(crate) struct Args {
 
 /// Run a command while holding the lock NAME (run with --limit 1)
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = format!("{LOCK_EXAMPLES}\n{HOW_IT_RUNS}"))]
+#[command(after_help = crate::context::MORE, after_long_help = format!("{LOCK_EXAMPLES}\n{HOW_IT_RUNS}"))]
 pub(crate) struct LockArgs {
     /// The lock's name
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -142,6 +142,11 @@ struct Launch {
 }
 
 impl Launch {
+    /// CMD and its arguments as given (none with `-c`).
+    fn words(&self) -> &[OsString] {
+        &self.argv
+    }
+
     /// The command line to start: CMD ARG..., or `sh -c STRING`.
     fn argv(&self) -> Vec<OsString> {
         match &self.shell_command {
@@ -152,6 +157,11 @@ impl Launch {
 }
 
 impl LockArgs {
+    /// CMD and its arguments as given (none with `-c`).
+    pub(crate) fn command_words(&self) -> &[OsString] {
+        self.launch.words()
+    }
+
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let request = PermitRequest {
             name: self.name,
@@ -179,6 +189,11 @@ fn default_grace(lease: Duration) -> Duration {
 }
 
 impl Args {
+    /// CMD and its arguments as given (none with `-c`).
+    pub(crate) fn command_words(&self) -> &[OsString] {
+        self.launch.words()
+    }
+
     /// Everything that can fail before the command starts fails with [`exit::RUN_FAILED`] in
     /// place of 1 and 2, so that those stay the command's own.
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use redsem::{Redsem, Status};
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output::duration;
 use crate::signals::Signals;
@@ -43,7 +43,7 @@ Exit codes: 0 stopped by a signal · 1 cannot listen · 2 usage error · 69 Redi
 
 /// Serve /metrics (Prometheus) and a live status page of the lease semaphores over HTTP
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The address to listen on (a port of 0 picks a free one)
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]

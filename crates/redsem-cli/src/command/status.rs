@@ -9,7 +9,7 @@ use std::time::Duration;
 use redsem::{LatchState, Redsem, Status};
 use serde::Serialize;
 
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::CliError;
 use crate::output::{self, duration, table};
 use crate::signals::Signals;
@@ -47,7 +47,7 @@ Exit codes: 0 ok · 2 usage error · 69 Redis unreachable";
 
 /// Show the holders and queue, permits and latch of NAME, or list every one under the prefix
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cli::MORE, after_long_help = EXAMPLES)]
+#[command(after_help = crate::context::MORE, after_long_help = EXAMPLES)]
 pub(crate) struct Args {
     /// The semaphore's name [default: list them all]
     #[arg(value_name = "NAME", value_parser = values::name)]
@@ -147,8 +147,10 @@ impl Args {
             }
             None => {
                 let mut all = Vec::new();
-                for name in every_name(redsem).await? {
-                    let found = everything(redsem, &name).await?;
+                let (names, pools) = every_name(redsem).await?;
+                for name in names {
+                    let mut found = everything(redsem, &name).await?;
+                    found.pool = pools.binary_search(&name).is_ok();
                     all.push((name, found));
                 }
                 if self.json {
@@ -166,14 +168,17 @@ impl Args {
     }
 }
 
-/// The names of every lease semaphore, permit semaphore and latch with state, each once.
-async fn every_name(redsem: &Redsem) -> Result<Vec<String>, CliError> {
+/// The names of every lease semaphore, permit semaphore and latch with state, each once, and
+/// those of the permit semaphores (whose count was set: a read of 0 cannot tell).
+async fn every_name(redsem: &Redsem) -> Result<(Vec<String>, Vec<String>), CliError> {
     let mut names = redsem.lease_semaphore_names().await?;
-    names.extend(redsem.permit_semaphore_names().await?);
+    let mut pools = redsem.permit_semaphore_names().await?;
+    pools.sort();
+    names.extend(pools.iter().cloned());
     names.extend(redsem.count_down_latch_names().await?);
     names.sort();
     names.dedup();
-    Ok(names)
+    Ok((names, pools))
 }
 
 async fn status_of(redsem: &Redsem, name: &str) -> Result<Status, CliError> {
@@ -186,6 +191,9 @@ async fn status_of(redsem: &Redsem, name: &str) -> Result<Status, CliError> {
 struct Everything {
     lease: Status,
     available: i64,
+    /// Whether NAME has a permit pool (its count was set): known when listing every name,
+    /// otherwise only when `available` is not 0.
+    pool: bool,
     latch: LatchState,
 }
 
@@ -196,6 +204,7 @@ async fn everything(redsem: &Redsem, name: &str) -> Result<Everything, CliError>
     Ok(Everything {
         lease,
         available,
+        pool: available != 0,
         latch,
     })
 }
@@ -341,7 +350,11 @@ fn list(all: &[(String, Everything)], prefix: &str) -> String {
                 } else {
                     "-".to_owned()
                 },
-                found.available.to_string(),
+                if found.pool {
+                    found.available.to_string()
+                } else {
+                    "-".to_owned()
+                },
                 latch,
             ]
         })

@@ -8,7 +8,7 @@ use redsem::ServerFinding;
 use redsem::redis::{self, aio::MultiplexedConnection};
 
 use super::{Check, Status, check, node_checks};
-use crate::cli::Context;
+use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::target::Nodes;
 

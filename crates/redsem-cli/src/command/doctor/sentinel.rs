@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use redsem::redis;
 
 use super::{Check, LAG_TOLERANCE, Status, check};
-use crate::cli::Context;
+use crate::context::Context;
 use crate::target::Nodes;
 
 /// What one Sentinel said about the master.
