@@ -299,23 +299,6 @@ fn run_and_lock_exit_125_on_one_line_for_bad_flags_and_values_before_touching_re
 }
 
 #[test]
-fn redsem_alone_prints_its_help_on_stderr_and_exits_2() {
-    let out = crate::support::finish(bare(&[]));
-    assert_eq!(out.code(), 2, "{out:?}");
-    assert!(out.stdout.is_empty(), "{out:?}");
-    for part in [
-        "Usage: redsem",
-        "Commands:",
-        "run",
-        "lock",
-        "Examples:",
-        "Exit codes",
-    ] {
-        assert!(out.stderr.contains(part), "{part}: {out:?}");
-    }
-}
-
-#[test]
 fn exit_69_when_redis_is_unreachable() {
     let world = World::new();
     let url = format!("redis://127.0.0.1:{}", closed_port());
