@@ -46,7 +46,8 @@
 //! * [`OnLost::Abort`] (the default): the inner future is dropped as soon as the loss is
 //!   known, and the call fails with [`LimitError::LeaseLost`] (an HTTP app answers 503). The
 //!   request's work stops at its next `.await`, so no more of it runs outside the limit. A
-//!   response that was complete before the loss was noticed is still returned.
+//!   response that was complete before the loss was noticed is still returned; one that
+//!   becomes ready in the same wake-up as the loss is not.
 //! * [`OnLost::Continue`]: the request runs on, and the response is returned as usual. The
 //!   handler can watch the lease itself through the [`HeldLease`] in the request's
 //!   extensions ([`HeldLease::lost`], [`HeldLease::is_lost`]), for instance to stop writing
@@ -440,15 +441,17 @@ where
             let response = inner.call(request);
             let outcome = match on_lost {
                 OnLost::Abort => {
+                    // The loss first: once it is known, a response is not returned even if
+                    // it is ready in the same wake-up (it may have been made after the loss).
                     tokio::select! {
                         biased;
-                        outcome = response => outcome,
                         () = permit.lost() => {
                             return Err(LimitError::LeaseLost(Error::LeaseLost {
                                 name: permit.semaphore().to_owned(),
                                 id: permit.id().to_string(),
                             }));
                         }
+                        outcome = response => outcome,
                     }
                 }
                 OnLost::Continue => response.await,
