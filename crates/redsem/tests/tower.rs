@@ -79,6 +79,15 @@ impl Shared {
         self.running.load(Ordering::SeqCst)
     }
 
+    /// Wait until `n` handlers run (`what`: who they are, for the panic message).
+    async fn until_running(&self, n: usize, what: &str) {
+        eventually(what, || {
+            let running = self.running();
+            async move { running == n }
+        })
+        .await;
+    }
+
     /// The handler of `/work`: counted in while it runs; waits for the gate, works, and
     /// answers with its fencing token. Under `OnLost::Continue` it stops when the lease is
     /// lost and says so.
@@ -283,12 +292,7 @@ async fn shedding_apps_answer_429_at_once_while_the_limit_is_held() {
         .iter()
         .map(|&addr| tokio::spawn(get_path(addr, "/work")))
         .collect();
-    let gauge = shared.clone();
-    eventually("both handlers running", || {
-        let running = gauge.running();
-        async move { running == N as usize }
-    })
-    .await;
+    shared.until_running(N as usize, "both handlers running").await;
 
     let mut slowest = Duration::ZERO;
     for n in 0..10 {
@@ -332,12 +336,7 @@ async fn a_wait_that_runs_out_answers_503_and_leaves_the_queue() {
         .await;
 
     let held = tokio::spawn(get_path(addrs[0], "/work"));
-    let gauge = shared.clone();
-    eventually("the first handler running", || {
-        let running = gauge.running();
-        async move { running == 1 }
-    })
-    .await;
+    shared.until_running(1, "the first handler running").await;
     let started = Instant::now();
     let (status, body) = within(LIMIT, "a request that waits", get_path(addrs[1], "/work")).await;
     let waited = started.elapsed();
@@ -372,12 +371,7 @@ async fn a_client_that_goes_away_gives_its_permit_and_its_place_in_line_back() {
 
     // A holds the only unit (app 0), B waits in line for it (app 1).
     let a = tokio::spawn(get_path(addrs[0], "/work"));
-    let gauge = shared.clone();
-    eventually("A's handler running", || {
-        let running = gauge.running();
-        async move { running == 1 }
-    })
-    .await;
+    shared.until_running(1, "A's handler running").await;
     let b = tokio::spawn(get_path(addrs[1], "/work"));
     eventually("B queued", || async { usage(&sems[0]).await == (1, 1) }).await;
 
@@ -430,12 +424,7 @@ async fn answer_after_losing_the_lease(on_lost: OnLost) -> (StatusCode, String, 
         })
         .await;
     let request = tokio::spawn(get_path(addrs[0], "/work"));
-    let gauge = shared.clone();
-    eventually("the handler running", || {
-        let running = gauge.running();
-        async move { running == 1 }
-    })
-    .await;
+    shared.until_running(1, "the handler running").await;
     let id = shared
         .ids
         .lock()
