@@ -292,7 +292,9 @@ async fn shedding_apps_answer_429_at_once_while_the_limit_is_held() {
         .iter()
         .map(|&addr| tokio::spawn(get_path(addr, "/work")))
         .collect();
-    shared.until_running(N as usize, "both handlers running").await;
+    shared
+        .until_running(N as usize, "both handlers running")
+        .await;
 
     let mut slowest = Duration::ZERO;
     for n in 0..10 {
