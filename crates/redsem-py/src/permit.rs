@@ -1,0 +1,383 @@
+//! `Permit`: a held `redsem::LeasePermit`, renewed by the library's keepalive while it lives,
+//! and a watcher that tells Python when its lease is lost.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use pyo3::PyTraverseError;
+use pyo3::gc::PyVisit;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::call::{block, maybe_seconds, runtime, spawn};
+
+fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the permit and its watcher task share.
+struct Watch {
+    /// The holder lets go (release, or the Python object collected): the watcher stops.
+    stop: CancellationToken,
+    /// The permit ended: lost, released, or collected.
+    gone: CancellationToken,
+    /// It ended because its lease was lost.
+    lost: AtomicBool,
+    /// Called once, on a thread of the runtime's blocking pool, when the lease is lost.
+    callbacks: StdMutex<Vec<Py<PyAny>>>,
+}
+
+/// The Rust permit and its watcher.
+struct Held {
+    /// `None` once released. The watcher holds the only other `Arc` (and `refresh`, for the
+    /// length of one call).
+    permit: StdMutex<Option<Arc<redsem::LeasePermit>>>,
+    watch: Arc<Watch>,
+    watcher: StdMutex<Option<JoinHandle<()>>>,
+}
+
+impl Held {
+    fn permit(&self) -> Option<Arc<redsem::LeasePermit>> {
+        lock(&self.permit).clone()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // The Rust permit releases itself in the background when dropped, if dropped inside
+        // the runtime: here, or in the watcher, which lets go of its `Arc` on `stop`.
+        let _inside = runtime().enter();
+        self.watch.stop.cancel();
+        self.watch.gone.cancel();
+        lock(&self.permit).take();
+    }
+}
+
+/// The task that waits for the permit's `lost()` and tells Python.
+async fn watch(permit: Arc<redsem::LeasePermit>, watch: Arc<Watch>) {
+    tokio::select! {
+        biased;
+        () = watch.stop.cancelled() => {}
+        () = permit.lost() => {
+            let callbacks = {
+                let mut callbacks = lock(&watch.callbacks);
+                watch.lost.store(true, Ordering::SeqCst);
+                std::mem::take(&mut *callbacks)
+            };
+            watch.gone.cancel();
+            if !callbacks.is_empty() {
+                let _ = tokio::task::spawn_blocking(move || call_back(callbacks)).await;
+            }
+        }
+    }
+    drop(permit);
+}
+
+/// Call each of `callbacks` with no argument; an exception is reported as unraisable.
+fn call_back(callbacks: Vec<Py<PyAny>>) {
+    Python::attach(|py| {
+        for callback in callbacks {
+            if let Err(err) = callback.call0(py) {
+                err.write_unraisable(py, Some(callback.bind(py)));
+            }
+        }
+    });
+}
+
+/// The only `Arc` of `permit`, once a `refresh` in flight has let go of its own.
+async fn only(mut permit: Arc<redsem::LeasePermit>) -> redsem::LeasePermit {
+    loop {
+        match Arc::try_unwrap(permit) {
+            Ok(permit) => return permit,
+            Err(shared) => {
+                permit = shared;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+/// A permit of a lease semaphore: some units held under a lease that is renewed in the
+/// background while the permit lives.
+///
+/// Use it as a context manager (`with sem.acquire() as permit:`), or call `release()`. A
+/// permit that is garbage-collected unreleased is released in the background. Pass `token`
+/// to the resource you protect: it grows with every grant, so the resource can refuse a
+/// holder whose lease ended.
+#[pyclass(module = "redsem", frozen)]
+pub(crate) struct Permit {
+    id: String,
+    token: u64,
+    slots: Vec<u32>,
+    semaphore: String,
+    client: redsem::Redsem,
+    held: Arc<Held>,
+}
+
+impl Permit {
+    /// Follow `permit`, granted by a semaphore of `client`.
+    pub(crate) fn start(client: redsem::Redsem, permit: redsem::LeasePermit) -> Permit {
+        let shared = Arc::new(Watch {
+            stop: CancellationToken::new(),
+            gone: CancellationToken::new(),
+            lost: AtomicBool::new(false),
+            callbacks: StdMutex::new(Vec::new()),
+        });
+        let id = permit.id().to_string();
+        let token = permit.token().get();
+        let slots = permit.slots().to_vec();
+        let semaphore = permit.semaphore().to_owned();
+        let permit = Arc::new(permit);
+        let watcher = runtime().spawn(watch(permit.clone(), shared.clone()));
+        Permit {
+            id,
+            token,
+            slots,
+            semaphore,
+            client,
+            held: Arc::new(Held {
+                permit: StdMutex::new(Some(permit)),
+                watch: shared,
+                watcher: StdMutex::new(Some(watcher)),
+            }),
+        }
+    }
+
+    fn not_held(&self) -> redsem::Error {
+        redsem::Error::NotHeld {
+            name: self.semaphore.clone(),
+            id: self.id.clone(),
+        }
+    }
+
+    /// The release: `NotHeld` when it was released already, or when it was not held any
+    /// more (lost, or released by id elsewhere).
+    fn release_future(&self) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
+        let held = self.held.clone();
+        let not_held = self.not_held();
+        async move {
+            let Some(permit) = lock(&held.permit).take() else {
+                return Err(not_held);
+            };
+            held.watch.stop.cancel();
+            let watcher = lock(&held.watcher).take();
+            if let Some(watcher) = watcher {
+                let _ = watcher.await;
+            }
+            held.watch.gone.cancel();
+            only(permit).await.release().await
+        }
+    }
+
+    /// What leaving a `with` block does: release, unless released already. With `raising`
+    /// (the block raised nothing), a permit found not held raises: `LeaseLost` if its lease
+    /// was lost (the block ran without it at the end), else `NotHeld`.
+    fn exit_future(
+        &self,
+        raising: bool,
+    ) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
+        let released = lock(&self.held.permit).is_none();
+        let was_held = self.is_held();
+        let watch = self.held.watch.clone();
+        let (name, id) = (self.semaphore.clone(), self.id.clone());
+        let release = self.release_future();
+        async move {
+            if released {
+                return Ok(());
+            }
+            match release.await {
+                Err(redsem::Error::NotHeld { .. })
+                    if raising && (!was_held || watch.lost.load(Ordering::SeqCst)) =>
+                {
+                    Err(redsem::Error::LeaseLost { name, id })
+                }
+                Err(_) if !raising => Ok(()),
+                other => other,
+            }
+        }
+    }
+
+    fn refresh_future(&self) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
+        let permit = self.held.permit();
+        let not_held = self.not_held();
+        async move {
+            match permit {
+                Some(permit) => permit.refresh().await,
+                None => Err(not_held),
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl Permit {
+    /// The permit id: 32 hex digits.
+    #[getter]
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The fencing token of this grant: larger than every earlier grant's.
+    #[getter]
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The slots of this permit, one per unit, each in `range(capacity)`.
+    #[getter]
+    fn slots(&self) -> Vec<u32> {
+        self.slots.clone()
+    }
+
+    /// The first (lowest) slot.
+    #[getter]
+    fn slot(&self) -> u32 {
+        self.slots.first().copied().unwrap_or_default()
+    }
+
+    /// The name of its semaphore.
+    #[getter]
+    fn semaphore(&self) -> &str {
+        &self.semaphore
+    }
+
+    /// True while the permit is known held: not released, not lost, and its lease cannot have
+    /// ended (no round trip).
+    fn is_held(&self) -> bool {
+        self.held.permit().is_some_and(|p| p.is_held())
+    }
+
+    /// True once the lease was lost (a renewal found it gone, or it may have ended
+    /// unrenewed); false while held and after a release.
+    fn is_lost(&self) -> bool {
+        self.held.watch.lost.load(Ordering::SeqCst)
+            || self.held.permit().is_some_and(|p| p.is_lost())
+    }
+
+    /// Seconds the lease is certain to last without another renewal (0.0 once it may have
+    /// ended, or after the release).
+    fn time_left(&self) -> f64 {
+        self.held
+            .permit()
+            .map_or(0.0, |p| p.time_left().as_secs_f64())
+    }
+
+    /// Release the permit; the next in line gets its units. Raises `NotHeld` if it was not
+    /// held any more (released already, its lease ended, or released by id elsewhere).
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        block(py, None, self.release_future())
+    }
+
+    /// `release`, as an asyncio awaitable.
+    fn release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.release_future())
+    }
+
+    /// Renew the lease now (the background renewal does it every third of the lease).
+    /// Raises `LeaseLost` if it was lost, `NotHeld` after the release.
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        block(py, None, self.refresh_future())
+    }
+
+    /// `refresh`, as an asyncio awaitable.
+    fn refresh_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.refresh_future())
+    }
+
+    /// Block until the lease is lost, or the permit released, or `timeout` seconds passed
+    /// (`None`: no limit); the GIL is released meanwhile and Ctrl-C interrupts it. Returns
+    /// True if the lease was lost.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let limit = maybe_seconds("timeout", timeout)?;
+        let watch = self.held.watch.clone();
+        block(py, Some(&self.client), async move {
+            match limit {
+                Some(limit) => {
+                    let _ = tokio::time::timeout(limit, watch.gone.cancelled()).await;
+                }
+                None => watch.gone.cancelled().await,
+            }
+            Ok(watch.lost.load(Ordering::SeqCst))
+        })
+    }
+
+    /// An asyncio awaitable that ends when the lease is lost (True) or the permit is released
+    /// (False).
+    fn lost_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let watch = self.held.watch.clone();
+        spawn(py, async move {
+            watch.gone.cancelled().await;
+            Ok(watch.lost.load(Ordering::SeqCst))
+        })
+    }
+
+    /// Call `callback()` (no argument) once if the lease is lost: at once if it is lost
+    /// already, else from a background thread when it is. Not called after a release.
+    fn on_lost(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let now = {
+            let mut callbacks = lock(&self.held.watch.callbacks);
+            if self.held.watch.lost.load(Ordering::SeqCst) {
+                true
+            } else {
+                callbacks.push(callback.clone_ref(py));
+                false
+            }
+        };
+        if now {
+            callback.call0(py)?;
+        }
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Release the permit. When the block raised nothing and the lease was lost meanwhile,
+    /// raise `LeaseLost`: the block's work ran without the permit at its end.
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyType>>,
+        _exc: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        block(py, None, self.exit_future(exc_type.is_none()))?;
+        Ok(false)
+    }
+
+    /// `__exit__` for `redsem.aio`'s `__aexit__`: an awaitable.
+    fn exit_async<'py>(&self, py: Python<'py>, raising: bool) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.exit_future(raising))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<redsem.Permit semaphore={:?} id={} token={} slots={:?} held={}>",
+            self.semaphore,
+            self.id,
+            self.token,
+            self.slots,
+            if self.is_held() { "True" } else { "False" }
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(callbacks) = self.held.watch.callbacks.try_lock() {
+            for callback in callbacks.iter() {
+                visit.call(callback)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        lock(&self.held.watch.callbacks).clear();
+    }
+}
