@@ -1,8 +1,9 @@
 //! The bench's own view of the server and of this process: `INFO` sections, `CLIENT LIST`,
-//! `MEMORY USAGE`, key clean-up, and the process RSS. One connection of its own, which every
-//! connection count leaves out.
+//! `MEMORY USAGE`, keys' types and sizes, key clean-up, and the process RSS. One connection of
+//! its own, which every connection count leaves out.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
@@ -61,6 +62,32 @@ impl CommandStats {
             .iter()
             .map(|(k, v)| (k.clone(), v.calls as f64 / cycles.max(1) as f64))
             .collect()
+    }
+}
+
+/// One key's type and size, as S11 reports the keys of a semaphore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct KeySize {
+    pub(crate) key: String,
+    /// `TYPE`: `zset`, `hash`, `string`, ...
+    pub(crate) kind: String,
+    /// Members or fields (`ZCARD`, `HLEN`, `SCARD`, `LLEN`, `XLEN`), or bytes of a string
+    /// (`STRLEN`).
+    pub(crate) size: i64,
+    /// `MEMORY USAGE ... SAMPLES 0` (exact).
+    pub(crate) memory_bytes: i64,
+}
+
+/// The command that gives the size of a key of `kind` (`TYPE`'s reply).
+fn size_command(kind: &str) -> Option<&'static str> {
+    match kind {
+        "zset" => Some("ZCARD"),
+        "hash" => Some("HLEN"),
+        "set" => Some("SCARD"),
+        "list" => Some("LLEN"),
+        "stream" => Some("XLEN"),
+        "string" => Some("STRLEN"),
+        _ => None,
     }
 }
 
@@ -228,16 +255,54 @@ impl Admin {
         let mut conn = self.conn();
         let mut total = 0;
         for key in self.keys(pattern).await? {
-            let n: Option<i64> = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await?;
-            total += n.unwrap_or(0);
+            total += key_memory(&mut conn, &key).await?;
         }
         Ok(total)
+    }
+
+    /// Type, size and memory of every key matching `pattern`.
+    pub(crate) async fn key_sizes(&self, pattern: &str) -> BenchResult<Vec<KeySize>> {
+        let mut conn = self.conn();
+        let mut out = Vec::new();
+        for key in self.keys(pattern).await? {
+            let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut conn).await?;
+            if kind == "none" {
+                // Gone since the SCAN (SCAN may list a key whose time to live has passed).
+                continue;
+            }
+            let size = match size_command(&kind) {
+                Some(cmd) => redis::cmd(cmd).arg(&key).query_async(&mut conn).await?,
+                None => 0,
+            };
+            let memory_bytes = key_memory(&mut conn, &key).await?;
+            out.push(KeySize {
+                key,
+                kind,
+                size,
+                memory_bytes,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Wait (up to 10 s) until Redis has no objects left to free in the background
+    /// (`lazyfree_pending_objects` of `INFO memory`), so that an `UNLINK` of large keys just
+    /// before does not lower `used_memory` during the next measurement.
+    pub(crate) async fn settle_memory(&self) -> BenchResult<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = self.info("memory").await?;
+            let pending: u64 = info_field(&info, "lazyfree_pending_objects")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if pending == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{pending} objects still pending lazy free after 10 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Remove every key matching `pattern`.
@@ -251,6 +316,18 @@ impl Admin {
         }
         Ok(())
     }
+}
+
+/// Bytes `key` takes, by `MEMORY USAGE ... SAMPLES 0` (exact); 0 for a key that is gone.
+async fn key_memory(conn: &mut MultiplexedConnection, key: &str) -> BenchResult<i64> {
+    let n: Option<i64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await?;
+    Ok(n.unwrap_or(0))
 }
 
 /// This process's resident set size in bytes (`VmRSS` of `/proc/self/status`; 0 elsewhere).
@@ -301,6 +378,14 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn key_sizes_are_read_by_the_command_of_their_type() {
+        assert_eq!(size_command("zset"), Some("ZCARD"));
+        assert_eq!(size_command("hash"), Some("HLEN"));
+        assert_eq!(size_command("string"), Some("STRLEN"));
+        assert_eq!(size_command("none"), None);
     }
 
     #[test]

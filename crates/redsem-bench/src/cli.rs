@@ -26,7 +26,8 @@ pub(crate) struct Args {
     pub(crate) smoke: bool,
 
     /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4,
-    /// S9 = the polling baseline through S1–S4, S10 = many waiters, redsem and polling).
+    /// S9 = the polling baseline through S1–S4, S10 = many waiters, redsem and polling,
+    /// S11 = steady state: a minute of uncontended cycles, Redis memory and server time).
     #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
     pub(crate) only: Option<BTreeSet<u8>>,
 
@@ -47,6 +48,11 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) hold_stages: bool,
 
+    /// How long S11 (steady state) runs each semaphore, in seconds (default 60; 1 in
+    /// `--smoke`). Its server time per cycle is compared between the first and the last 10 s.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) s11_seconds: Option<u64>,
+
     /// Run redsem's clients with group commit off (`RedsemOptions::group_commit(false)`):
     /// one call per operation, as before group commit, for a before/after comparison.
     #[arg(long)]
@@ -66,8 +72,8 @@ fn parse_scenarios(s: &str) -> Result<BTreeSet<u8>, String> {
         .map(|p| {
             p.strip_prefix(['S', 's'])
                 .and_then(|n| n.parse::<u8>().ok())
-                .filter(|n| (1..=10).contains(n))
-                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S10"))
+                .filter(|n| (1..=11).contains(n))
+                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S11"))
         })
         .collect::<Result<BTreeSet<u8>, String>>()
         .and_then(|set| {
@@ -86,10 +92,10 @@ mod tests {
     #[test]
     fn scenario_lists_accept_either_case_and_reject_unknown_ones() {
         assert_eq!(
-            parse_scenarios("S1, s3,S7,S9,S10").unwrap(),
-            BTreeSet::from([1, 3, 7, 9, 10])
+            parse_scenarios("S1, s3,S7,S9,S10,S11").unwrap(),
+            BTreeSet::from([1, 3, 7, 9, 10, 11])
         );
-        assert!(parse_scenarios("S11").is_err());
+        assert!(parse_scenarios("S12").is_err());
         assert!(parse_scenarios("S0").is_err());
         assert!(parse_scenarios("x").is_err());
         assert!(parse_scenarios("").is_err());

@@ -212,7 +212,7 @@ pub(crate) async fn cycles<S: BenchSem>(
 }
 
 /// One try_acquire + release of a free unit.
-async fn uncontended_cycle<S: BenchSem>(sem: &S) -> BenchResult<()> {
+pub(crate) async fn uncontended_cycle<S: BenchSem>(sem: &S) -> BenchResult<()> {
     let p = sem
         .try_acquire()
         .await?

@@ -48,6 +48,12 @@ pub(crate) struct Sizes {
     pub(crate) s10_capacity: usize,
     pub(crate) s10_hold: Duration,
     pub(crate) s10_time: Duration,
+    /// S11, steady state: measuring time (`--s11-seconds`), the window whose server time per
+    /// cycle is compared (first against last), clients and tasks on each.
+    pub(crate) s11_time: Duration,
+    pub(crate) s11_window: Duration,
+    pub(crate) s11_clients: usize,
+    pub(crate) s11_tasks_per_client: usize,
 }
 
 impl Sizes {
@@ -74,6 +80,10 @@ impl Sizes {
             s10_capacity: 16,
             s10_hold: Duration::from_millis(20),
             s10_time: Duration::from_secs(10),
+            s11_time: Duration::from_secs(60),
+            s11_window: Duration::from_secs(10),
+            s11_clients: 4,
+            s11_tasks_per_client: 2,
         }
     }
 
@@ -100,6 +110,10 @@ impl Sizes {
             s10_capacity: 4,
             s10_hold: Duration::from_millis(5),
             s10_time: Duration::from_millis(250),
+            s11_time: Duration::from_secs(1),
+            s11_window: Duration::from_millis(250),
+            s11_clients: 4,
+            s11_tasks_per_client: 2,
         }
     }
 }

@@ -18,6 +18,7 @@ mod scale;
 mod sem;
 mod stages;
 mod stats;
+mod steady;
 
 use std::process::ExitCode;
 

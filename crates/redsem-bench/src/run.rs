@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cost, counters, many, raw, scale, stages};
+use crate::{acks, cost, counters, many, raw, scale, stages, steady};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -132,11 +132,14 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             "own redis-server".to_owned()
         },
     };
-    let sizes = if args.smoke {
+    let mut sizes = if args.smoke {
         Sizes::smoke()
     } else {
         Sizes::full()
     };
+    if let Some(seconds) = args.s11_seconds {
+        sizes.s11_time = Duration::from_secs(seconds);
+    }
     let mut ctx = Ctx::new(url, admin, sizes);
     ctx.group_commit = !args.no_group_commit;
     let mut figures = Figures::default();
@@ -211,6 +214,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             }
         }
         figures.s8 = step("S8 raw limit", e, raw::run(&ctx, &points)).await;
+    }
+    if args.runs(11) {
+        figures.s11 = step("S11 steady state", e, steady::run(&ctx)).await;
     }
 
     let targets = figures.targets();

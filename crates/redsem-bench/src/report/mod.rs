@@ -1,5 +1,5 @@
-//! Every figure of a run, the targets of issues 6 and 10 judged against them, the invariants
-//! that make the run fail, and the table printed to stdout.
+//! Every figure of a run, the targets of issues 6, 10, 19 and 27 judged against them, the
+//! invariants that make the run fail, and the table printed to stdout.
 
 mod sections;
 mod table;
@@ -15,6 +15,7 @@ use crate::counters::CountersRun;
 use crate::many::{ManyRun, ManyWaitersRun};
 use crate::raw::RawRun;
 use crate::scale::ScaleRun;
+use crate::steady::SteadyStateRun;
 use table::Table;
 
 /// A baseline algorithm through S1–S4: the seeds' (S7) or the polling one (S9).
@@ -50,12 +51,14 @@ pub(crate) struct Figures {
     pub(crate) s10: Option<ManyWaitersRun>,
     /// The S1 and S3 equivalents for the permit semaphore and the latch.
     pub(crate) permit_and_latch: Option<CountersRun>,
+    /// Steady state: a minute of uncontended cycles, lease and permits (issue 27).
+    pub(crate) s11: Option<SteadyStateRun>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Target {
     /// The issue that set it (6: the first targets; 10: against the polling baseline;
-    /// 19: many waiters).
+    /// 19: many waiters; 27: steady state).
     pub(crate) issue: u32,
     pub(crate) scenario: &'static str,
     pub(crate) target: String,
@@ -218,6 +221,7 @@ impl Figures {
         self.s6_section(&mut t);
         self.s8_section(&mut t);
         self.counters_section(&mut t);
+        self.s11_section(&mut t);
         let mut out = t.render();
         sections::footer(&mut out, targets, invariants);
         out

@@ -9,6 +9,7 @@ use crate::core::{ContendedRun, CycleRun, FairnessRun, HandoffRun};
 use crate::cost::Wire;
 use crate::many::ManyRun;
 use crate::stats::Latency;
+use crate::steady::{FirstLast, SteadyRun, Window};
 
 /// "p50 / p99" of `l`.
 fn p50_p99(l: &Latency) -> String {
@@ -426,6 +427,95 @@ impl Figures {
     }
 }
 
+impl Figures {
+    /// S11: the lease semaphore's and the permit semaphore's steady runs.
+    pub(super) fn s11_section(&self, t: &mut Table) {
+        let Some(s11) = &self.s11 else {
+            return;
+        };
+        let l = &s11.lease;
+        t.head(&format!(
+            "S11 steady state: {} clients × {} tasks, capacity {}, uncontended cycles for {:.0} s",
+            l.clients, l.tasks_per_client, l.capacity, l.elapsed_s
+        ));
+        for (what, run) in [
+            ("lease try_acquire + release", &s11.lease),
+            ("permits try_acquire(1) + release(1)", &s11.permits),
+        ] {
+            steady_rows(t, what, run);
+        }
+    }
+}
+
+/// The rows of one S11 run.
+fn steady_rows(t: &mut Table, what: &str, run: &SteadyRun) {
+    const MB: f64 = 1_048_576.0;
+    t.redsem_row(
+        &format!("{what}: cycles/s"),
+        format!(
+            "{} ({} cycles)",
+            num(run.cycles_per_s),
+            num(run.cycles as f64)
+        ),
+    );
+    t.redsem_row(
+        "    Redis used_memory start → end",
+        format!(
+            "{:.1} → {:.1} MB ({:+.1} MB)",
+            run.used_memory_start_bytes as f64 / MB,
+            run.used_memory_end_bytes as f64 / MB,
+            run.used_memory_growth_mb
+        ),
+    );
+    for k in &run.keys {
+        let part = k.key.rsplit_once("}:").map_or(k.key.as_str(), |(_, p)| p);
+        t.redsem_row(
+            &format!("    key {part} at the end ({})", k.kind),
+            format!(
+                "{} {} ({:.1} MB)",
+                num(k.size as f64),
+                match (k.kind.as_str(), k.size) {
+                    ("string", 1) => "byte",
+                    ("string", _) => "bytes",
+                    _ => "entries",
+                },
+                k.memory_bytes as f64 / MB
+            ),
+        );
+    }
+    if let (Some(first), Some(last)) = (run.windows.first(), run.windows.last()) {
+        let span = |w: &Window| {
+            // Whole seconds for the full run's 10 s windows, hundredths for the smoke's.
+            let digits = if w.to_s - w.from_s >= 2.0 { 0 } else { 2 };
+            format!("{:.digits$}–{:.digits$} s", w.from_s, w.to_s)
+        };
+        let first_last = |f: &FirstLast| {
+            format!(
+                "{} / {} ({:.2}×)",
+                us1(f.first_us),
+                us1(f.last_us),
+                f.last_over_first
+            )
+        };
+        t.redsem_row(
+            &format!(
+                "    Redis CPU per cycle (INFO cpu), {} / {}",
+                span(first),
+                span(last)
+            ),
+            first_last(&run.cpu_us_per_cycle),
+        );
+        t.redsem_row(
+            "    of it in scripts (INFO commandstats), same windows",
+            first_last(&run.command_us_per_cycle),
+        );
+        t.redsem_row(
+            "    cycles/s, same windows",
+            format!("{} / {}", num(first.cycles_per_s), num(last.cycles_per_s)),
+        );
+    }
+}
+
 /// The targets, by issue, and the invariants, printed below the table.
 pub(super) fn footer(out: &mut String, targets: &[Target], invariants: &[Invariant]) {
     for (issue, title) in [
@@ -437,6 +527,10 @@ pub(super) fn footer(out: &mut String, targets: &[Target], invariants: &[Invaria
         (
             19,
             "Targets (issue 19: many waiters, redsem against the polling baseline, same run)",
+        ),
+        (
+            27,
+            "Targets (issue 27: steady state, memory and server time that do not grow)",
         ),
     ] {
         let _ = writeln!(out, "\n{title}");

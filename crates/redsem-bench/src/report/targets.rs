@@ -1,7 +1,15 @@
-//! The targets of issues 6 and 10, judged against a run's figures.
+//! The targets of issues 6, 10, 19 and 27, judged against a run's figures.
 
 use super::{Figures, Target, find, num, pct, us, us1};
 use crate::core::CycleRun;
+
+/// Issue 27: the most Redis's `used_memory` may grow over S11, per semaphore, MB.
+const S11_GROWTH_MB: f64 = 8.0;
+
+/// Issue 27: "the last 10 s no slower than the first", with the margin of the window-to-window
+/// noise of one steady workload's server time per cycle on a shared machine (docs/BENCHMARKS.md,
+/// "Issue 27: client sessions — before").
+const S11_LAST_OVER_FIRST: f64 = 1.1;
 
 impl Figures {
     pub(crate) fn targets(&self) -> Vec<Target> {
@@ -190,6 +198,55 @@ impl Figures {
         }
         out.extend(self.issue10_targets());
         out.extend(self.issue19_targets());
+        out.extend(self.issue27_targets());
+        out
+    }
+
+    /// Issue 27: S11's memory growth and its last window's server time per cycle against its
+    /// first, for each semaphore.
+    fn issue27_targets(&self) -> Vec<Target> {
+        let Some(s11) = &self.s11 else {
+            return vec![unmeasured(
+                27,
+                "S11",
+                "steady state: used_memory growth ≤ 8 MB, last window no slower than the first",
+            )];
+        };
+        let mut out = Vec::new();
+        for (what, run) in [("lease", &s11.lease), ("permits", &s11.permits)] {
+            let (cpu, scripts) = (&run.cpu_us_per_cycle, &run.command_us_per_cycle);
+            out.push(Target {
+                issue: 27,
+                scenario: "S11",
+                target: format!(
+                    "{what}: used_memory growth over {:.0} s ≤ {S11_GROWTH_MB} MB",
+                    run.elapsed_s
+                ),
+                figure: format!(
+                    "{:+.1} MB ({} cycles/s)",
+                    run.used_memory_growth_mb,
+                    num(run.cycles_per_s)
+                ),
+                met: Some(run.used_memory_growth_mb <= S11_GROWTH_MB),
+            });
+            out.push(Target {
+                issue: 27,
+                scenario: "S11",
+                target: format!(
+                    "{what}: Redis CPU per cycle (INFO cpu), last window ≤ {S11_LAST_OVER_FIRST} × first"
+                ),
+                figure: format!(
+                    "{} / {} ({:.2}×; in scripts by INFO commandstats: {} / {}, {:.2}×)",
+                    us1(cpu.first_us),
+                    us1(cpu.last_us),
+                    cpu.last_over_first,
+                    us1(scripts.first_us),
+                    us1(scripts.last_us),
+                    scripts.last_over_first
+                ),
+                met: Some(cpu.last_over_first <= S11_LAST_OVER_FIRST),
+            });
+        }
         out
     }
 

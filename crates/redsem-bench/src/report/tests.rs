@@ -2,9 +2,11 @@
 
 use super::*;
 
+use crate::admin::KeySize;
 use crate::core::ServerLoad;
 use crate::many::{ManyRun, ManyWaitersRun};
 use crate::stats::Latency;
+use crate::steady::{FirstLast, SteadyRun, SteadyStateRun, Window};
 
 fn latency(p50_us: f64) -> Latency {
     Latency {
@@ -69,6 +71,52 @@ fn many(cycles_per_s: f64, cpu_share: f64, p99_ms: f64) -> ManyRun {
         commands_per_s: 1_000.0,
         client_commands_per_s: 100.0,
         server: ServerLoad::default(),
+    }
+}
+
+/// An S11 run of two 10 s windows whose server CPU per cycle goes from `first_us` to
+/// `last_us` (and its time in scripts from a third of that to a third), with `used_memory`
+/// growing by `growth_mb`.
+fn steady(first_us: f64, last_us: f64, growth_mb: f64) -> SteadyRun {
+    let start = 2 * 1_048_576;
+    let end = start + (growth_mb * 1_048_576.0) as i64;
+    let window = |from_s: f64, redis_cpu_us_per_cycle: f64, used_memory_bytes| Window {
+        from_s,
+        to_s: from_s + 10.0,
+        cycles: 50_000,
+        cycles_per_s: 5_000.0,
+        redis_cpu_us_per_cycle,
+        command_us_per_cycle: redis_cpu_us_per_cycle / 3.0,
+        used_memory_bytes,
+        server: ServerLoad::default(),
+    };
+    SteadyRun {
+        clients: 4,
+        tasks_per_client: 2,
+        capacity: 8,
+        elapsed_s: 20.0,
+        cycles: 100_000,
+        cycles_per_s: 5_000.0,
+        used_memory_start_bytes: start,
+        used_memory_end_bytes: end,
+        used_memory_growth_mb: growth_mb,
+        keys: vec![KeySize {
+            key: "rsb-1-s11-lease:{lease:s11}:leases".to_owned(),
+            kind: "zset".to_owned(),
+            size: 1_234_567,
+            memory_bytes: 3 * 1_048_576,
+        }],
+        cpu_us_per_cycle: FirstLast {
+            first_us,
+            last_us,
+            last_over_first: last_us / first_us,
+        },
+        command_us_per_cycle: FirstLast {
+            first_us: first_us / 3.0,
+            last_us: last_us / 3.0,
+            last_over_first: last_us / first_us,
+        },
+        windows: vec![window(0.0, first_us, start), window(10.0, last_us, end)],
     }
 }
 
@@ -253,6 +301,52 @@ fn issue_19_targets_judge_s10_against_the_polling_baseline_on_three_counts() {
     );
 }
 
+fn issue27(f: &Figures) -> Vec<(String, String, Option<bool>)> {
+    f.targets()
+        .into_iter()
+        .filter(|t| t.issue == 27)
+        .map(|t| (t.target, t.figure, t.met))
+        .collect()
+}
+
+#[test]
+fn issue_27_targets_judge_s11_growth_and_its_last_window_against_its_first() {
+    let mut f = figures(30_000.0, 9_000.0);
+    assert_eq!(
+        issue27(&f).iter().map(|t| t.2).collect::<Vec<_>>(),
+        vec![None]
+    );
+    f.s11 = Some(SteadyStateRun {
+        lease: steady(20.0, 22.0, 8.0),
+        permits: steady(20.0, 22.1, 8.1),
+    });
+    let t = issue27(&f);
+    assert_eq!(
+        t.iter().map(|t| t.2).collect::<Vec<_>>(),
+        vec![Some(true), Some(true), Some(false), Some(false)],
+        "{t:?}"
+    );
+    assert!(
+        t[0].0
+            .starts_with("lease: used_memory growth over 20 s ≤ 8 MB"),
+        "{}",
+        t[0].0
+    );
+    assert_eq!(t[0].1, "+8.0 MB (5,000 cycles/s)");
+    assert!(
+        t[3].0
+            .contains("Redis CPU per cycle (INFO cpu), last window ≤ 1.1 × first"),
+        "{}",
+        t[3].0
+    );
+    assert_eq!(
+        t[3].1,
+        "20.0 µs / 22.1 µs (1.10×; in scripts by INFO commandstats: 6.7 µs / 7.4 µs, 1.10×)"
+    );
+    // Timing and memory targets never fail the run.
+    assert!(f.invariants().iter().all(|i| i.held));
+}
+
 #[test]
 fn numbers_get_thousands_separators() {
     assert_eq!(num(1234567.4), "1,234,567");
@@ -392,6 +486,10 @@ fn every_scenario() -> Figures {
         latch_s1: Some(cycles(8_980.0, 5.0)),
         latch_s3: Some(handoff(310.0)),
     });
+    f.s11 = Some(SteadyStateRun {
+        lease: steady(20.0, 30.0, 300.0),
+        permits: steady(18.0, 18.5, 2.5),
+    });
     f
 }
 
@@ -418,9 +516,11 @@ fn every_section_is_printed_once_in_order() {
             "S6 Redis cost",
             "S8 raw limit",
             "PermitSemaphore and CountDownLatch",
+            "S11 steady state",
             "Targets (issue 6)",
             "Targets (issue 10",
             "Targets (issue 19",
+            "Targets (issue 27",
             "Invariants (a violation fails the run)",
         ],
         "{table}"
@@ -438,4 +538,10 @@ fn every_section_is_printed_once_in_order() {
         table.contains("625.0 ms / 1250.0 ms / 1875.0 ms"),
         "{table}"
     );
+    // S11's memory, its keys by their part and its first and last windows.
+    assert!(table.contains("2.0 → 302.0 MB (+300.0 MB)"), "{table}");
+    assert!(table.contains("key leases at the end (zset)"), "{table}");
+    assert!(table.contains("1,234,567 entries (3.0 MB)"), "{table}");
+    assert!(table.contains("20.0 µs / 30.0 µs (1.50×)"), "{table}");
+    assert!(table.contains("6.7 µs / 10.0 µs (1.50×)"), "{table}");
 }
