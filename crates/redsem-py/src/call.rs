@@ -2,11 +2,12 @@
 //! and heed Ctrl-C, asyncio calls, and seconds given as floats.
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::errors::{invalid, to_py};
 
@@ -78,7 +79,20 @@ pub(crate) fn block<T: Send>(
 
 /// Wait (at most [`SETTLE`]) for the clean-up the client sent in the background.
 async fn settle(client: &redsem::Redsem) {
-    let _ = tokio::time::timeout(SETTLE, client.flush()).await;
+    let _ = tokio::time::timeout(SETTLE, flush(client)).await;
+}
+
+/// The hand-overs of permits whose Python object was collected (see `permit.rs`): each
+/// waits for its watcher to let go of the Rust permit, whose drop then starts its release.
+pub(crate) static DROPS: LazyLock<TaskTracker> = LazyLock::new(TaskTracker::new);
+
+/// Wait until the collected permits were handed over, then for the client's background
+/// releases and withdrawals (`redsem::Redsem::flush`).
+pub(crate) async fn flush(client: &redsem::Redsem) {
+    DROPS.close();
+    DROPS.wait().await;
+    DROPS.reopen();
+    client.flush().await;
 }
 
 /// `fut` as an asyncio awaitable of the running loop. Cancelling it (or the task awaiting it)

@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 
-use crate::call::{block, seconds, spawn};
+use crate::call::{block, flush, seconds, spawn};
 use crate::errors::invalid;
 use crate::latch::CountDownLatch;
 use crate::lease::{LeaseSemaphore, Mutex};
@@ -226,7 +226,7 @@ impl Redsem {
         let limit = seconds("timeout", timeout)?;
         let inner = self.inner.clone();
         block(py, None, async move {
-            let _ = tokio::time::timeout(limit, inner.flush()).await;
+            let _ = tokio::time::timeout(limit, flush(&inner)).await;
             Ok(())
         })
     }
@@ -237,7 +237,7 @@ impl Redsem {
         let limit = seconds("timeout", timeout)?;
         let inner = self.inner.clone();
         spawn(py, async move {
-            let _ = tokio::time::timeout(limit, inner.flush()).await;
+            let _ = tokio::time::timeout(limit, flush(&inner)).await;
             Ok(())
         })
     }

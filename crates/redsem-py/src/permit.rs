@@ -13,7 +13,7 @@ use pyo3::types::PyType;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{block, maybe_seconds, runtime, spawn};
+use crate::call::{DROPS, block, maybe_seconds, runtime, spawn};
 
 fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -48,12 +48,24 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // The Rust permit releases itself in the background when dropped, if dropped inside
-        // the runtime: here, or in the watcher, which lets go of its `Arc` on `stop`.
-        let _inside = runtime().enter();
+        // The Rust permit releases itself in the background when dropped inside the runtime.
+        // The watcher holds it too: once it let go (on `stop`), the last `Arc` goes in a
+        // task that `flush` waits for.
+        let permit = lock(&self.permit).take();
+        let watcher = lock(&self.watcher).take();
         self.watch.stop.cancel();
         self.watch.gone.cancel();
-        lock(&self.permit).take();
+        if permit.is_some() || watcher.is_some() {
+            DROPS.spawn_on(
+                async move {
+                    if let Some(watcher) = watcher {
+                        let _ = watcher.await;
+                    }
+                    drop(permit);
+                },
+                runtime().handle(),
+            );
+        }
     }
 }
 
