@@ -201,6 +201,65 @@ local function remembered(key, name)
   return forget and tonumber(forget) > clock() or false
 end
 
+-- Client sessions. Each client (a `Redsem`) names its calls by a session id and a sequence
+-- number, and sends with each call its low mark: every sequence number below it belongs to a
+-- call the client has its answer to, or has given up. A primitive keeps one record per
+-- session, "low|expiry|,seq=M,seq=M...": the highest low mark seen, when the record goes
+-- (ms of Redis time), and a one-letter mark for each call at or above the low mark whose
+-- answer a resend must find (a release's outcome, a withdrawn request). A call below the low
+-- mark is stale (its answer was given) and is never applied; a mark goes once the low mark
+-- passes it. So a record holds the calls a client has in flight, never its history: memory
+-- grows with clients, not with throughput. A record is kept SESSION_MS after it was last
+-- renewed, far past the longest a client resends (about a minute), and renewed when it was
+-- last renewed SESSION_RENEW_MS ago or more.
+local SESSION_MS = 600000
+local SESSION_RENEW_MS = 60000
+
+-- The low mark of the session record `raw` (0 if none).
+local function session_low(raw)
+  return raw and tonumber(string.match(raw, '^(%d+)')) or 0
+end
+
+-- The mark of the sequence number `seq` (as text) in the session record `raw`, or nil.
+local function session_mark(raw, seq)
+  if not raw then
+    return nil
+  end
+  local at = string.find(raw, ',' .. seq .. '=', 1, true)
+  return at and string.sub(raw, at + #seq + 2, at + #seq + 2) or nil
+end
+
+-- The session record `raw` (nil: none yet) with its low mark raised to `low`, the marks
+-- below it dropped, and `seq` (text) marked `mark` (nil: no mark). The second value is the
+-- record's new expiry when it was renewed (a new record, or one renewed long enough ago),
+-- else nil: the caller then registers the expiry where its primitive prunes records.
+local function session_put(raw, low, seq, mark)
+  local old, expiry, marks = 0, 0, ''
+  if raw then
+    old, expiry, marks = string.match(raw, '^(%d+)|(%d+)|(.*)$')
+    old, expiry, marks = tonumber(old) or 0, tonumber(expiry) or 0, marks or ''
+  end
+  low = max(low or 0, old)
+  local out, n = { nil }, 1
+  for s, m in string.gmatch(marks, ',(%d+)=(%a)') do
+    if s ~= seq and tonumber(s) >= low then
+      n = n + 1
+      out[n] = ',' .. s .. '=' .. m
+    end
+  end
+  if mark then
+    n = n + 1
+    out[n] = ',' .. seq .. '=' .. mark
+  end
+  local renewed = nil
+  if expiry - SESSION_MS + SESSION_RENEW_MS <= clock() then
+    expiry = S.now + SESSION_MS
+    renewed = expiry
+  end
+  out[1] = format('%d|%d|', low, expiry)
+  return table.concat(out, '', 1, n), renewed
+end
+
 -- Take the TTL off `keys` (the primitive is live).
 local function persist(keys)
   for _, key in ipairs(keys) do

@@ -4,10 +4,12 @@
 -- ARGV[1] request id   ARGV[2] capacity   ARGV[3] units k   ARGV[4] lease ms
 -- ARGV[5] label ("" for none)   ARGV[6] "1" = one live request per label
 -- ARGV[7] mode "try" | "wait"   ARGV[8] waiter lease ms   ARGV[9] wake channel
+-- ARGV[10] this call's sequence number in the client's session   ARGV[11] the session id
+-- ARGV[12] the session's low mark (see common.lua)
 -- Returns: {"GRANTED", token, slot, slot, ...}
 --        | {"QUEUED", position, recheck ms}          (mode "wait" only)
 --        | {"BUSY", units in use, waiters}           (mode "try": no room, or others wait)
---        | {"GONE"}                                  (this id was released or withdrawn)
+--        | {"GONE"}                                  (a late copy of a call withdrawn or answered)
 --        | {"CONFLICT", capacity in force}           (a different capacity while in use)
 --        | {"LABEL", label}                          (the label already holds or awaits one)
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
@@ -15,6 +17,7 @@
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is acquire_op, in lease_prelude.lua: lease_batch runs it too.)
 -- (The uncontended grant takes fast_acquire, in lease_prelude.lua.)
+S.sess, S.low = 's:' .. (ARGV[11] or ''), tonumber(ARGV[12]) or 0
 return run(function()
-  return acquire_op(ARGV, 0, ARGV[9])
+  return acquire_op(ARGV, 0, ARGV[9], ARGV[10])
 end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

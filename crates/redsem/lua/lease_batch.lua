@@ -3,37 +3,40 @@
 -- had one by one, on one read of the time and the state and one write-back (the cost of a
 -- call is mostly what every call does: the dispatch, TIME, the state's HMGET, the HSET).
 -- KEYS: see lease_prelude.lua
--- ARGV[1] the caller's wake channel, then the operations one after another:
+-- ARGV[1] the caller's wake channel   ARGV[2] its session id   ARGV[3] the session's low
+-- mark, then the operations one after another:
 --   "a", request id, capacity, units k, lease ms, label, "1" | "0", "try" | "wait",
---        waiter lease ms                                   (as lease_acquire, same channel)
---   "r", permit or request id, release attempt             (as lease_release)
+--        waiter lease ms, sequence number                  (as lease_acquire, same channel)
+--   "r" | "w", permit or request id, sequence number       (as lease_release)
 -- Returns: {{reply of each operation, in order}, idle (1: send lease_tidy),
 --           "id|token|slots|delay", ... (grants to waiters on the caller's channel)}
 --        an acquire's reply as lease_acquire's; a release's {"RELEASED" | "DEQUEUED" | "NOTHELD"}
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", found, ours} (for all of them)
 local names, n, releases = {}, 0, 0
-local i = 2
+local i = 4
 while i <= #ARGV do
   n = n + 1
   names[n] = 'r:' .. ARGV[i + 1]
   if ARGV[i] == 'a' then
-    i = i + 9
+    i = i + 10
   else
     releases, i = releases + 1, i + 3
   end
 end
+S.sess, S.low = 's:' .. (ARGV[2] or ''), tonumber(ARGV[3]) or 0
+names[n + 1] = S.sess
 -- Each release may hand its units to the head of the queue: read that many heads at once.
 S.mine, S.window = ARGV[1], releases + 1
 return run(function()
-  local replies, at, j = {}, 2, 0
+  local replies, at, j = {}, 4, 0
   while at <= #ARGV do
     j = j + 1
     if ARGV[at] == 'a' then
-      replies[j] = acquire_op(ARGV, at, ARGV[1])
-      at = at + 9
-    elseif ARGV[at] == 'r' then
+      replies[j] = acquire_op(ARGV, at, ARGV[1], ARGV[at + 9])
+      at = at + 10
+    elseif ARGV[at] == 'r' or ARGV[at] == 'w' then
       S.defer_idle = true
-      replies[j] = { release_op(ARGV[at + 1], ARGV[at + 2]) }
+      replies[j] = { release_op(ARGV[at + 1], ARGV[at + 2], ARGV[at]) }
       at = at + 3
     else
       return redis.error_reply('lease_batch: unknown operation ' .. tostring(ARGV[at]))

@@ -4,21 +4,23 @@
 --
 -- KEYS (one hash tag, so one cluster slot):
 --   1 leases  ZSET    id -> ms of Redis time: the lease end of every holder and waiter
---                     (positive), and minus the forget-at of every tombstone (a request
---                     released or withdrawn; negative, so tombstones never look due as leases)
+--                     (positive), and s:<session> -> minus the expiry of that client
+--                     session's record (negative, so sessions never look due as leases)
 --   2 queue   ZSET    waiter id -> ticket (arrival order)
---   3 state   HASH    cap, used (units held), nh (holders), qlen (waiters), nt (tombstones),
---                     seq (ticket counter), tok (last fencing token), idle (ms when the idle
---                     keys expire; 0 while they carry no TTL), next (no lease ends before it;
---                     0 = unknown), tnext (the first tombstone's forget-at; 0 = none),
---                     label:<label> (holders +
---                     waiters with that label), r:<id> records:
+--   3 state   HASH    cap, used (units held), nh (holders), qlen (waiters), nt (session
+--                     records), seq (ticket counter), tok (last fencing token), idle (ms
+--                     when the idle keys expire; 0 while they carry no TTL), next (no lease
+--                     ends before it; 0 = unknown), tnext (the first session record's expiry;
+--                     0 = none), label:<label> (holders + waiters with that label), and
+--                     r:<id> records:
 --                       holder    "h|token|units|granted at|lease|slots|label", slots as
 --                                 runs "first-last,slot,..."
 --                       waiter    "w|units|since|lease|waiter lease|len(channel)|channel label"
---                       tombstone "x|R|attempt" released, "x|D|attempt" withdrawn, by
---                                 the release attempt named (its resend answers as it did;
---                                 any other release of the id answers NOTHELD)
+--                     s:<session> client sessions (see common.lua): a holder's release marks
+--                     its sequence number with its outcome (R released, D withdrawn), so its
+--                     resend answers as it did while any other release of the id, afterwards,
+--                     answers NOTHELD; a withdrawal of a request whose enqueue went unanswered
+--                     marks that enqueue's number X, so a late copy of it is refused (GONE)
 --   4 slots   STRING  bitmap: bit n set = slot n held; deleted when the idle TTL is set
 --
 -- Failure rules every script keeps:
@@ -50,7 +52,8 @@ local MAX_UNITS = 4096
 local WORK_BUDGET = 4096
 -- Expired entries dropped by one script at most.
 local SETTLE_BATCH = 256
--- Tombstones are dropped in batches, once the first one is this late, at most this many.
+-- Expired session records are dropped in batches, once the first is this late, at most this
+-- many.
 local PRUNE_LAG_MS = 2000
 local PRUNE_BATCH = 4000
 -- "No lease ends before": nothing is known to end (a double, exact).
@@ -60,13 +63,15 @@ local NEVER = 4503599627370496
 -- that keeps its state differently: every operation refuses it ({"LAYOUT", found, ours})
 -- and changes nothing. A state without the field is of this layout (written before the
 -- field existed): the first call names it (load()). Raise it with any change an older
--- version would misread; the upgrade is "drain, then upgrade" (README).
-local LAYOUT = '1'
+-- version would misread; the upgrade is "drain, then upgrade" (README). Layout 2 (client
+-- sessions in place of a minute of tombstones) adopts an idle state of layout 1 (nobody
+-- holds or waits): its tombstones are dropped, the capacity and last token kept.
+local LAYOUT = '2'
 -- A field longer than a listpack may hold (hash-max-listpack-value, 64 bytes by default):
 -- written in every state hash, it makes Redis keep that hash as a hash table. A small hash is
 -- otherwise one list (a listpack, up to 128 or 512 fields), which every field read scans from
 -- its start and every write rewrites: with the records of a few dozen holders and waiters
--- and a minute of tombstones in it, those scans were the largest single cost of every call
+-- and a minute of remembered ids in it, those scans were the largest single cost of every call
 -- (docs/BENCHMARKS.md, "Where the server time goes").
 local WIDE = '--------------------------------------------------------------------------------'
 
@@ -132,14 +137,15 @@ local function number(value)
   return COUNTS[value] or tonumber(value)
 end
 
-local repair
+local repair, adopt
 
--- Read the state fields (and the field `name`, the caller's record, if given), and the time;
--- true if there is a state to settle.
+-- Read the state fields (and the field `name`, the caller's record, if given, and the
+-- caller's session record S.sess), and the time; true if there is a state to settle.
 local function load(name)
   local r
   if type(name) == 'table' then
-    -- A batch: the records of all its requests (the same id twice reads the same field).
+    -- A batch: the records of all its requests (the same id twice reads the same field),
+    -- then the session's.
     r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
       'tnext', 'layout', unpack(name))
     for i = 1, #name do
@@ -148,19 +154,20 @@ local function load(name)
   else
     -- (Read already by a fast path whose case this is not: see read_state().)
     r = S.read or call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt',
-      'next', 'tnext', 'layout', name or 'r:')
+      'next', 'tnext', 'layout', name or 'r:', S.sess or 's:')
     if name then
       S[name] = r[12]
     end
+    if S.sess then
+      S[S.sess] = r[13]
+    end
   end
-  if r[11] and r[11] ~= LAYOUT then
-    -- Written by a version of redsem that keeps another layout: touch nothing.
-    error({ 'LAYOUT', STATE, r[11], LAYOUT })
-  elseif r[1] and not r[11] then
-    -- A state made before the layout field: the same layout, in a listpack. Name it, and
-    -- make it a hash table (WIDE).
-    put('layout', LAYOUT)
-    put('wide', WIDE)
+  if r[1] and r[11] ~= LAYOUT then
+    if (r[11] or '1') ~= '1' or count(r[2]) > 0 or count(r[3]) > 0 then
+      -- Written by a version of redsem that keeps another layout: touch nothing.
+      error({ 'LAYOUT', STATE, r[11] or '1', LAYOUT })
+    end
+    r = adopt(r)
   end
   clock()
   if r[1] then
@@ -190,6 +197,26 @@ end
 
 -- Store a capacity; a new state starts with every counter at 0, names its layout and is
 -- kept as a hash table (WIDE).
+-- An idle state of layout 1 (before client sessions: a minute of tombstones), taken over:
+-- every key goes but the capacity and the last token, which start a state of this layout.
+-- Answers the fields as load() reads them.
+adopt = function(r)
+  redis.call('DEL', STATE, LEASES, QUEUE, SLOTS)
+  for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt', 'seq', 'idle', 'next', 'tnext' }) do
+    put(name, 0)
+  end
+  put('cap', r[1])
+  put('tok', r[6] or '0')
+  put('layout', LAYOUT)
+  put('wide', WIDE)
+  for name in pairs(S) do
+    if type(name) == 'string' and (string.sub(name, 1, 2) == 'r:' or string.sub(name, 1, 2) == 's:') then
+      S[name] = false
+    end
+  end
+  return { r[1], '0', '0', '0', '0', r[6], '0', '0', '0', '0', LAYOUT }
+end
+
 local function set_cap(cap)
   if not S.cap then
     for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt' }) do
@@ -250,11 +277,10 @@ local function waiter_record(k, lease, waiter_lease, channel, label)
 end
 
 -- A raw record as a table: holder {h = true, t, k, a, lease, s, l}, waiter {k, w, lease,
--- wl, c, l}, tombstone {x = "R" | "D", n = the release attempt that made it ("" in a
--- tombstone of an older version)}; nil if none or unreadable. The token t and the times a
+-- wl, c, l}; nil if none or unreadable. The token t and the times a
 -- and w stay text (converted only where used: a release needs none of them); the counts
 -- come from the memo (count()).
-local H, W, X = 104, 119, 120 -- the bytes of 'h', 'w', 'x'
+local H, W = 104, 119 -- the bytes of 'h', 'w'
 local function parse(raw)
   if not raw then
     return nil
@@ -288,8 +314,6 @@ local function parse(raw)
       k = count(k), w = since, lease = count(lease), wl = count(wl),
       c = string.sub(rest, 1, clen), l = string.sub(rest, clen + 1),
     }
-  elseif kind == X then
-    return { x = string.sub(raw, 3, 3), n = string.sub(raw, 5) }
   end
   return nil
 end
@@ -411,16 +435,28 @@ local function grant(id, k, label, lease, expires)
   return token, slots, token_text
 end
 
--- Replace a record by a tombstone remembered REMEMBER_MS ("R" released, "D" withdrawn),
--- naming the release attempt that made it.
-local function bury(id, outcome, attempt)
-  local forget = S.now + REMEMBER_MS
-  call(LEASES, 'ZADD', LEASES, digits(-forget), id)
-  put('r:' .. id, 'x|' .. outcome .. '|' .. attempt)
-  put('nt', S.nt + 1)
-  if S.tnext == 0 then
-    put('tnext', forget)
+-- Mark the caller's sequence number `seq` (text) with `mark` in its session record, and
+-- raise the record's low mark to the caller's (S.low); a new or renewed record's expiry is
+-- registered in leases (see prune()).
+local function mark(seq, mark_letter)
+  local name = S.sess
+  local value, renewed = session_put(S[name], S.low, seq, mark_letter)
+  put(name, value)
+  if renewed then
+    if call(LEASES, 'ZADD', LEASES, digits(-renewed), name) == 1 then
+      put('nt', S.nt + 1)
+    end
+    if S.tnext == 0 then
+      put('tnext', renewed)
+    end
   end
+end
+
+-- Whether the caller's sequence number `seq` (text) is stale: below its session's low mark
+-- (a call whose answer the client has; a late copy of it is never applied).
+local function stale(seq)
+  local raw = S[S.sess]
+  return raw and (tonumber(seq) or 0) < session_low(raw)
 end
 
 local function drop_holder(id, r)
@@ -492,7 +528,7 @@ local function promote()
     end
     S.at = S.at + 1
     local w = record(head)
-    if not w or w.h or w.x then
+    if not w or w.h then
       redis.call('ZREM', QUEUE, head)
       put('qlen', math.max(S.qlen - 1, 0))
     elseif w.k > S.cap then
@@ -534,19 +570,18 @@ local function promote()
   end
 end
 
--- Drop tombstones past their forget-at, in batches once the first is PRUNE_LAG_MS late.
+-- Drop session records past their expiry, in batches once the first is PRUNE_LAG_MS late.
+-- (Their entries in leases are named as their fields: s:<session>.)
 local function prune()
   if S.tnext == 0 or S.tnext + PRUNE_LAG_MS > S.now then
     return
   end
   local due = call(LEASES, 'ZRANGEBYSCORE', LEASES, -S.now, '(0', 'LIMIT', 0, PRUNE_BATCH)
-  local names = {}
-  for i, id in ipairs(due) do
-    names[i] = 'r:' .. id
-    S[names[i]] = false
+  for _, name in ipairs(due) do
+    S[name] = false
   end
   for i = 1, #due, SLICE do
-    redis.call('HDEL', STATE, unpack(names, i, math.min(i + SLICE - 1, #due)))
+    redis.call('HDEL', STATE, unpack(due, i, math.min(i + SLICE - 1, #due)))
     redis.call('ZREM', LEASES, unpack(due, i, math.min(i + SLICE - 1, #due)))
   end
   put('nt', math.max(S.nt - #due, 0))
@@ -596,7 +631,7 @@ local function settle()
         end
         budget = budget - r.k
         drop_holder(id, r)
-      elseif r and not r.x then
+      elseif r then
         drop_waiter(id, r)
       end
       done[#done + 1] = id
@@ -637,7 +672,8 @@ end
 -- Rebuild the counters, labels, the slot bitmap and the two zsets from the records: every
 -- holder record keeps its unit (with a lease entry of its full lease from now if it had
 -- none, so no live holder is overtaken), a waiter without its queue or lease entry is
--- dropped (it re-queues when it checks in), entries without a record go. Linear in the
+-- dropped (it re-queues when it checks in), a session record without its expiry entry gets
+-- one (a full SESSION_MS from now), entries without a record go. Linear in the
 -- size of the semaphore; runs only when a check finds a disagreement.
 repair = function()
   S.heads = nil
@@ -660,6 +696,12 @@ repair = function()
     local name, raw = all[i], all[i + 1]
     if string.sub(name, 1, 6) == 'label:' then
       put(name, false)
+    elseif string.sub(name, 1, 2) == 's:' then
+      if not leases[name] or leases[name] >= 0 then
+        leases[name] = -(S.now + SESSION_MS)
+        redis.call('ZADD', LEASES, leases[name], name)
+      end
+      nt, keep[name] = nt + 1, true
     elseif string.sub(name, 1, 2) == 'r:' then
       local id = string.sub(name, 3)
       local r = parse(raw)
@@ -673,9 +715,7 @@ repair = function()
         set_slots(r.s, 1)
         used, nh, keep[id] = used + r.k, nh + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
-      elseif r and r.x and leases[id] then
-        nt, keep[id] = nt + 1, true
-      elseif r and not r.x and leases[id] and queued[id] then
+      elseif r and leases[id] and queued[id] then
         nq, keep[id] = nq + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
       else
@@ -732,8 +772,8 @@ end
 
 -- A new request (see lease_acquire.lua): its arguments are A[o + 1] .. A[o + 8] (id,
 -- capacity, units, lease ms, label, one per label, mode, waiter lease ms), its wake channel
--- `channel`.
-local function acquire_op(A, o, channel)
+-- `channel`, its sequence number in the caller's session `seq` (text).
+local function acquire_op(A, o, channel, seq)
   local id, cap, k, lease = A[o + 1], number(A[o + 2]), number(A[o + 3]), number(A[o + 4])
   local label, exclusive, mode = A[o + 5], A[o + 6] == '1', A[o + 7]
   local waiter_lease = number(A[o + 8])
@@ -742,10 +782,12 @@ local function acquire_op(A, o, channel)
   elseif k > MAX_UNITS then
     return { 'TOOMANY', MAX_UNITS }
   end
-  local mine = record(id)
-  if mine and mine.x then
+  if session_mark(S[S.sess], seq) == 'X' or stale(seq) then
+    -- A late copy of an enqueue that was withdrawn, or answered long ago: not applied.
     return { 'GONE' }
-  elseif mine then
+  end
+  local mine = record(id)
+  if mine then
     -- Resent: answer as the first attempt did, renewing what it got.
     add_lease(id, S.now + (mine.h and lease or waiter_lease))
     if mine.h then
@@ -790,27 +832,40 @@ local function acquire_op(A, o, channel)
   return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
 end
 
--- A release or withdrawal of `id` by the release attempt `attempt` (see lease_release.lua);
--- answers its outcome. Grants it makes to waiters on S.mine are collected in S.handed.
-local function release_op(id, attempt)
-  attempt = attempt or '' -- (a caller of an older version names none)
+-- A holder's release ("r") or a withdrawal ("w") of `id`, by the call numbered `seq` (text)
+-- in the caller's session (see lease_release.lua); answers its outcome. Grants it makes to
+-- waiters on S.mine are collected in S.handed.
+local OUTCOMES = { R = 'RELEASED', D = 'DEQUEUED' }
+local function release_op(id, seq, kind)
   if not S.cap then
     return 'NOTHELD'
   end
+  if kind == 'r' then
+    local done = OUTCOMES[session_mark(S[S.sess], seq)]
+    if done then
+      return done -- resent: answered as the first attempt was
+    elseif stale(seq) then
+      return 'NOTHELD'
+    end
+  end
   local r = record(id)
   local outcome = 'NOTHELD'
-  if r and r.x then
-    if attempt == '' or r.n == attempt then
-      outcome = r.x == 'D' and 'DEQUEUED' or 'RELEASED'
-    end
-  elseif r and r.h then
+  if r then
+    -- (The entry first: a foreign value at leases fails here, before anything is changed.)
+    call(LEASES, 'ZREM', LEASES, id)
+  end
+  if r and r.h then
     drop_holder(id, r)
-    bury(id, 'R', attempt)
     outcome = 'RELEASED'
   elseif r then
     drop_waiter(id, r)
-    bury(id, 'D', attempt)
     outcome = 'DEQUEUED'
+  end
+  if kind == 'r' and r then
+    mark(seq, r.h and 'R' or 'D')
+  elseif kind == 'w' and seq ~= '0' then
+    -- The enqueue numbered seq went unanswered: a late copy of it is refused.
+    mark(seq, 'X')
   end
   promote()
   return outcome
@@ -820,15 +875,17 @@ end
 -- release of such a grant with nobody queued, written straight to the keys: no field cache,
 -- no settle, no write-back loop. Each applies only where the general path (acquire_op,
 -- release_op) would do exactly the same commands: the state is of this layout with its
--- counters agreeing, nothing is due (no lease has ended, no tombstone waits to be pruned),
+-- counters agreeing, nothing is due (no lease has ended, no session record waits to be
+-- pruned), the caller's session has no mark for the call and does not find it stale,
 -- the keys carry no idle TTL, no label is involved. Otherwise it answers nil and the general
 -- path runs on the same read (load() takes S.read): nothing is read twice. Same replies,
 -- same records, same first touch of every key (a read, or a write that fails unchanged).
 
--- The state and the caller's record (the field `name`), as load() reads them, and the time.
+-- The state, the caller's record (the field `name`) and session record, as load() reads
+-- them, and the time.
 local function read_state(name)
   local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
-    'tnext', 'layout', name)
+    'tnext', 'layout', name, S.sess)
   S.read = r
   clock()
   return r
@@ -836,7 +893,7 @@ end
 
 -- Whether the state read (`r`) is one a fast path may take: of this layout with its
 -- counters agreeing, nobody queued, no idle TTL, nothing due (no lease ended: `next`, 0 =
--- unknown, is still ahead; no tombstone to prune), and with `room`, a unit free. The cheap
+-- unknown, is still ahead; no session record to prune), and with `room`, a unit free. The cheap
 -- tests come first: a contended call is turned away before any number is converted. Also
 -- the counters: capacity, units in use, holders, `next` and `tnext` (converted once).
 local function quiet(r, room)
@@ -861,6 +918,10 @@ local function fast_acquire(A, name)
   if r[12] or A[3] ~= '1' or A[5] ~= '' then
     return nil
   end
+  local raw = r[13]
+  if raw and (session_mark(raw, A[10]) or (tonumber(A[10]) or 0) < session_low(raw)) then
+    return nil
+  end
   local ok, cap, used, nh, next_end = quiet(r, true)
   local lease = number(A[4])
   if not (ok and cap == number(A[2]) and lease and number(A[8])) then
@@ -883,31 +944,33 @@ local function fast_acquire(A, name)
   return { 'GRANTED', token, slot }
 end
 
--- lease_release of a holder of one unit without a label, with nobody queued.
+-- lease_release of a holder of one unit without a label, with nobody queued, by a call
+-- whose session record needs no renewal. (A resend finds no record: the general path
+-- answers it from its mark.)
 local function fast_release(A, name)
-  local id, attempt = A[1], A[3]
+  if A[6] ~= 'r' then
+    return nil
+  end
   local r = read_state(name)
-  local ok, _, used, nh, _, tnext = quiet(r)
+  local ok, _, used, nh = quiet(r)
   local slot = ok and r[12] and match(r[12], '^h|%d+|1|%d+|%d+|(%d+)|$')
-  if not slot then
+  if not slot or (tonumber(A[3]) or 0) < session_low(r[13]) then
+    return nil
+  end
+  local session, renewed = session_put(r[13], S.low, A[3], 'R')
+  if renewed then
     return nil
   end
   call(SLOTS, 'SETBIT', SLOTS, slot, '0')
-  local forget = S.now + REMEMBER_MS
-  local entered = rpcall('ZADD', LEASES, digits(-forget), id)
-  if type(entered) == 'table' and entered.err then
+  local removed = rpcall('ZREM', LEASES, A[1])
+  if type(removed) == 'table' and removed.err then
     -- A foreign value at leases: the slot goes back to its holder, and nothing is changed.
     rcall('SETBIT', SLOTS, slot, '1')
-    error({ key = LEASES, cause = entered })
+    error({ key = LEASES, cause = removed })
   end
-  local tomb, nt = 'x|R|' .. (attempt or ''), count(r[8])
   used, nh = max(used - 1, 0), max(nh - 1, 0)
-  if tnext == 0 then
-    rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb,
-      'tnext', text(forget))
-  else
-    rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), 'nt', text(nt + 1), name, tomb)
-  end
+  rcall('HSET', STATE, 'used', text(used), 'nh', text(nh), S.sess, session)
+  rcall('HDEL', STATE, name)
   -- Idle now (no TTL yet: quiet() saw none): lease_tidy gives it one.
   return { 'RELEASED', used == 0 and 1 or 0 }
 end

@@ -127,6 +127,7 @@ mod observe;
 mod permits;
 mod retry;
 mod script;
+mod session;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;

@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     pub(crate) replica_acks: Option<ReplicaAcks>,
     /// The channel on which this client's queued requests are told they were granted.
     pub(crate) wake_channel: String,
+    /// The client's session: the sequence numbers of its retry-safe calls.
+    pub(crate) session: Arc<crate::session::Session>,
     notifier: OnceCell<Notifier>,
     /// Cancelled when the last handle goes: stops the pub/sub task.
     pub(crate) closed: CancellationToken,
@@ -153,6 +155,7 @@ impl Redsem {
                 conn,
                 pubsub_clients,
                 wake_channel,
+                session: crate::session::Session::new(),
                 prefix: options.prefix,
                 metric_names: options.metric_names,
                 replica_acks: options.replica_acks,
@@ -421,6 +424,11 @@ impl Redsem {
                 tracing::debug!(key = %key, error = %crate::error::Chain(&err), "could not give an idle semaphore its TTL");
             }
         });
+    }
+
+    /// The client's session ([`crate::session`]).
+    pub(crate) fn session(&self) -> &Arc<crate::session::Session> {
+        &self.shared.session
     }
 
     /// The command connection, carrying the replica acknowledgements the scripts' changes

@@ -21,7 +21,14 @@ impl Group for LeaseGroup {
     async fn send(&self, ops: Vec<BatchOp>) -> Result<Sent> {
         let mut conn = self.redsem.conn_acked_if(ops.iter().any(|op| op.acked));
         let shared = &self.redsem.shared;
-        let batch = script::lease_batch(&mut conn, &self.keys, &shared.wake_channel, &ops).await?;
+        let batch = script::lease_batch(
+            &mut conn,
+            &self.keys,
+            &shared.wake_channel,
+            &shared.session,
+            &ops,
+        )
+        .await?;
         self.redsem
             .after_release(&self.keys, &batch.handed, batch.idle)
             .await;

@@ -22,7 +22,7 @@ use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::observe::{Attempt, Meter, op_span};
 use crate::retry::retry_once;
-use crate::script::{self, Acquire, Release};
+use crate::script::{self, Acquire, Release, ReleaseBy};
 use crate::types::PermitId;
 use crate::wait::{self, Patience, Queue};
 use request::LeaseRequest;
@@ -426,7 +426,7 @@ impl LeaseSemaphore {
         span.record("id", id.as_str());
         match self
             .inner
-            .release(id.as_str(), false)
+            .release(id.as_str())
             .instrument(span)
             .await?
         {
@@ -566,48 +566,40 @@ impl LeaseSemaphore {
 }
 
 impl SemInner {
-    /// Release (or withdraw) `id`, sent once more if Redis could not be reached
-    /// ([`retry_once`]): a release whose reply was lost answers what it did.
-    ///
-    /// `holder`: the release of the permit's own holder ([`LeasePermit::release`]). It names
-    /// itself with an attempt id of its own, so that an id released already answers
-    /// [`Release::Released`] only to this release's resend, and [`Release::NotHeld`] when
-    /// another release (someone's [`LeaseSemaphore::release_id`]) took the permit from its
-    /// holder. Any other release (by id, of a dropped permit, a withdrawal) is answered by
-    /// whichever release made the tombstone, as a resend.
-    pub(crate) async fn release(&self, id: &str, holder: bool) -> Result<Release> {
-        let attempt = if holder {
-            PermitId::random()
-        } else {
-            PermitId::new("")
+    /// Release `id`, sent once more if Redis could not be reached ([`retry_once`]): a
+    /// release whose reply was lost answers what it did. It is one call of the client's
+    /// session ([`crate::session`]), so its resend answers [`Release::Released`] while an id
+    /// that another call released (someone's [`LeaseSemaphore::release_id`], the lease's end)
+    /// answers [`Release::NotHeld`].
+    pub(crate) async fn release(&self, id: &str) -> Result<Release> {
+        let session = self.redsem.session();
+        let seq = session.open();
+        let by = ReleaseBy::Holder {
+            session,
+            seq: seq.n(),
         };
         retry_once("release", || async {
             match &self.batcher {
                 Some(batcher) => {
-                    let op = script::BatchOp::release(id, attempt.as_str());
+                    let op = script::BatchOp::release(id, by);
                     let (reply, unconfirmed) = batcher.submit(op).await?;
                     script::batch_release(reply, unconfirmed)
                 }
-                None => {
-                    self.release_on(&mut self.redsem.conn(), id, attempt.as_str())
-                        .await
-                }
+                None => self.release_on(&mut self.redsem.conn(), id, by).await,
             }
         })
         .await
     }
 
-    /// One release of `id` on `conn` (with or without replica acknowledgements), as the
-    /// release attempt `attempt` ("" for one answered by any earlier release of `id`).
+    /// One release of `id` on `conn` (with or without replica acknowledgements), by `by`.
     async fn release_on(
         &self,
         conn: &mut impl crate::script::Scripting,
         id: &str,
-        attempt: &str,
+        by: ReleaseBy<'_>,
     ) -> Result<Release> {
         let shared = &self.redsem.shared;
-        let released =
-            script::lease_release(conn, &self.keys, id, &shared.wake_channel, attempt).await?;
+        let released = script::lease_release(conn, &self.keys, id, &shared.wake_channel, by).await?;
         self.redsem
             .after_release(&self.keys, &released.handed, released.idle)
             .await;
@@ -631,17 +623,21 @@ impl Queue for SemInner {
         &self.name
     }
 
-    async fn withdraw(&self, id: &str) -> Result<()> {
+    async fn withdraw(&self, id: &str, enqueue: Option<u64>) -> Result<()> {
+        let by = ReleaseBy::Withdrawal {
+            session: self.redsem.session(),
+            enqueue,
+        };
         retry_once("withdraw", || async {
             match &self.batcher {
                 // After the acquire it withdraws, which may still wait in the batcher. (A
                 // withdrawal needs no acknowledgement: see `conn_unacked`.)
                 Some(batcher) => {
-                    let (reply, _) = batcher.submit(script::BatchOp::withdraw(id)).await?;
+                    let (reply, _) = batcher.submit(script::BatchOp::release(id, by)).await?;
                     script::batch_release(reply, None)
                 }
                 None => {
-                    self.release_on(&mut self.redsem.conn_unacked(), id, "")
+                    self.release_on(&mut self.redsem.conn_unacked(), id, by)
                         .await
                 }
             }

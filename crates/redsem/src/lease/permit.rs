@@ -393,7 +393,7 @@ impl LeasePermit {
         let released = self
             .state
             .sem
-            .release(self.state.id.as_str(), true)
+            .release(self.state.id.as_str())
             .instrument(span.clone())
             .await;
         span.record(
@@ -457,7 +457,7 @@ impl LeasePermit {
         let redsem = state.sem.redsem.clone();
         let span = tracing::info_span!(parent: &state.span, "redsem.release", dropped = true);
         redsem.spawn_cleanup(async move {
-            if let Err(err) = state.sem.release(state.id.as_str(), false).instrument(span).await {
+            if let Err(err) = state.sem.release(state.id.as_str()).instrument(span).await {
                 tracing::warn!(semaphore = %state.sem.name, id = %state.id, error = %crate::error::Chain(&err),
                         "could not release a dropped permit; its lease will end by itself");
             }

@@ -53,7 +53,7 @@ impl wait::Request for LeaseRequest<'_> {
         self.sem.inner.options.waiter_lease
     }
 
-    async fn enqueue(&self, id: &str, wait: bool) -> Result<Answer<LeaseGrant>> {
+    async fn enqueue(&self, id: &str, seq: u64, wait: bool) -> Result<Answer<LeaseGrant>> {
         let inner = &self.sem.inner;
         let options = &inner.options;
         let req = Request {
@@ -66,6 +66,8 @@ impl wait::Request for LeaseRequest<'_> {
             wait,
             waiter_lease: options.waiter_lease,
             channel: &inner.redsem.shared.wake_channel,
+            session: inner.redsem.session(),
+            seq,
         };
         let send = || async {
             match &inner.batcher {

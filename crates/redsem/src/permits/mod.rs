@@ -586,7 +586,7 @@ impl Queue for PermitInner {
         &self.name
     }
 
-    async fn withdraw(&self, id: &str) -> Result<()> {
+    async fn withdraw(&self, id: &str, _enqueue: Option<u64>) -> Result<()> {
         match &self.batcher {
             // After the acquire it withdraws, which may still wait in the batcher.
             Some(batcher) => {

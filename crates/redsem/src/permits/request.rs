@@ -47,7 +47,7 @@ impl wait::Request for PermitRequest<'_> {
         self.sem.inner.options.waiter_lease
     }
 
-    async fn enqueue(&self, id: &str, wait: bool) -> Result<Answer<()>> {
+    async fn enqueue(&self, id: &str, _seq: u64, wait: bool) -> Result<Answer<()>> {
         let inner = &self.sem.inner;
         let lease = inner.options.waiter_lease;
         let reply = retry_once("acquire", || async {

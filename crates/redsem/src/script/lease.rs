@@ -13,6 +13,7 @@ use super::library::{
 use super::reply::{Reply, confirmed, millis};
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
+use crate::session::Session;
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +87,34 @@ pub(crate) struct Request<'a> {
     pub(crate) wait: bool,
     pub(crate) waiter_lease: Duration,
     pub(crate) channel: &'a str,
+    /// The caller's session, and this call's number in it ([`crate::session`]).
+    pub(crate) session: &'a Session,
+    pub(crate) seq: u64,
+}
+
+/// Who releases an id, as `lease_release` takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ReleaseBy<'a> {
+    /// A release of a permit, the call numbered `seq` in `session`: its resend answers as it
+    /// did, while a release of an id that another call released answers
+    /// [`Release::NotHeld`].
+    Holder { session: &'a Session, seq: u64 },
+    /// A withdrawal of a request (a cancelled acquire), with the number of its enqueue if that
+    /// went unanswered: a late copy of the enqueue is then refused.
+    Withdrawal {
+        session: &'a Session,
+        enqueue: Option<u64>,
+    },
+}
+
+impl<'a> ReleaseBy<'a> {
+    /// The session, the kind ("r" or "w") and the sequence number as the scripts take them.
+    fn parts(self) -> (&'a Session, &'static str, u64) {
+        match self {
+            ReleaseBy::Holder { session, seq } => (session, "r", seq),
+            ReleaseBy::Withdrawal { session, enqueue } => (session, "w", enqueue.unwrap_or(0)),
+        }
+    }
 }
 
 pub(crate) async fn lease_acquire(
@@ -104,6 +133,9 @@ pub(crate) async fn lease_acquire(
         .arg(if req.wait { "wait" } else { "try" })
         .arg(millis(req.waiter_lease))
         .arg(req.channel)
+        .arg(req.seq)
+        .arg(req.session.id())
+        .arg(req.session.low())
         .invoke_acked(conn)
         .await?;
     lease_granted("lease_acquire", acked)
@@ -161,20 +193,24 @@ pub(crate) async fn lease_refresh(
 }
 
 /// Release (or withdraw) `id`; `channel` is the caller's wake channel, whose grants come back
-/// in the reply. `attempt` names this release: its resend (the same `attempt`) answers as
-/// it did, any other release of `id` afterwards answers [`Release::NotHeld`].
+/// in the reply. `by` says who: a holder's release resent answers as it did, any other
+/// release of `id` afterwards answers [`Release::NotHeld`].
 pub(crate) async fn lease_release(
     conn: &mut impl Scripting,
     keys: &LeaseKeys,
     id: &str,
     channel: &str,
-    attempt: &str,
+    by: ReleaseBy<'_>,
 ) -> Result<Released> {
+    let (session, kind, seq) = by.parts();
     let acked = LEASE_RELEASE
         .key(&keys.all[..])
         .arg(id)
         .arg(channel)
-        .arg(attempt)
+        .arg(seq)
+        .arg(session.id())
+        .arg(session.low())
+        .arg(kind)
         .invoke_acked(conn)
         .await?;
     let released = decode_release(acked.reply)?;
@@ -230,27 +266,22 @@ impl BatchOp {
                 b"try".to_vec()
             },
             millis(req.waiter_lease).to_string().into_bytes(),
+            req.seq.to_string().into_bytes(),
         ];
         BatchOp { args, acked: true }
     }
 
-    /// A release of `id` by the release attempt `attempt`.
-    pub(crate) fn release(id: &str, attempt: &str) -> BatchOp {
+    /// A release of `id` (the session is the batch's: the same client's).
+    pub(crate) fn release(id: &str, by: ReleaseBy<'_>) -> BatchOp {
+        let (_, kind, seq) = by.parts();
         BatchOp {
             args: vec![
-                b"r".to_vec(),
+                kind.as_bytes().to_vec(),
                 id.as_bytes().to_vec(),
-                attempt.as_bytes().to_vec(),
+                seq.to_string().into_bytes(),
             ],
-            acked: true,
-        }
-    }
-
-    /// A withdrawal of the request `id` (a release naming no attempt, unacknowledged).
-    pub(crate) fn withdraw(id: &str) -> BatchOp {
-        BatchOp {
-            acked: false,
-            ..BatchOp::release(id, "")
+            // A withdrawal needs no acknowledgement: see `Redsem::conn_unacked`.
+            acked: kind == "r",
         }
     }
 }
@@ -266,17 +297,23 @@ pub(crate) struct BatchReply {
     pub(crate) unconfirmed: Option<crate::error::Error>,
 }
 
-/// Apply `ops` in order in one call (`lease_batch`); `channel` is the caller's wake channel.
+/// Apply `ops` in order in one call (`lease_batch`); `channel` is the caller's wake channel,
+/// `session` its session (every operation's number is in it).
 pub(crate) async fn lease_batch(
     conn: &mut impl Scripting,
     keys: &LeaseKeys,
     channel: &str,
+    session: &Session,
     ops: &[BatchOp],
 ) -> Result<BatchReply> {
     if let [op] = ops {
-        return lease_single(conn, keys, channel, op).await;
+        return lease_single(conn, keys, channel, session, op).await;
     }
-    let mut call = LEASE_BATCH.key(&keys.all[..]).arg(channel);
+    let mut call = LEASE_BATCH
+        .key(&keys.all[..])
+        .arg(channel)
+        .arg(session.id())
+        .arg(session.low());
     for op in ops {
         for arg in &op.args {
             call = call.arg(&arg[..]);
@@ -324,22 +361,31 @@ async fn lease_single(
     conn: &mut impl Scripting,
     keys: &LeaseKeys,
     channel: &str,
+    session: &Session,
     op: &BatchOp,
 ) -> Result<BatchReply> {
     let call = match op.args.first().map(Vec::as_slice) {
-        // "a", then the arguments of lease_acquire but its channel.
-        Some(b"a") => op.args[1..]
+        // "a", then the arguments of lease_acquire up to its channel, the channel, the
+        // sequence number and the session's.
+        Some(b"a") if op.args.len() == 10 => op.args[1..9]
             .iter()
             .fold(LEASE_ACQUIRE.key(&keys.all[..]), |call, arg| {
                 call.arg(&arg[..])
             })
-            .arg(channel),
-        // "r", id, attempt: lease_release takes id, channel, attempt.
-        Some(b"r") if op.args.len() == 3 => LEASE_RELEASE
+            .arg(channel)
+            .arg(&op.args[9][..])
+            .arg(session.id())
+            .arg(session.low()),
+        // "r" | "w", id, number: lease_release takes id, channel, number, session, low
+        // mark, kind.
+        Some(kind @ (b"r" | b"w")) if op.args.len() == 3 => LEASE_RELEASE
             .key(&keys.all[..])
             .arg(&op.args[1][..])
             .arg(channel)
-            .arg(&op.args[2][..]),
+            .arg(&op.args[2][..])
+            .arg(session.id())
+            .arg(session.low())
+            .arg(kind),
         _ => {
             return Err(Error::Protocol {
                 script: "lease_batch",

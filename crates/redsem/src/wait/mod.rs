@@ -62,10 +62,12 @@ pub(crate) trait Request: Sync {
     /// How long the server keeps a place without a check-in.
     fn waiter_lease(&self) -> Duration;
 
-    /// Enqueue request `id` (`wait` false: try once, never queue). Idempotent per id.
+    /// Enqueue request `id` (`wait` false: try once, never queue), the call numbered `seq` in
+    /// the client's session ([`crate::session`]). Idempotent per id.
     fn enqueue(
         &self,
         id: &str,
+        seq: u64,
         wait: bool,
     ) -> impl Future<Output = Result<Answer<Self::Grant>>> + Send;
 
@@ -138,13 +140,20 @@ pub(crate) async fn acquire<R: Request>(
             Some(notifier) => Some(notifier.register(id.as_str()).await),
             None => None,
         };
-        let mut withdraw = Withdraw::new(queue.clone(), id.clone());
+        // The enqueue's number stays open until it is answered; a withdrawal before that
+        // names it, so that a late copy of the enqueue is refused.
+        let seq = queue.redsem().session().open();
+        let mut withdraw = Withdraw::new(queue.clone(), id.clone(), seq.n());
         // A queued request rides out an outage (below); a try does not.
         let window = if wait { waiter_lease } else { Duration::ZERO };
         let first = check_in(clock::now(), window, deadline, || {
-            request.enqueue(id.as_str(), wait)
+            request.enqueue(id.as_str(), seq.n(), wait)
         })
         .await;
+        if first.is_ok() {
+            withdraw.answered();
+        }
+        drop(seq);
         let (mut answer, mut sent) = match first {
             Ok(answered) => answered,
             Err(err) => return Err(failed(&mut withdraw, err).await),

@@ -21,10 +21,11 @@ const WITHDRAW_PATIENCE: Duration = Duration::from_secs(30);
 pub(crate) trait Queue: Send + Sync + 'static {
     fn redsem(&self) -> &Redsem;
     fn name(&self) -> &str;
-    /// Withdraw request `id`, giving back what was granted to it. Sends no replica
-    /// acknowledgement (`RedsemOptions::replica_acks`): a withdrawal a failover loses leaves
-    /// what it undoes to its own lease.
-    fn withdraw(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Withdraw request `id`, giving back what was granted to it; `enqueue` is the number of
+    /// its enqueue in the client's session if that went unanswered (a late copy of it must
+    /// then be refused). Sends no replica acknowledgement (`RedsemOptions::replica_acks`): a
+    /// withdrawal a failover loses leaves what it undoes to its own lease.
+    fn withdraw(&self, id: &str, enqueue: Option<u64>) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Withdraws request `id` unless disarmed: awaited with [`Withdraw::now`], or in the
@@ -32,14 +33,23 @@ pub(crate) trait Queue: Send + Sync + 'static {
 pub(crate) struct Withdraw<Q: Queue> {
     queue: Option<Arc<Q>>,
     id: PermitId,
+    /// The number of the request's enqueue until that is answered.
+    enqueue: Option<u64>,
 }
 
 impl<Q: Queue> Withdraw<Q> {
-    pub(crate) fn new(queue: Arc<Q>, id: PermitId) -> Self {
+    /// Armed for request `id`, whose enqueue is numbered `enqueue` and not answered yet.
+    pub(crate) fn new(queue: Arc<Q>, id: PermitId, enqueue: u64) -> Self {
         Withdraw {
             queue: Some(queue),
             id,
+            enqueue: Some(enqueue),
         }
+    }
+
+    /// The enqueue was answered: a withdrawal need not name it.
+    pub(crate) fn answered(&mut self) {
+        self.enqueue = None;
     }
 
     /// The request was granted and collected: nothing to withdraw.
@@ -54,7 +64,7 @@ impl<Q: Queue> Withdraw<Q> {
         let Some(queue) = &self.queue else {
             return Ok(());
         };
-        queue.withdraw(self.id.as_str()).await?;
+        queue.withdraw(self.id.as_str(), self.enqueue).await?;
         self.queue = None;
         Ok(())
     }
@@ -65,10 +75,11 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let Some(queue) = self.queue.take() else {
             return;
         };
-        let id = self.id.clone();
+        let (id, enqueue) = (self.id.clone(), self.enqueue);
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
-            let withdrawn = until_reached(WITHDRAW_PATIENCE, || queue.withdraw(id.as_str())).await;
+            let withdrawn =
+                until_reached(WITHDRAW_PATIENCE, || queue.withdraw(id.as_str(), enqueue)).await;
             if let Err(err) = withdrawn {
                 tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
                     "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");

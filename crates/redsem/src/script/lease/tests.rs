@@ -17,6 +17,31 @@ fn keys() -> LeaseKeys {
     LeaseKeys::new("t", "s")
 }
 
+/// The session every call of these tests is made in (its low mark stays 1: it never opens a
+/// number itself, the calls name theirs).
+fn session() -> &'static Session {
+    static SESSION: std::sync::LazyLock<std::sync::Arc<Session>> =
+        std::sync::LazyLock::new(Session::new);
+    &SESSION
+}
+
+/// A number of the test session that is the same for the same `name` (so that a call made
+/// again under it is a resend).
+fn number(name: &str) -> u64 {
+    name.bytes()
+        .fold(1_469_598_103u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1_099_511))
+        % 1_000_000_000
+        + 1
+}
+
+/// A holder's release numbered after `name` in the test session.
+fn by(name: &str) -> ReleaseBy<'static> {
+    ReleaseBy::Holder {
+        session: session(),
+        seq: number(name),
+    }
+}
+
 fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Request<'a> {
     Request {
         id,
@@ -28,6 +53,8 @@ fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Request<'a> {
         wait,
         waiter_lease: Duration::from_secs(30),
         channel: CHANNEL,
+        session: session(),
+        seq: number(id),
     }
 }
 
@@ -38,10 +65,9 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
 }
 
 /// `lease_release` from a client whose channel is not [`CHANNEL`], so grants to waiters on
-/// it are published; the release attempt is named after `id`, so calling it again is a
-/// resend.
+/// it are published; the release is numbered after `id`, so calling it again is a resend.
 async fn release(conn: &mut impl Scripting, keys: &LeaseKeys, id: &str) -> Result<Release> {
-    lease_release(conn, keys, id, "t:wake:another", &format!("attempt-{id}"))
+    lease_release(conn, keys, id, "t:wake:another", by(&format!("release {id}")))
         .await
         .map(|r| r.outcome)
 }
@@ -233,18 +259,22 @@ async fn release_withdraws_waiters_and_reports_not_held() {
         release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
-    // A holder's release (another named attempt) of an id released or withdrawn by someone
-    // else did not release it: not held. A release without an attempt (by id) is answered
-    // as the tombstone's.
-    for (id, by_id) in [("a", Release::Released), ("b", Release::Dequeued)] {
-        let other = lease_release(&mut conn, &k, id, "t:wake:another", "another attempt")
+    // A release of an id released or withdrawn by another call (a holder's release after a
+    // release by id, by the same client or another) did not release it: not held.
+    let elsewhere = Session::new();
+    for id in ["a", "b"] {
+        let other = lease_release(&mut conn, &k, id, "t:wake:another", by("another call"))
             .await
             .expect("release");
         assert_eq!(other.outcome, Release::NotHeld, "{id}");
-        let any = lease_release(&mut conn, &k, id, "t:wake:another", "")
+        let foreign = ReleaseBy::Holder {
+            session: &elsewhere,
+            seq: number(&format!("release {id}")),
+        };
+        let other = lease_release(&mut conn, &k, id, "t:wake:another", foreign)
             .await
             .expect("release");
-        assert_eq!(any.outcome, by_id, "{id}");
+        assert_eq!(other.outcome, Release::NotHeld, "{id}, the same number in another session");
     }
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 0);
@@ -457,7 +487,7 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
             "{key} is live and must not expire: {ttl}"
         );
     }
-    let released = lease_release(&mut conn, &k, "a", "t:wake:another", "1")
+    let released = lease_release(&mut conn, &k, "a", "t:wake:another", by("1"))
         .await
         .expect("release");
     assert!(released.idle, "the release left it idle");
@@ -469,13 +499,13 @@ async fn live_keys_carry_no_ttl_and_idle_ones_expire_and_tokens_survive_their_lo
     let ttl: i64 = conn.pttl(&k.all[2]).await.expect("pttl");
     assert_eq!(ttl, -1, "live again: no TTL");
     assert!(
-        lease_release(&mut conn, &k, "again", "t:wake:another", "2")
+        lease_release(&mut conn, &k, "again", "t:wake:another", by("2"))
             .await
             .expect("release")
             .idle
     );
     lease_tidy(&mut conn, &k).await.expect("tidy");
-    // Idle: the state and the tombstone of "a" expire within the hour, the bitmap is gone.
+    // Idle: the state and the session record expire within the hour, the bitmap is gone.
     for key in [&k.all[0], &k.all[2]] {
         let ttl: i64 = conn.pttl(key).await.expect("pttl");
         assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{key}: {ttl}");
@@ -714,13 +744,36 @@ async fn a_resent_acquire_or_release_is_applied_once() {
             Release::Released
         );
     }
-    // b got both units once; a resent acquire of a released id does not grant again.
+    // b got both units once.
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!((status.in_use, status.holders.len()), (2, 1));
-    assert_eq!(
-        acquire(&mut conn, req("a", 2, 1, false)).await,
-        Acquire::Gone
-    );
+    for id in ["b"] {
+        release(&mut conn, &k, id).await.expect("release");
+    }
+
+    // A late copy of an acquire that its client had the answer to (its number below the
+    // session's low mark, which the client's release after it carried) grants nothing.
+    let own = Session::new();
+    let enqueue = own.open();
+    let c = Request {
+        session: &own,
+        seq: enqueue.n(),
+        ..req("c", 2, 1, false)
+    };
+    granted(acquire(&mut conn, c).await);
+    drop(enqueue);
+    let seq = own.open();
+    let by = ReleaseBy::Holder {
+        session: &own,
+        seq: seq.n(),
+    };
+    let released = lease_release(&mut conn, &k, "c", "t:wake:another", by)
+        .await
+        .expect("release");
+    assert_eq!(released.outcome, Release::Released);
+    assert_eq!(acquire(&mut conn, c).await, Acquire::Gone);
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 0, "{status:?}");
 }
 
 #[tokio::test]
@@ -832,8 +885,10 @@ async fn commands_run(conn: &mut MultiplexedConnection) -> u64 {
 }
 
 #[tokio::test]
-async fn an_uncontended_cycle_runs_at_most_ten_commands_inside_the_scripts() {
-    // Issue 10: 18 commands per try_acquire + release before.
+async fn an_uncontended_cycle_runs_at_most_eleven_commands_inside_the_scripts() {
+    // Issue 10: 18 commands per try_acquire + release before, 10 with tombstones. Issue 27:
+    // the release removes its record (HDEL) and its lease entry (ZREM) and marks the session
+    // in the counters' HSET, where a tombstone overwrote the record and the entry: one more.
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
@@ -856,7 +911,7 @@ async fn an_uncontended_cycle_runs_at_most_ten_commands_inside_the_scripts() {
     }
     let per_cycle = commands_run(&mut conn).await as f64 / f64::from(cycles);
     println!("commands inside the scripts per uncontended cycle: {per_cycle}");
-    assert!(per_cycle <= 10.0, "{per_cycle} commands per cycle");
+    assert!(per_cycle <= 11.0, "{per_cycle} commands per cycle");
 }
 
 #[tokio::test]
@@ -875,7 +930,7 @@ async fn a_release_hands_grants_for_its_own_waiters_back_instead_of_publishing()
         .await
         .expect("RESETSTAT");
     // The release comes from b's own client (its channel is CHANNEL).
-    let released = lease_release(&mut conn, &k, "a", CHANNEL, "1")
+    let released = lease_release(&mut conn, &k, "a", CHANNEL, by("1"))
         .await
         .expect("release");
     assert_eq!(released.outcome, Release::Released);
@@ -957,7 +1012,7 @@ async fn a_grant_woken_by_message_is_unclaimed_until_the_waiter_checks_in() {
     assert!(left(&status, "live").expect("live") > 20_000, "{status:?}");
     assert_eq!(status.in_use, 1);
     // Released by the process of "local" (its channel): handed back and claimed at once.
-    let released = lease_release(&mut conn, &k, "live", CHANNEL, "1")
+    let released = lease_release(&mut conn, &k, "live", CHANNEL, by("1"))
         .await
         .expect("release");
     assert_eq!(released.handed.len(), 1, "{released:?}");
@@ -969,27 +1024,47 @@ async fn a_grant_woken_by_message_is_unclaimed_until_the_waiter_checks_in() {
 }
 
 #[tokio::test]
-async fn tombstones_are_dropped_in_a_batch_once_their_minute_is_over() {
+async fn releases_leave_one_session_record_which_goes_once_it_expired() {
+    // Issue 27: a release leaves no tombstone; its client's session record keeps the mark of
+    // each release at or above the low mark, and is dropped once it expired.
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
-    for id in ["a", "b", "c"] {
+    let sessions = [Session::new(), Session::new()];
+    let mut numbers = Vec::new();
+    for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
         granted(acquire(&mut conn, req(id, 5, 1, false)).await);
-        release(&mut conn, &k, id).await.expect("release");
+        let seq = sessions[i % 2].open();
+        let by = ReleaseBy::Holder {
+            session: &sessions[i % 2],
+            seq: seq.n(),
+        };
+        let released = lease_release(&mut conn, &k, id, "t:wake:another", by)
+            .await
+            .expect("release");
+        assert_eq!(released.outcome, Release::Released, "{id}");
+        numbers.push(seq);
     }
-    let tombstones: Vec<(String, f64)> = conn
+    let entries: Vec<(String, f64)> = conn
         .zrangebyscore_withscores(&k.all[0], "-inf", "(0")
         .await
         .expect("zrange");
-    assert_eq!(
-        tombstones.len(),
-        3,
-        "one per release, negative: {tombstones:?}"
-    );
-    // Age them past their minute (and the batching lag).
+    let mut names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
+    names.sort();
+    let mut want: Vec<String> = sessions.iter().map(|s| format!("s:{}", s.id())).collect();
+    want.sort();
+    assert_eq!(names, want, "one entry per session, negative: {entries:?}");
+    for id in ["a", "b", "c", "d"] {
+        let record: Option<String> = conn.hget(&k.all[2], format!("r:{id}")).await.expect("hget");
+        assert_eq!(record, None, "{id} leaves no record");
+    }
+    let nt: String = conn.hget(&k.all[2], "nt").await.expect("hget");
+    assert_eq!(nt, "2", "session records counted");
+
+    // Their expiry passed (and the batching lag): any script drops them.
     let old = -((server_micros(&mut conn).await / 1000) as f64) + 10_000.0;
-    for (id, _) in &tombstones {
-        let () = conn.zadd(&k.all[0], id, old).await.expect("zadd");
+    for (name, _) in &entries {
+        let () = conn.zadd(&k.all[0], name, old).await.expect("zadd");
     }
     let () = conn
         .hset(&k.all[2], "tnext", -old as i64)
@@ -1000,12 +1075,78 @@ async fn tombstones_are_dropped_in_a_batch_once_their_minute_is_over() {
         .expect("status (any script prunes)");
     let left: usize = conn.zcard(&k.all[0]).await.expect("zcard");
     assert_eq!(left, 0);
-    for id in ["a", "b", "c"] {
-        let record: Option<String> = conn.hget(&k.all[2], format!("r:{id}")).await.expect("hget");
-        assert_eq!(record, None, "{id}");
+    for name in &names {
+        let record: Option<String> = conn.hget(&k.all[2], name).await.expect("hget");
+        assert_eq!(record, None, "{name}");
     }
     let nt: String = conn.hget(&k.all[2], "nt").await.expect("hget");
     assert_eq!(nt, "0");
+}
+
+#[tokio::test]
+async fn a_session_record_keeps_the_marks_of_calls_in_flight_only() {
+    // Issue 27: the marks below the low mark go with the next write of the record, so it holds
+    // what the client has in flight, however many releases it made.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let own = Session::new();
+    let pinned = own.open(); // a call still in flight: the low mark stays at it
+    let mut last = None;
+    for i in 0..50 {
+        let id = format!("p{i}");
+        granted(acquire(&mut conn, req(&id, 2, 1, false)).await);
+        let seq = own.open();
+        let by = ReleaseBy::Holder {
+            session: &own,
+            seq: seq.n(),
+        };
+        let released = lease_release(&mut conn, &k, &id, "t:wake:another", by)
+            .await
+            .expect("release");
+        assert_eq!(released.outcome, Release::Released);
+        last = Some(seq.n());
+    }
+    let field = format!("s:{}", own.id());
+    let record: String = conn.hget(&k.all[2], &field).await.expect("hget");
+    assert_eq!(
+        record.matches('=').count(),
+        50,
+        "the low mark is held at {}: every mark kept: {record}",
+        pinned.n()
+    );
+    drop(pinned);
+    granted(acquire(&mut conn, req("q", 2, 1, false)).await);
+    let seq = own.open();
+    let by = ReleaseBy::Holder {
+        session: &own,
+        seq: seq.n(),
+    };
+    lease_release(&mut conn, &k, "q", "t:wake:another", by)
+        .await
+        .expect("release");
+    let record: String = conn.hget(&k.all[2], &field).await.expect("hget");
+    assert_eq!(
+        record.matches('=').count(),
+        1,
+        "only the release in flight is marked: {record}"
+    );
+    assert!(
+        record.starts_with(&format!("{}|", seq.n())),
+        "the low mark is the release in flight: {record}"
+    );
+    // A late copy of a release below the low mark changes nothing and is not held.
+    let stale = ReleaseBy::Holder {
+        session: &own,
+        seq: last.expect("released"),
+    };
+    granted(acquire(&mut conn, req("r", 2, 1, false)).await);
+    let late = lease_release(&mut conn, &k, "r", "t:wake:another", stale)
+        .await
+        .expect("release");
+    assert_eq!(late.outcome, Release::NotHeld, "stale: not applied");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.holders.len(), 1, "r still holds: {status:?}");
 }
 
 #[tokio::test]
@@ -1039,7 +1180,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     // The keys of an idle semaphore carry a TTL: the next grant takes it off.
     granted(acquire(&mut conn, req("a", 2, 1, false)).await);
     assert!(
-        lease_release(&mut conn, &k, "a", "t:wake:another", "1")
+        lease_release(&mut conn, &k, "a", "t:wake:another", by("1"))
             .await
             .expect("release")
             .idle
@@ -1068,18 +1209,28 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
         .expect("hmget");
     assert_eq!((used.as_str(), b), ("1", None), "b's lease had ended");
 
-    // Tombstones past their minute: a release prunes them.
-    let old = server_millis(&mut conn).await - 70_000;
-    let () = conn.zadd(&k.all[0], "a", -old).await.expect("zadd");
+    // A session record past its expiry: a release prunes it.
+    let old = server_millis(&mut conn).await - 700_000;
+    let () = conn.zadd(&k.all[0], "s:old", -old).await.expect("zadd");
+    let () = conn.hset(&k.all[2], "s:old", "1|1|").await.expect("hset");
+    let () = conn.hincr(&k.all[2], "nt", 1).await.expect("hincr");
     let () = conn.hset(&k.all[2], "tnext", old).await.expect("hset");
     assert_eq!(
         release(&mut conn, &k, "c").await.expect("release"),
         Release::Released
     );
-    let record: Option<String> = conn.hget(&k.all[2], "r:a").await.expect("hget");
-    assert_eq!(record, None, "a's tombstone was pruned");
+    let record: Option<String> = conn.hget(&k.all[2], "s:old").await.expect("hget");
+    assert_eq!(record, None, "the expired session record was pruned");
     let released: Option<String> = conn.hget(&k.all[2], "r:c").await.expect("hget");
-    assert_eq!(released.as_deref(), Some("x|R|attempt-c"), "c's tombstone");
+    assert_eq!(released, None, "c leaves no record");
+    let own: String = conn
+        .hget(&k.all[2], format!("s:{}", session().id()))
+        .await
+        .expect("hget");
+    assert!(
+        own.contains(&format!(",{}=R", number("release c"))),
+        "c's release is marked: {own}"
+    );
 }
 
 #[tokio::test]
@@ -1108,12 +1259,12 @@ async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
     // it, must wait although one unit would do.
     let w5 = req("w5", 3, 1, true);
     let ops = [
-        BatchOp::release("h1", "a1"),
-        BatchOp::release("h2", "a2"),
-        BatchOp::release("h3", "a3"),
+        BatchOp::release("h1", by("a1")),
+        BatchOp::release("h2", by("a2")),
+        BatchOp::release("h3", by("a3")),
         BatchOp::acquire(&w5),
     ];
-    let batch = lease_batch(&mut conn, &k, CHANNEL, &ops)
+    let batch = lease_batch(&mut conn, &k, CHANNEL, session(), &ops)
         .await
         .expect("batch");
     assert_eq!(ids(&batch.handed), ["w1", "w2"], "in queue order");
@@ -1124,12 +1275,16 @@ async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
     );
 
     // w1 leaves: w3. w4 (now the next head) is withdrawn, then w2's two units go to w5.
+    let withdrawal = ReleaseBy::Withdrawal {
+        session: session(),
+        enqueue: None,
+    };
     let ops = [
-        BatchOp::release("w1", "b1"),
-        BatchOp::withdraw("w4"),
-        BatchOp::release("w2", "b2"),
+        BatchOp::release("w1", by("b1")),
+        BatchOp::release("w4", withdrawal),
+        BatchOp::release("w2", by("b2")),
     ];
-    let batch = lease_batch(&mut conn, &k, CHANNEL, &ops)
+    let batch = lease_batch(&mut conn, &k, CHANNEL, session(), &ops)
         .await
         .expect("batch");
     assert_eq!(ids(&batch.handed), ["w3", "w5"], "in queue order");
@@ -1156,7 +1311,7 @@ async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
 #[tokio::test]
 async fn a_release_meeting_a_foreign_lease_key_takes_nothing_from_its_holder() {
     // The uncontended release (fast_release) clears the holder's slot bit before it writes
-    // the tombstone to leases. If leases holds a foreign value there, the bit goes back: the
+    // its entry from leases. If leases holds a foreign value there, the bit goes back: the
     // slot must not be handed to someone else while the holder's record still names it.
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
@@ -1194,7 +1349,7 @@ async fn a_release_meeting_a_foreign_lease_key_takes_nothing_from_its_holder() {
     assert_ne!(other, held, "a slot of its own");
 }
 
-/// The score of `id` in the leases zset (its lease end, or minus a tombstone's forget-at).
+/// The score of `id` in the leases zset (its lease end, or minus a session record's expiry).
 async fn lease_score(conn: &mut MultiplexedConnection, id: &str) -> Option<i64> {
     let score: Option<f64> = conn.zscore(&keys().all[0], id).await.expect("ZSCORE");
     #[allow(clippy::cast_possible_truncation)]
@@ -1292,26 +1447,12 @@ async fn every_lease_end_a_script_stores_is_its_redis_time_plus_the_lease_to_the
         "a refresh",
     )
     .await;
-    // Released with a waiter behind it (the general path): a tombstone for a minute.
-    assert_stored_from_now(
-        &mut conn,
-        |mut c| async move { release(&mut c, &keys(), "a").await.expect("release") },
-        "a",
-        -1,
-        60_000,
-        "a tombstone",
-    )
-    .await;
-    // Released with nobody queued (the fast path): its tombstone too.
-    assert_stored_from_now(
-        &mut conn,
-        |mut c| async move { release(&mut c, &keys(), "w").await.expect("release") },
-        "w",
-        -1,
-        60_000,
-        "a fast release's tombstone",
-    )
-    .await;
+    // Released with a waiter behind it (the general path), and with nobody queued (the fast
+    // path): no entry is left.
+    for id in ["a", "w"] {
+        release(&mut conn, &keys(), id).await.expect("release");
+        assert_eq!(lease_score(&mut conn, id).await, None, "{id}");
+    }
 }
 
 #[tokio::test]
@@ -1326,7 +1467,7 @@ async fn a_state_of_another_layout_is_refused_and_left_alone() {
         Err(Error::Incompatible { key, found, ours }) => {
             assert_eq!(
                 (key.as_str(), found.as_str(), ours.as_str()),
-                (k.all[2].as_str(), "9", "1")
+                (k.all[2].as_str(), "9", "2")
             );
         }
         other => panic!("expected Incompatible, got {other:?}"),
@@ -1388,7 +1529,7 @@ async fn a_repair_rebuilds_exactly_the_counters_labels_and_entries_the_scripts_k
         .expect("zrange");
     let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
 
-    // Counters that disagree (no unit in use by 5 holders, 7 tombstones for 1), a holder's
+    // Counters that disagree (no unit in use by 5 holders, 7 session records for 1), a holder's
     // lease entry lost, and entries without a record in both zsets.
     let () = conn
         .hset_multiple(&k.all[2], &[("used", "0"), ("nh", "5"), ("nt", "7")])
@@ -1430,10 +1571,10 @@ async fn a_queue_entry_that_is_no_longer_a_waiter_is_dropped_when_it_reaches_the
     release(&mut conn, &k, "gone").await.expect("release");
     granted(acquire(&mut conn, req("a", 1, 1, true)).await);
     acquire(&mut conn, req("w", 1, 1, true)).await;
-    // The tombstoned id back in the queue ahead of w (its ticket lower), counted as waiting.
+    // The released id back in the queue ahead of w (its ticket lower), counted as waiting.
     let () = conn.zadd(&k.all[1], "gone", 0).await.expect("zadd");
     let () = conn.hset(&k.all[2], "qlen", "2").await.expect("hset");
-    let released = lease_release(&mut conn, &k, "a", CHANNEL, "1")
+    let released = lease_release(&mut conn, &k, "a", CHANNEL, by("1"))
         .await
         .expect("release");
     assert_eq!(
@@ -1446,19 +1587,19 @@ async fn a_queue_entry_that_is_no_longer_a_waiter_is_dropped_when_it_reaches_the
     assert!(queue.is_empty(), "the stale entry is gone: {queue:?}");
 }
 
-/// Write a tombstone for `id` forgotten at `forget` (ms), counted in `nt`.
-async fn bury_at(conn: &mut MultiplexedConnection, id: &str, forget: i64) {
+/// Write a session record `name` (s:...) that expires at `expiry` (ms), counted in `nt`.
+async fn bury_at(conn: &mut MultiplexedConnection, name: &str, expiry: i64) {
     let k = keys();
-    let () = conn.zadd(&k.all[0], id, -forget).await.expect("zadd");
+    let () = conn.zadd(&k.all[0], name, -expiry).await.expect("zadd");
     let () = conn
-        .hset(&k.all[2], format!("r:{id}"), "x|R|")
+        .hset(&k.all[2], name, format!("1|{expiry}|"))
         .await
         .expect("hset");
     let () = conn.hincr(&k.all[2], "nt", 1).await.expect("hincr");
 }
 
 #[tokio::test]
-async fn tombstones_go_at_their_forget_at_and_the_next_one_is_looked_at_then() {
+async fn session_records_go_at_their_expiry_and_the_next_one_is_looked_at_then() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
@@ -1467,9 +1608,9 @@ async fn tombstones_go_at_their_forget_at_and_the_next_one_is_looked_at_then() {
     // load average of 10, 20 tries in a row took longer: the test failed on unmutated code).
     for _ in 0..200 {
         let now = server_millis(&mut conn).await;
-        bury_at(&mut conn, "old", now - 3000).await;
-        bury_at(&mut conn, "soon", now + 5).await;
-        bury_at(&mut conn, "later", now + 100_000).await;
+        bury_at(&mut conn, "s:old", now - 3000).await;
+        bury_at(&mut conn, "s:soon", now + 5).await;
+        bury_at(&mut conn, "s:later", now + 100_000).await;
         let () = conn
             .hset(&k.all[2], "tnext", now - 3000)
             .await
@@ -1477,28 +1618,28 @@ async fn tombstones_go_at_their_forget_at_and_the_next_one_is_looked_at_then() {
         lease_status(&mut conn, &k).await.expect("status");
         let after = server_millis(&mut conn).await;
         let tnext: i64 = conn.hget(&k.all[2], "tnext").await.expect("hget");
-        let soon = lease_score(&mut conn, "soon").await;
+        let soon = lease_score(&mut conn, "s:soon").await;
         assert_eq!(
-            lease_score(&mut conn, "old").await,
+            lease_score(&mut conn, "s:old").await,
             None,
-            "past its forget-at"
+            "past its expiry"
         );
         assert_eq!(
-            lease_score(&mut conn, "later").await,
+            lease_score(&mut conn, "s:later").await,
             Some(-(now + 100_000))
         );
         if after < now + 5 {
-            assert_eq!(soon, Some(-(now + 5)), "kept to its forget-at");
-            assert_eq!(tnext, now + 5, "the next tombstone's forget-at");
+            assert_eq!(soon, Some(-(now + 5)), "kept to its expiry");
+            assert_eq!(tnext, now + 5, "the next record's expiry");
             return;
         }
         // Too slow to tell: start over.
         let () = conn
-            .zrem(&k.all[0], &["soon", "later"])
+            .zrem(&k.all[0], &["s:soon", "s:later"])
             .await
             .expect("zrem");
         let () = conn
-            .hdel(&k.all[2], &["r:soon", "r:later"])
+            .hdel(&k.all[2], &["s:soon", "s:later"])
             .await
             .expect("hdel");
         let () = conn.hset(&k.all[2], "nt", 0).await.expect("hset");
