@@ -6,10 +6,12 @@ use crate::core::CycleRun;
 /// Issue 27: the most Redis's `used_memory` may grow over S11, per semaphore, MB.
 const S11_GROWTH_MB: f64 = 8.0;
 
-/// Issue 27: "the last 10 s no slower than the first", with the margin of the window-to-window
-/// noise of one steady workload's server time per cycle on a shared machine (docs/BENCHMARKS.md,
-/// "Issue 27: client sessions — before").
-const S11_LAST_OVER_FIRST: f64 = 1.1;
+/// Issue 27: "the last 10 s no slower than the first", judged on Redis CPU per cycle with the
+/// margin of its window-to-window noise: two 60 s runs of the polling baseline in S11's loop
+/// (a workload whose keys do not grow) at a load average of 7.6–9.5 on the shared 2-core VM
+/// gave 24.8–32.2 µs per cycle across their twelve 10 s windows, 1.25× apart at most
+/// (docs/BENCHMARKS.md, "Issue 27: client sessions — before").
+const S11_LAST_OVER_FIRST: f64 = 1.25;
 
 impl Figures {
     pub(crate) fn targets(&self) -> Vec<Target> {
