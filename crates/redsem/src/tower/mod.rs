@@ -124,7 +124,9 @@
 //! # let _ = export;
 //! ```
 
-use std::fmt;
+mod error;
+mod lease;
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -133,7 +135,10 @@ use futures_util::future::BoxFuture;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{Error, FencingToken, LeasePermit, LeaseSemaphore, PermitId};
+pub use error::LimitError;
+pub use lease::{CarryLease, HeldLease};
+
+use crate::{Error, LeasePermit, LeaseSemaphore};
 
 /// How a request meets a semaphore whose units are all held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,168 +161,6 @@ pub enum OnLost {
     /// Let the request run to its end; the handler learns of the loss through its
     /// [`HeldLease`].
     Continue,
-}
-
-/// The error of a [`LeaseLimit`] service: the layer's own outcomes, or the inner service's
-/// error.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LimitError<E> {
-    /// Shedding ([`Admission::Shed`]): every unit was held, or other requests were queued
-    /// first. Holds the library's [`Error::NoPermit`].
-    Busy(Error),
-    /// Waiting ([`Admission::Wait`]): no unit came free in time. The request left the queue.
-    /// Holds the library's [`Error::Timeout`].
-    TimedOut(Error),
-    /// The lease was lost while the request ran, and it was stopped ([`OnLost::Abort`]).
-    /// Holds the library's [`Error::LeaseLost`].
-    LeaseLost(Error),
-    /// The semaphore failed otherwise: Redis unreachable, a capacity conflict, a key of the
-    /// wrong type, ...
-    Redis(Error),
-    /// The inner service failed.
-    Inner(E),
-}
-
-impl<E> LimitError<E> {
-    /// The library's error behind one of the layer's outcomes; `None` for
-    /// [`LimitError::Inner`].
-    pub fn redsem_error(&self) -> Option<&Error> {
-        match self {
-            LimitError::Busy(err)
-            | LimitError::TimedOut(err)
-            | LimitError::LeaseLost(err)
-            | LimitError::Redis(err) => Some(err),
-            LimitError::Inner(_) => None,
-        }
-    }
-
-    /// A status code for an HTTP answer to one of the layer's own errors: 429 Too Many
-    /// Requests when shed, 503 Service Unavailable when the wait timed out, the lease was
-    /// lost or Redis could not be reached, 500 for other failures of the semaphore (a
-    /// misconfiguration); `None` for the inner service's errors, which are the app's to map.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use redsem::tower::LimitError;
-    ///
-    /// let err: LimitError<std::io::Error> = LimitError::Busy(redsem::Error::NoPermit {
-    ///     name: "api".to_owned(),
-    ///     capacity: 4,
-    ///     in_use: 4,
-    ///     waiters: 0,
-    /// });
-    /// assert_eq!(err.http_status(), Some(http::StatusCode::TOO_MANY_REQUESTS));
-    /// ```
-    pub fn http_status(&self) -> Option<http::StatusCode> {
-        Some(match self {
-            LimitError::Busy(_) => http::StatusCode::TOO_MANY_REQUESTS,
-            LimitError::TimedOut(_) | LimitError::LeaseLost(_) => {
-                http::StatusCode::SERVICE_UNAVAILABLE
-            }
-            LimitError::Redis(err) if err.is_unavailable() => http::StatusCode::SERVICE_UNAVAILABLE,
-            LimitError::Redis(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
-            LimitError::Inner(_) => return None,
-        })
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for LimitError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LimitError::Busy(err) => write!(f, "concurrency limit reached: {err}"),
-            LimitError::TimedOut(err) => write!(f, "concurrency limit: {err}"),
-            LimitError::LeaseLost(err) => write!(f, "request stopped: {err}"),
-            LimitError::Redis(_) => f.write_str("concurrency limit unavailable"),
-            LimitError::Inner(err) => err.fmt(f),
-        }
-    }
-}
-
-impl<E: std::error::Error + 'static> std::error::Error for LimitError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            // Its message is the inner error's own: the chain goes on below it.
-            LimitError::Inner(err) => err.source(),
-            LimitError::Redis(err) => Some(err),
-            LimitError::Busy(err) | LimitError::TimedOut(err) | LimitError::LeaseLost(err) => {
-                err.source()
-            }
-        }
-    }
-}
-
-/// The permit a request holds, as its handler sees it: in the extensions of an
-/// [`http::Request`] (axum: `Extension<HeldLease>`), or handed to [`CarryLease::carry`].
-///
-/// Cloning shares the one permit. The layer releases it when the response future completes;
-/// a clone kept beyond that (moved into a spawned task, say) keeps the unit held until the
-/// last clone is dropped.
-#[derive(Clone)]
-pub struct HeldLease {
-    permit: Arc<LeasePermit>,
-}
-
-impl HeldLease {
-    /// The fencing token of the grant, to pass to the resource the limit protects.
-    pub fn token(&self) -> FencingToken {
-        self.permit.token()
-    }
-
-    /// The permit's slot, in `0..capacity`.
-    pub fn slot(&self) -> u32 {
-        self.permit.slot()
-    }
-
-    /// The permit's id.
-    pub fn id(&self) -> &PermitId {
-        self.permit.id()
-    }
-
-    /// The name of the semaphore.
-    pub fn semaphore(&self) -> &str {
-        self.permit.semaphore()
-    }
-
-    /// True once the lease is known lost or may have ended ([`LeasePermit::is_lost`]).
-    pub fn is_lost(&self) -> bool {
-        self.permit.is_lost()
-    }
-
-    /// Resolves when the lease is known lost or may have ended ([`LeasePermit::lost`]);
-    /// also once the layer has released it.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) {
-        self.permit.lost().await;
-    }
-}
-
-impl fmt::Debug for HeldLease {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("HeldLease").field(&self.permit).finish()
-    }
-}
-
-/// A request type that can carry the [`HeldLease`] of its call to the handler.
-///
-/// Implemented for [`http::Request`] (into its extensions). For another request type,
-/// implement it (the body may be empty, `impl CarryLease for MyRequest {}`, when its handlers
-/// do not need the lease).
-pub trait CarryLease {
-    /// Keep `lease` where the handler can find it. The default drops it.
-    fn carry(&mut self, lease: HeldLease) {
-        let _ = lease;
-    }
-}
-
-impl<B> CarryLease for http::Request<B> {
-    fn carry(&mut self, lease: HeldLease) {
-        self.extensions_mut().insert(lease);
-    }
 }
 
 /// A [`Layer`] that wraps services in a [`LeaseLimit`].
