@@ -191,8 +191,9 @@ def test_permit_semaphore_and_latch_await(url):
         await latch.count_down()
         await asyncio.wait_for(waiting, timeout=10.0)
         assert await latch.state() == {"state": "open", "count": 0}
+        assert await latch.try_set_count(1) is True  # an opened latch can be set again
         with pytest.raises(redsem.Timeout):
-            await latch.try_set_count(1) and await latch.wait(timeout=0.2)
+            await latch.wait(timeout=0.2)
 
     run(main())
 

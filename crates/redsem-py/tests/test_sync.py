@@ -263,7 +263,12 @@ def test_the_mutex_admits_one(url):
     assert lock.try_lock() is not None
 
 
-def test_permit_semaphore_counts_and_times_out_without_leaving_a_waiter(url):
+def permit_queue(server, name):
+    """The requests queued on a permit semaphore, read from its queue key."""
+    return server.command("ZCARD", "redsem:{permits:%s}:queue" % name)
+
+
+def test_permit_semaphore_counts_and_times_out_without_leaving_a_waiter(server, url):
     r = redsem.connect(url)
     gpu = r.permit_semaphore("gpu")
     assert gpu.available_permits() == 0
@@ -275,6 +280,7 @@ def test_permit_semaphore_counts_and_times_out_without_leaving_a_waiter(url):
     assert gpu.try_acquire(2) is True
     with pytest.raises(redsem.Timeout):
         gpu.acquire(1, timeout=0.3)
+    assert permit_queue(server, "gpu") == 0
     gpu.release(2)
     # A try fails while anyone waits: it succeeds, so the timed-out request left the queue.
     assert gpu.try_acquire(1) is True
@@ -285,7 +291,7 @@ def test_permit_semaphore_counts_and_times_out_without_leaving_a_waiter(url):
     assert r.lease_semaphore("gpu", 1).status()["permits"] == {"available": -2}
 
 
-def test_permit_semaphore_waiters_are_served_fifo_across_threads(url):
+def test_permit_semaphore_waiters_are_served_fifo_across_threads(server, url):
     pool = redsem.connect(url).permit_semaphore("pool")
     pool.try_set_permits(0)
     order = []
@@ -298,14 +304,18 @@ def test_permit_semaphore_waiters_are_served_fifo_across_threads(url):
         t = threading.Thread(target=wait)
         t.start()
         threads.append(t)
-        time.sleep(0.2)  # queued in this order (no status of the permit queue to poll)
+        # The next thread starts only once this one is in the queue.
+        wait_until(lambda: permit_queue(server, "pool") == n + 1, what=f"waiter {n} queued")
     pool.release(1)  # not enough for the head (2): nobody behind it may overtake it
     time.sleep(0.3)
     assert order == []
-    pool.release(3)
+    # Each further permit serves the next in line, and only it.
+    for served in ([0], [0, 1], [0, 1, 2]):
+        pool.release(1)
+        wait_until(lambda: order == served, what=f"served {served}")
     for t in threads:
         t.join(timeout=20)
-    assert order == [0, 1, 2]
+    assert pool.available_permits() == 0
 
 
 def test_the_latch_opens_every_waiter_at_zero(url):
