@@ -506,7 +506,7 @@ fn steady_rows(t: &mut Table, what: &str, run: &SteadyRun) {
             first_last(&run.cpu_us_per_cycle),
         );
         t.redsem_row(
-            "    of it in scripts (INFO commandstats), same windows",
+            "    server time in scripts (INFO commandstats), same windows",
             first_last(&run.command_us_per_cycle),
         );
         t.redsem_row(
