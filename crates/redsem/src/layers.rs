@@ -15,6 +15,8 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["error", "clock", "keys"],
     &["types", "observe", "url", "retry"],
+    // The client session: the sequence numbers of retry-safe calls.
+    &["session"],
     // The Lua scripts, their wrappers and the replica acknowledgements.
     &["script"],
     // The command connection; the keepalive driver (held by the client, it schedules any
@@ -30,8 +32,8 @@ const LAYERS: &[&[&str]] = &[
     &["mutex", "latch"],
     // Every `Redsem::<primitive>` factory method.
     &["factory"],
-    // The blocking facade, over the public API.
-    &["blocking"],
+    // The blocking facade and the tower layer, over the public API.
+    &["blocking", "tower"],
 ];
 
 /// Where `module` sits in [`LAYERS`].

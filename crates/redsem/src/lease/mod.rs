@@ -3,6 +3,7 @@
 mod batch;
 mod options;
 mod permit;
+mod release;
 mod request;
 mod status;
 
@@ -21,10 +22,9 @@ use crate::client::Redsem;
 use crate::error::{Error, Result, invalid};
 use crate::keys::LeaseKeys;
 use crate::observe::{Attempt, Meter, op_span};
-use crate::retry::retry_once;
-use crate::script::{self, Acquire, Release, ReleaseBy};
+use crate::script::{self, Acquire, Release};
 use crate::types::PermitId;
-use crate::wait::{self, Patience, Queue};
+use crate::wait::{self, Patience};
 use request::LeaseRequest;
 
 pub use crate::types::{MAX_LEASE, MAX_UNITS, MIN_LEASE};
@@ -424,12 +424,7 @@ impl LeaseSemaphore {
     pub async fn release_id(&self, id: &PermitId) -> Result<()> {
         let span = op_span!(self.inner.meter, "redsem.release");
         span.record("id", id.as_str());
-        match self
-            .inner
-            .release(id.as_str())
-            .instrument(span)
-            .await?
-        {
+        match self.inner.release(id.as_str()).instrument(span).await? {
             Release::Released | Release::Dequeued => Ok(()),
             Release::NotHeld => Err(self.inner.not_held(id)),
         }
@@ -562,87 +557,5 @@ impl LeaseSemaphore {
                 detail: format!("unexpected reply {other:?}"),
             },
         }
-    }
-}
-
-impl SemInner {
-    /// Release `id`, sent once more if Redis could not be reached ([`retry_once`]): a
-    /// release whose reply was lost answers what it did. It is one call of the client's
-    /// session ([`crate::session`]), so its resend answers [`Release::Released`] while an id
-    /// that another call released (someone's [`LeaseSemaphore::release_id`], the lease's end)
-    /// answers [`Release::NotHeld`].
-    pub(crate) async fn release(&self, id: &str) -> Result<Release> {
-        let session = self.redsem.session();
-        let seq = session.open();
-        let by = ReleaseBy::Holder {
-            session,
-            seq: seq.n(),
-        };
-        retry_once("release", || async {
-            match &self.batcher {
-                Some(batcher) => {
-                    let op = script::BatchOp::release(id, by);
-                    let (reply, unconfirmed) = batcher.submit(op).await?;
-                    script::batch_release(reply, unconfirmed)
-                }
-                None => self.release_on(&mut self.redsem.conn(), id, by).await,
-            }
-        })
-        .await
-    }
-
-    /// One release of `id` on `conn` (with or without replica acknowledgements), by `by`.
-    async fn release_on(
-        &self,
-        conn: &mut impl crate::script::Scripting,
-        id: &str,
-        by: ReleaseBy<'_>,
-    ) -> Result<Release> {
-        let shared = &self.redsem.shared;
-        let released = script::lease_release(conn, &self.keys, id, &shared.wake_channel, by).await?;
-        self.redsem
-            .after_release(&self.keys, &released.handed, released.idle)
-            .await;
-        Ok(released.outcome)
-    }
-
-    pub(crate) fn not_held(&self, id: &PermitId) -> Error {
-        Error::NotHeld {
-            name: self.name.clone(),
-            id: id.to_string(),
-        }
-    }
-}
-
-impl Queue for SemInner {
-    fn redsem(&self) -> &Redsem {
-        &self.redsem
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn withdraw(&self, id: &str, enqueue: Option<u64>) -> Result<()> {
-        let by = ReleaseBy::Withdrawal {
-            session: self.redsem.session(),
-            enqueue,
-        };
-        retry_once("withdraw", || async {
-            match &self.batcher {
-                // After the acquire it withdraws, which may still wait in the batcher. (A
-                // withdrawal needs no acknowledgement: see `conn_unacked`.)
-                Some(batcher) => {
-                    let (reply, _) = batcher.submit(script::BatchOp::release(id, by)).await?;
-                    script::batch_release(reply, None)
-                }
-                None => {
-                    self.release_on(&mut self.redsem.conn_unacked(), id, by)
-                        .await
-                }
-            }
-        })
-        .await
-        .map(drop)
     }
 }

@@ -16,11 +16,12 @@ use crate::observe::{Attempt, Meter, op_span};
 use crate::retry::retry_once;
 use crate::script::{self, Addition};
 use crate::types::PermitId;
-use crate::wait::{self, Patience, Queue};
+use crate::wait::{self, Patience};
 
 mod batch;
 mod options;
 mod request;
+mod withdraw;
 
 pub use options::PermitOptions;
 use request::PermitRequest;
@@ -574,32 +575,5 @@ impl PermitSemaphore {
         let request = PermitRequest { sem: self, permits };
         wait::acquire(&request, patience, |_| attempt.queued()).await?;
         Ok(())
-    }
-}
-
-impl Queue for PermitInner {
-    fn redsem(&self) -> &Redsem {
-        &self.redsem
-    }
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn withdraw(&self, id: &str, _enqueue: Option<u64>) -> Result<()> {
-        match &self.batcher {
-            // After the acquire it withdraws, which may still wait in the batcher.
-            Some(batcher) => {
-                let (reply, _) = batcher.submit(script::PermitOp::withdraw(id)).await?;
-                script::withdrawn(script::Acked {
-                    reply,
-                    unconfirmed: None,
-                })
-                .map(drop)
-            }
-            None => script::permit_withdraw(&mut self.redsem.conn_unacked(), &self.keys, id)
-                .await
-                .map(drop),
-        }
     }
 }

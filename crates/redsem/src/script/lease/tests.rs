@@ -28,9 +28,9 @@ fn session() -> &'static Session {
 /// A number of the test session that is the same for the same `name` (so that a call made
 /// again under it is a resend).
 fn number(name: &str) -> u64 {
-    name.bytes()
-        .fold(1_469_598_103u64, |h, b| (h ^ u64::from(b)).wrapping_mul(1_099_511))
-        % 1_000_000_000
+    name.bytes().fold(1_469_598_103u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1_099_511)
+    }) % 1_000_000_000
         + 1
 }
 
@@ -67,9 +67,15 @@ async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
 /// `lease_release` from a client whose channel is not [`CHANNEL`], so grants to waiters on
 /// it are published; the release is numbered after `id`, so calling it again is a resend.
 async fn release(conn: &mut impl Scripting, keys: &LeaseKeys, id: &str) -> Result<Release> {
-    lease_release(conn, keys, id, "t:wake:another", by(&format!("release {id}")))
-        .await
-        .map(|r| r.outcome)
+    lease_release(
+        conn,
+        keys,
+        id,
+        "t:wake:another",
+        by(&format!("release {id}")),
+    )
+    .await
+    .map(|r| r.outcome)
 }
 
 /// The token and slots of a grant; panics on any other reply.
@@ -274,7 +280,11 @@ async fn release_withdraws_waiters_and_reports_not_held() {
         let other = lease_release(&mut conn, &k, id, "t:wake:another", foreign)
             .await
             .expect("release");
-        assert_eq!(other.outcome, Release::NotHeld, "{id}, the same number in another session");
+        assert_eq!(
+            other.outcome,
+            Release::NotHeld,
+            "{id}, the same number in another session"
+        );
     }
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 0);
@@ -1480,6 +1490,114 @@ async fn a_state_of_another_layout_is_refused_and_left_alone() {
     refused(release(&mut conn, &k, "a").await.map(|_| ()));
     refused(lease_status(&mut conn, &k).await.map(|_| ()));
     assert_eq!(before, state_fields(&mut conn).await, "nothing written");
+}
+
+#[tokio::test]
+async fn a_layout_1_state_is_refused_while_live_and_taken_over_once_idle() {
+    // Issue 27: layout 1 kept a minute of tombstones. A live state of it (an older client
+    // still holding) is refused and left alone; an idle one (drained) is taken over, its
+    // tombstones dropped, its capacity and last token kept.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let token = 1_900_000_000_000_000_u64;
+    let live = [
+        ("cap", "2".to_owned()),
+        ("used", "1".to_owned()),
+        ("nh", "1".to_owned()),
+        ("qlen", "0".to_owned()),
+        ("nt", "1".to_owned()),
+        ("tok", token.to_string()),
+        ("layout", "1".to_owned()),
+        ("r:old", format!("h|{token}|1|1|30000|0|")),
+        ("r:gone", "x|R|attempt".to_owned()),
+    ];
+    let () = conn.hset_multiple(&k.all[2], &live).await.expect("hset");
+    let () = conn
+        .zadd_multiple(&k.all[0], &[(9e15, "old"), (-9e15, "gone")])
+        .await
+        .expect("zadd");
+    let () = conn.setbit(&k.all[3], 0, true).await.expect("setbit");
+    let before = state_fields(&mut conn).await;
+    match lease_acquire(&mut conn, &k, &req("new", 2, 1, false)).await {
+        Err(Error::Incompatible { found, ours, .. }) => {
+            assert_eq!((found.as_str(), ours.as_str()), ("1", "2"));
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
+    assert_eq!(before, state_fields(&mut conn).await, "nothing written");
+
+    // Drained: the old holder released (as layout 1 leaves it: a tombstone).
+    let () = conn
+        .hset_multiple(
+            &k.all[2],
+            &[("used", "0"), ("nh", "0"), ("nt", "2"), ("r:old", "x|R|a2")],
+        )
+        .await
+        .expect("hset");
+    let () = conn.zadd(&k.all[0], "old", -9e15).await.expect("zadd");
+    let () = conn.setbit(&k.all[3], 0, false).await.expect("setbit");
+    let (next, slots) = granted(acquire(&mut conn, req("new", 2, 1, false)).await);
+    assert!(next > token, "the last token is kept: {next} after {token}");
+    assert_eq!(slots, vec![0]);
+    let layout: String = conn.hget(&k.all[2], "layout").await.expect("hget");
+    assert_eq!(layout, "2");
+    for old in ["r:old", "r:gone"] {
+        let record: Option<String> = conn.hget(&k.all[2], old).await.expect("hget");
+        assert_eq!(record, None, "{old}: the tombstones are dropped");
+    }
+    let leases: Vec<String> = conn.zrange(&k.all[0], 0, -1).await.expect("zrange");
+    assert_eq!(leases, vec!["new".to_owned()]);
+}
+
+#[tokio::test]
+async fn a_late_copy_of_an_enqueue_withdrawn_unanswered_is_refused() {
+    // Issue 27: a cancelled acquire whose enqueue went unanswered is withdrawn naming that
+    // enqueue; a copy of it that arrives afterwards (a resend, a delayed packet) is refused,
+    // and does not queue a waiter nobody waits for.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    let own = Session::new();
+    let enqueue = own.open();
+    let w = Request {
+        session: &own,
+        seq: enqueue.n(),
+        ..req("w", 1, 1, true)
+    };
+    // The enqueue arrived (its reply did not): w is queued. Then withdrawn naming it.
+    assert!(matches!(
+        acquire(&mut conn, w).await,
+        Acquire::Queued { .. }
+    ));
+    let withdrawal = ReleaseBy::Withdrawal {
+        session: &own,
+        enqueue: Some(enqueue.n()),
+    };
+    let withdrawn = lease_release(&mut conn, &k, "w", CHANNEL, withdrawal)
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawn.outcome, Release::Dequeued);
+    assert_eq!(acquire(&mut conn, w).await, Acquire::Gone, "the late copy");
+    // The same when the enqueue never arrived before its withdrawal.
+    let enqueue = own.open();
+    let x = Request {
+        session: &own,
+        seq: enqueue.n(),
+        ..req("x", 1, 1, true)
+    };
+    let withdrawal = ReleaseBy::Withdrawal {
+        session: &own,
+        enqueue: Some(enqueue.n()),
+    };
+    let withdrawn = lease_release(&mut conn, &k, "x", CHANNEL, withdrawal)
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawn.outcome, Release::NotHeld);
+    assert_eq!(acquire(&mut conn, x).await, Acquire::Gone, "the late copy");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert!(status.waiters.is_empty(), "{status:?}");
 }
 
 #[tokio::test]
