@@ -8,10 +8,11 @@ throwaway `redis-server` under callgrind, loads the Lua of *this checkout*
 server executes per cycle (network handling, command dispatch and the scripts):
 
   polling     the polling baseline of redsem-bench (S9): its EVALSHA attempt + ZREM
-  lease       try acquire + release, one client, uncontended
+  lease       try acquire + release, one client (one session), uncontended
   floor       the commands of that cycle alone (TIME, HMGET, BITPOS, SETBIT, ZADD, HSET; TIME,
-              HMGET, SETBIT, ZADD, HSET) issued by two functions with no logic, on the same
-              keys and arguments: what any script issuing those commands costs at least
+              HMGET, SETBIT, ZREM, HSET, HDEL: layout 2, the release's mark in its session's
+              record) issued by two functions with no logic, on the same keys and arguments:
+              what any script issuing those commands costs at least
   contended   capacity 8, 8 holders, 56 queued: release the oldest holder (which grants the
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
@@ -119,7 +120,7 @@ FLOOR = r"""#!lua name=floor
 redis.register_function('floor_acquire', function(K, A)
   redis.call('TIME')
   redis.call('HMGET', K[3], 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next', 'tnext',
-    'layout', 'r:' .. A[1])
+    'layout', 'r:' .. A[1], 's:sess')
   local slot = redis.call('BITPOS', K[4], '0')
   redis.call('SETBIT', K[4], slot, '1')
   redis.call('ZADD', K[1], '1764200000123', A[1])
@@ -130,10 +131,11 @@ end)
 redis.register_function('floor_release', function(K, A)
   redis.call('TIME')
   redis.call('HMGET', K[3], 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next', 'tnext',
-    'layout', 'r:' .. A[1])
+    'layout', 'r:' .. A[1], 's:sess')
   redis.call('SETBIT', K[4], '0', '0')
-  redis.call('ZADD', K[1], '-1764200060123', A[1])
-  redis.call('HSET', K[3], 'used', '0', 'nh', '0', 'nt', '1', 'r:' .. A[1], 'x|R|' .. A[3])
+  redis.call('ZREM', K[1], A[1])
+  redis.call('HSET', K[3], 'used', '0', 'nh', '0', 's:sess', A[3] .. '|1764200600123|,' .. A[3] .. '=R')
+  redis.call('HDEL', K[3], 'r:' .. A[1])
   return { 'RELEASED', 1 }
 end)
 redis.register_function('floor_permit_acquire', function(K, A)
@@ -192,43 +194,52 @@ def main():
             commands.append(["ZREM", "b:poll", pid])
         measure("polling", commands, CYCLES)
 
+        # One client session (layout 2): every call numbered, the low mark at the call's own
+        # number (everything before it answered), so each release's mark replaces the last.
         k = lease_keys("u")
         commands = []
-        for pid in ids:
-            commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
-            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", "a" + pid])
+        for i, pid in enumerate(ids):
+            a, rel = 2 * i + 1, 2 * i + 2
+            commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
+                             a, "sess", a])
+            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", rel, "sess", rel, "r"])
         measure("lease", commands, CYCLES)
 
         r.function_load(FLOOR, replace=True)
         f = lease_keys("f")
         r.hset(f[2], mapping={"layout": "1", "wide": "-" * 80})  # a hash table, as redsem's
         commands = []
-        for pid in ids:
+        for i, pid in enumerate(ids):
             commands.append(["FCALL", "floor_acquire", 4, *f, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
-            commands.append(["FCALL", "floor_release", 4, *f, pid, "c", "a" + pid])
+            commands.append(["FCALL", "floor_release", 4, *f, pid, "c", str(2 * i + 2)])
         measure("floor", commands, CYCLES)
 
         def contended(name, per_call):
             k = lease_keys(name)
             holders, waiters = [], []
+            seq = 0
             for i in range(64):
                 pid = uuid.uuid4().hex
-                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c")
+                seq += 1
+                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c",
+                                  seq, "sess", seq)
                 (holders if i < 8 else waiters).append(pid)
             commands = []
             for _ in range(CYCLES // per_call):
-                ops = []
+                ops, low = [], seq + 1
                 for _ in range(per_call):
                     old, pid = holders.pop(0), uuid.uuid4().hex
                     holders.append(waiters.pop(0))
                     waiters.append(pid)
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", "a" + old])
-                        commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c"])
+                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", seq + 1, "sess", seq + 1, "r"])
+                        commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000,
+                                         "c", seq + 2, "sess", seq + 2])
                     else:
-                        ops += ["r", old, "a" + old, "a", pid, 8, 1, 30000, "", "0", "wait", 30000]
+                        ops += ["r", old, seq + 1, "a", pid, 8, 1, 30000, "", "0", "wait", 30000, seq + 2]
+                    seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", *ops])
+                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", "sess", low, *ops])
             return commands
 
         measure("contended", contended("c", 1), CYCLES)
