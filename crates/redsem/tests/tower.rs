@@ -544,3 +544,39 @@ async fn overhead_of_the_layer() {
     }
     assert_eq!(usage(&sem).await, (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inner_error_comes_through_and_the_permit_still_goes_back() {
+    let fleet = Fleet::start().await;
+    let [sem, _] = fleet.semaphores("inner", 1, Duration::from_secs(30));
+    let failing = service_fn(|request: http::Request<()>| async move {
+        let lease = request
+            .extensions()
+            .get::<HeldLease>()
+            .cloned()
+            .expect("the lease in the request's extensions");
+        Err::<(), _>(std::io::Error::other(format!(
+            "failed under token {}",
+            lease.token()
+        )))
+    });
+    let service = ServiceBuilder::new()
+        .layer(LeaseLimitLayer::shedding(sem.clone()))
+        .service(failing);
+    for _ in 0..3 {
+        let outcome = within(
+            LIMIT,
+            "a call",
+            service.clone().oneshot(http::Request::new(())),
+        )
+        .await;
+        match outcome {
+            Err(LimitError::Inner(err)) => {
+                assert!(err.to_string().starts_with("failed under token"))
+            }
+            other => panic!("expected the inner error, got {other:?}"),
+        }
+        // Given back before the call answered: the next (shedding) call finds it free.
+        assert_eq!(usage(&sem).await, (0, 0));
+    }
+}
