@@ -329,6 +329,10 @@ async fn give_back(permit: Arc<LeasePermit>) {
     let released = tokio::spawn(permit.release()).await;
     match released {
         Ok(Ok(())) => {}
+        // Lost while the request ran (`OnLost::Continue`), or released by id meanwhile.
+        Ok(Err(err)) if err.is_not_held() => {
+            tracing::debug!(semaphore = %name, error = %err, "the permit of a finished request was no longer held");
+        }
         Ok(Err(err)) => tracing::warn!(
             semaphore = %name,
             error = %err,
