@@ -204,60 +204,96 @@ end
 -- Client sessions. Each client (a `Redsem`) names its calls by a session id and a sequence
 -- number, and sends with each call its low mark: every sequence number below it belongs to a
 -- call the client has its answer to, or has given up. A primitive keeps one record per
--- session, "low|expiry|,seq=M,seq=M...": the highest low mark seen, when the record goes
--- (ms of Redis time), and a one-letter mark for each call at or above the low mark whose
--- answer a resend must find (a release's outcome, a withdrawn request). A call below the low
--- mark is stale (its answer was given) and is never applied; a mark goes once the low mark
--- passes it. So a record holds the calls a client has in flight, never its history: memory
--- grows with clients, not with throughput. A record is kept SESSION_MS after it was last
--- renewed, far past the longest a client resends (about a minute), and renewed when it was
--- last renewed SESSION_RENEW_MS ago or more.
+-- session, "low|expiry|top|,seq=M,seq=M...": the highest low mark seen, when the record goes
+-- (ms of Redis time), the highest number marked, and a mark for each call at or above the
+-- low mark whose answer a resend must find (a letter, maybe with digits: a release's outcome,
+-- a withdrawn request, permits taken). A call below the low mark is stale (its answer was
+-- given) and is never applied; a mark goes once the low mark passes it. So a record holds
+-- the calls a client has in flight, never its history: memory grows with clients, not with
+-- throughput. A record is kept SESSION_MS after it was last renewed, far past the longest a
+-- client resends (about a minute), and renewed when it was last renewed SESSION_RENEW_MS ago
+-- or more. The caller's record is the field S.sess, read with the primitive's state; it is
+-- parsed once per call (session()), and its marks only when a number could be marked.
 local SESSION_MS = 600000
 local SESSION_RENEW_MS = 60000
 
--- The low mark of the session record `raw` (0 if none).
-local function session_low(raw)
-  return raw and tonumber(string.match(raw, '^(%d+)')) or 0
+-- Parse the caller's session record S[S.sess] once per call: S.sl its low mark, S.sx its
+-- expiry (text), S.sm the highest number marked, S.sp where its marks start (0 if none).
+local function session()
+  if S.sl == nil then
+    local raw = S.sess and S[S.sess]
+    local low, expiry, top, at
+    if raw then
+      low, expiry, top, at = match(raw, '^(%d+)|(%d+)|(%d+)|()')
+    end
+    S.sl, S.sx, S.sm, S.sp = tonumber(low) or 0, expiry or '0', tonumber(top) or 0, at or 0
+  end
 end
 
--- The mark of the sequence number `seq` (as text) in the session record `raw`, or nil.
-local function session_mark(raw, seq)
-  if not raw then
+-- Whether the call numbered `seq` (text) is stale: below its session's low mark (a late copy
+-- of a call whose answer the client has).
+local function session_stale(seq)
+  session()
+  return (tonumber(seq) or 0) < S.sl
+end
+
+-- The mark of the call numbered `seq` (text) in its session's record, or nil.
+local function session_mark(seq)
+  session()
+  if S.sp == 0 or (tonumber(seq) or 0) > S.sm then
     return nil
   end
-  local at = string.find(raw, ',' .. seq .. '=', 1, true)
-  return at and string.sub(raw, at + #seq + 2, at + #seq + 2) or nil
+  local raw = S[S.sess]
+  local at = string.find(raw, ',' .. seq .. '=', S.sp, true)
+  return at and match(raw, '^[^,]+', at + #seq + 2) or nil
 end
 
--- The session record `raw` (nil: none yet) with its low mark raised to `low`, the marks
--- below it dropped, and `seq` (text) marked `mark` (nil: no mark). The second value is the
+-- Write the caller's session record back with its low mark raised to `low` (a number), the
+-- marks below it dropped, and `seq` (text) marked `mark` (nil: no mark). Answers the
 -- record's new expiry when it was renewed (a new record, or one renewed long enough ago),
 -- else nil: the caller then registers the expiry where its primitive prunes records.
-local function session_put(raw, low, seq, mark)
-  local old, expiry, marks = 0, 0, ''
-  if raw then
-    old, expiry, marks = string.match(raw, '^(%d+)|(%d+)|(.*)$')
-    old, expiry, marks = tonumber(old) or 0, tonumber(expiry) or 0, marks or ''
+local function session_put(low, seq, mark)
+  session()
+  if S.sl > low then
+    low = S.sl
   end
-  low = max(low or 0, old)
-  local out, n = { nil }, 1
-  for s, m in string.gmatch(marks, ',(%d+)=(%a)') do
-    if s ~= seq and tonumber(s) >= low then
-      n = n + 1
-      out[n] = ',' .. s .. '=' .. m
+  local expiry, renewed = S.sx, nil
+  if (tonumber(expiry) or 0) - SESSION_MS + SESSION_RENEW_MS <= clock() then
+    renewed = S.now + SESSION_MS
+    expiry = format('%d', renewed)
+  end
+  local head, value = format('%d|', low) .. expiry, nil
+  if S.sm < low then
+    -- (The usual case: every earlier mark is passed, one at most is made.)
+    if mark then
+      value = head .. '|' .. seq .. '|,' .. seq .. '=' .. mark
+      S.sm, S.sp = tonumber(seq) or 0, #head + #seq + 3
+    else
+      value = head .. '|0|'
+      S.sm, S.sp = 0, 0
     end
+  else
+    local kept, n, top = {}, 0, 0
+    for s, m in string.gmatch(string.sub(S[S.sess], S.sp), ',(%d+)=([^,]+)') do
+      local number = tonumber(s)
+      if s ~= seq and number >= low then
+        n = n + 1
+        kept[n] = ',' .. s .. '=' .. m
+        top = max(top, number)
+      end
+    end
+    if mark then
+      n = n + 1
+      kept[n] = ',' .. seq .. '=' .. mark
+      top = max(top, tonumber(seq) or 0)
+    end
+    local marks = table.concat(kept, '', 1, n)
+    head = head .. format('|%d|', top)
+    value = head .. marks
+    S.sm, S.sp = top, marks == '' and 0 or #head + 1
   end
-  if mark then
-    n = n + 1
-    out[n] = ',' .. seq .. '=' .. mark
-  end
-  local renewed = nil
-  if expiry - SESSION_MS + SESSION_RENEW_MS <= clock() then
-    expiry = S.now + SESSION_MS
-    renewed = expiry
-  end
-  out[1] = format('%d|%d|', low, expiry)
-  return table.concat(out, '', 1, n), renewed
+  S[S.sess], S.sl, S.sx = value, low, expiry
+  return value, renewed
 end
 
 -- Take the TTL off `keys` (the primitive is live).

@@ -440,7 +440,7 @@ end
 -- registered in leases (see prune()).
 local function mark(seq, mark_letter)
   local name = S.sess
-  local value, renewed = session_put(S[name], S.low, seq, mark_letter)
+  local value, renewed = session_put(S.low, seq, mark_letter)
   put(name, value)
   if renewed then
     if call(LEASES, 'ZADD', LEASES, digits(-renewed), name) == 1 then
@@ -452,12 +452,6 @@ local function mark(seq, mark_letter)
   end
 end
 
--- Whether the caller's sequence number `seq` (text) is stale: below its session's low mark
--- (a call whose answer the client has; a late copy of it is never applied).
-local function stale(seq)
-  local raw = S[S.sess]
-  return raw and (tonumber(seq) or 0) < session_low(raw)
-end
 
 local function drop_holder(id, r)
   set_slots(r.s, 0)
@@ -782,7 +776,7 @@ local function acquire_op(A, o, channel, seq)
   elseif k > MAX_UNITS then
     return { 'TOOMANY', MAX_UNITS }
   end
-  if session_mark(S[S.sess], seq) == 'X' or stale(seq) then
+  if session_stale(seq) or session_mark(seq) == 'X' then
     -- A late copy of an enqueue that was withdrawn, or answered long ago: not applied.
     return { 'GONE' }
   end
@@ -841,11 +835,12 @@ local function release_op(id, seq, kind)
     return 'NOTHELD'
   end
   if kind == 'r' then
-    local done = OUTCOMES[session_mark(S[S.sess], seq)]
+    if session_stale(seq) then
+      return 'NOTHELD'
+    end
+    local done = OUTCOMES[session_mark(seq)]
     if done then
       return done -- resent: answered as the first attempt was
-    elseif stale(seq) then
-      return 'NOTHELD'
     end
   end
   local r = record(id)
@@ -887,6 +882,9 @@ local function read_state(name)
   local r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
     'tnext', 'layout', name, S.sess)
   S.read = r
+  if S.sess then
+    S[S.sess] = r[13]
+  end
   clock()
   return r
 end
@@ -918,8 +916,7 @@ local function fast_acquire(A, name)
   if r[12] or A[3] ~= '1' or A[5] ~= '' then
     return nil
   end
-  local raw = r[13]
-  if raw and (session_mark(raw, A[10]) or (tonumber(A[10]) or 0) < session_low(raw)) then
+  if r[13] and (session_stale(A[10]) or session_mark(A[10])) then
     return nil
   end
   local ok, cap, used, nh, next_end = quiet(r, true)
@@ -954,11 +951,13 @@ local function fast_release(A, name)
   local r = read_state(name)
   local ok, _, used, nh = quiet(r)
   local slot = ok and r[12] and match(r[12], '^h|%d+|1|%d+|%d+|(%d+)|$')
-  if not slot or (tonumber(A[3]) or 0) < session_low(r[13]) then
+  if not slot or session_stale(A[3]) then
     return nil
   end
-  local session, renewed = session_put(r[13], S.low, A[3], 'R')
+  local session, renewed = session_put(S.low, A[3], 'R')
   if renewed then
+    -- (The general path writes it, and registers the expiry: read it afresh there.)
+    S[S.sess], S.sl = r[13], nil
     return nil
   end
   call(SLOTS, 'SETBIT', SLOTS, slot, '0')
