@@ -43,13 +43,15 @@ fn not_a_url(url: &str) -> CliError {
         Some((scheme, _)) if !KNOWN_SCHEMES.contains(&scheme) => {
             format!("--url {shown}: unknown scheme {scheme:?}")
         }
-        Some(_) if let Some(port) = bad_port(url) => {
-            return CliError::new(
-                exit::USAGE,
-                format!("--url {shown}: the port {port:?} is not a number from 1 to 65535"),
-            );
-        }
-        Some(_) => format!("--url {shown} is not a URL redsem can read"),
+        Some(_) => match bad_port(url) {
+            Some(port) => {
+                return CliError::new(
+                    exit::USAGE,
+                    format!("--url {shown}: the port {port:?} is not a number from 1 to 65535"),
+                );
+            }
+            None => format!("--url {shown} is not a URL redsem can read"),
+        },
         None => format!("--url {shown} has no scheme"),
     };
     CliError::new(exit::USAGE, format!("{what}; write {FORMS}"))
