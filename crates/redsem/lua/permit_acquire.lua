@@ -1,17 +1,19 @@
 -- permit_acquire: take K permits for a new request now, or (mode "wait") queue it.
 -- KEYS: see permit_prelude.lua
 -- ARGV[1] request id   ARGV[2] permits k (>= 1)   ARGV[3] mode "try" | "wait"
--- ARGV[4] waiter lease ms   ARGV[5] wake channel
+-- ARGV[4] waiter lease ms   ARGV[5] wake channel   ARGV[6] this call's number in the
+-- client's session   ARGV[7] the session id   ARGV[8] the session's low mark (common.lua)
 -- Returns: {"GRANTED"}
 --        | {"QUEUED", position, recheck ms}          (mode "wait" only)
 --        | {"BUSY", available, waiters}              (mode "try": too few, or others wait)
---        | {"GONE"}                                  (the id was withdrawn, or its place lost)
---        | {"WRONGTYPE", key, actual, expected}
--- A repeated id (a resend after a lost reply) answers as a poll would: the same request is
--- never granted or queued twice. A new wait request is never granted past the queue, and
--- never granted more than the count holds.
+--        | {"GONE"}                                  (withdrawn, its place lost, or a late copy)
+--        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
+-- A resend (the same id and number, after a lost reply) answers as a poll would: the same
+-- request is never granted or queued twice. A new wait request is never granted past the
+-- queue, and never granted more than the count holds.
 -- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
 -- permit_prelude.lua.)
+S.sess, S.low = 's:' .. (ARGV[7] or ''), tonumber(ARGV[8]) or 0
 return run(function()
-  return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5])
+  return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] or '0')
 end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

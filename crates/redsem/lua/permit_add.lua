@@ -1,13 +1,17 @@
 -- permit_add: add DELTA permits (a release, or add_permits; DELTA may be negative, and the
 -- count may go below zero), then hand what is available to the head of the queue.
--- Applied once per request id: a call repeated with the same id changes nothing.
+-- Applied once per call: its number is marked in the client's session, so a resend changes
+-- nothing.
 -- KEYS: see permit_prelude.lua
--- ARGV[1] request id   ARGV[2] delta (integer)
+-- ARGV[1] request id (not used: the call is named by its number)   ARGV[2] delta (integer)
+-- ARGV[3] this call's number in the client's session   ARGV[4] the session id
+-- ARGV[5] the session's low mark (see common.lua)
 -- Returns: {"ADDED", available}
---        | {"REPEATED", available}   (this id was applied already)
+--        | {"REPEATED", available}   (this call was applied already)
 --        | {"RANGE", available}      (the count would leave +-(2^53 - 1); nothing changed)
---        | {"WRONGTYPE", key, actual, expected}
+--        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 -- (With nobody waiting, fast_add, in permit_prelude.lua.)
+S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
 return run(function()
-  return add_op(ARGV[1], ARGV[2])
+  return add_op(ARGV[2], ARGV[3] or '0')
 end, nil, 'lazy', fast_add, ARGV)

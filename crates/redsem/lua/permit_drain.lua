@@ -1,24 +1,29 @@
 -- permit_drain: take every available permit. A count at or below zero is left as it is.
--- Applied once per request id: a repeated call takes nothing more and answers the amount the
--- first one took (the id is remembered as r:<id> "d|n").
+-- Applied once per call: its number is marked in the client's session with the amount taken
+-- ("D<n>"), and a resend takes nothing more and answers that amount.
 -- KEYS: see permit_prelude.lua
--- ARGV[1] request id
+-- ARGV[1] request id (not used)   ARGV[2] this call's number in the client's session
+-- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"DRAINED", permits taken} | {"WRONGTYPE", key, actual, expected}
-local name = 'r:' .. ARGV[1]
+--        | {"LAYOUT", key, found, ours}
+S.sess, S.low = 's:' .. (ARGV[3] or ''), tonumber(ARGV[4]) or 0
+local seq = ARGV[2] or '0'
 return run(function()
-  local st, taken = parse(S[name])
-  if st == 'd' then
-    return { 'DRAINED', taken }
+  if session_stale(seq) then
+    return { 'DRAINED', 0 }
+  end
+  local m = session_mark(seq)
+  if m and string.sub(m, 1, 1) == 'D' then
+    return { 'DRAINED', tonumber(string.sub(m, 2)) or 0 }
   end
   local count = S.count or 0
-  remember(name)
   if count <= 0 then
-    put(name, 'd|0')
+    mark(seq, 'D0')
     return { 'DRAINED', 0 }
   end
   -- Exactly 0, whatever was given back on the way.
   redis.call('SET', COUNT, 0)
   S.count, S.taken, S.create_count = 0, 0, false
-  put(name, string.format('d|%d', count))
+  mark(seq, string.format('D%d', count))
   return { 'DRAINED', count }
-end, name)
+end)

@@ -1,13 +1,15 @@
 -- permit_poll: a queued request checks in. Renews its place in the queue, or, if permits
 -- were handed to it while it waited, collects them.
 -- KEYS: see permit_prelude.lua
--- ARGV[1] request id   ARGV[2] waiter lease ms
--- Returns: {"GRANTED"}                       (also when repeated after a collection)
+-- ARGV[1] request id   ARGV[2] waiter lease ms   ARGV[3] this check-in's number in the
+-- client's session   ARGV[4] the session id   ARGV[5] the session's low mark (common.lua)
+-- Returns: {"GRANTED"}                       (also when resent after a collection)
 --        | {"QUEUED", position, recheck ms}
 --        | {"GONE"}        (neither queued nor granted: its waiter lease ended, it was withdrawn,
 --                           or its record or place in the queue was lost; the caller queues
 --                           again under a new request id)
---        | {"WRONGTYPE", key, actual, expected}
+--        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
+S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
 return run(function()
-  return check_in(ARGV[1], tonumber(ARGV[2]))
+  return check_in(ARGV[1], tonumber(ARGV[2]), ARGV[3] or '0')
 end, 'r:' .. ARGV[1])

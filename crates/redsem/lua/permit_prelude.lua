@@ -9,28 +9,32 @@
 --   3 waiters  ZSET   request id -> waiter-lease end, ms of Redis time: requests waiting, and
 --                     requests granted while they waited that have not collected the grant
 --   4 records  HASH   r:<id> a request: "w|k|since|channel" waiting, "g|k" granted (not
---                     collected), "c|k" collected, "x" withdrawn, "d|n" a drain that took n
---                     (k permits); and the fields read with them: keep (ms until which every
---                     key but the count is kept once idle), live ("1" while anyone waits or a
---                     grant is uncollected), prune (when to forget remembered ids next), wlen
---                     (size of waiters), wnext (no waiter lease ends before it), qlen (size of
---                     queue)
+--                     collected) (k permits); s:<session> client session records (see
+--                     common.lua) marking the calls in flight whose answers a resend must find:
+--                     "G<k>" k permits taken (granted at once, or collected), "A" an addition
+--                     applied, "D<n>" a drain that took n, "S" a count set, "X" a request
+--                     withdrawn; and the fields read with them: layout ("2"), keep (ms until
+--                     which every key but the count is kept once idle), live ("1" while anyone
+--                     waits or a grant is uncollected), prune (when to drop expired session
+--                     records next), wlen (size of waiters), wnext (no waiter lease ends before
+--                     it), qlen (size of queue)
 --   5 meta     HASH   seq (ticket counter)
---   6 applied  ZSET   r:<id> of requests settled ("c", "x", "d") and m:<id> of mutations
---                     applied (add, release, try_set) -> forget-at, ms of Redis time:
---                     remembered at least REMEMBER_MS, so that a call repeated with the same id
---                     is applied once
+--   6 sessions ZSET   s:<session> -> the expiry of that session's record, ms of Redis time
+--
+-- Layout 2 (client sessions; layout 1 remembered every request id for a minute): an idle
+-- state of layout 1 is taken over (its records and remembered ids dropped, the count kept),
+-- a live one refused ({"LAYOUT", key, found, ours}).
 --
 -- Expiry (keep-alive, see common.lua): while anyone waits (live), no key carries a TTL. Once
--- idle, keys 2-6 (remembered ids, the ticket counter) expire KEEP_IDLE_MS after the latest
--- forget-at or deadline; the count never does.
+-- idle, keys 2-6 (session records, the ticket counter) expire KEEP_IDLE_MS after the latest
+-- session expiry or deadline; the count never does.
 --
 -- Failures: a script validates before its first write (a foreign value is found at the first
 -- access of its key; run() then saves what was settled before and answers WRONGTYPE).
 --
 -- Work per call is bounded whatever the numbers given: at most MAX_STEPS queue heads are
 -- granted or dropped per call (the next one in line is then woken, and its own poll admits
--- the next ones), at most EXPIRE_BATCH expired waiters dropped and PRUNE_BATCH ids forgotten.
+-- the next ones), at most EXPIRE_BATCH expired waiters dropped and PRUNE_BATCH session records.
 --
 -- Lost state: if records vanish while the queue or waiters remain, qlen and wlen are rebuilt
 -- from them (entries without a record are dropped); a waiter whose record or queue entry
@@ -41,14 +45,14 @@
 -- keys' lives are extended about twice a minute while idle, not on every call.
 local COUNT, QUEUE, WAITERS, RECORDS, META, APPLIED
 
--- Forgetting is batched: an id is forgotten up to this much later than REMEMBER_MS.
+-- Dropping expired session records is batched: one goes up to this much after its expiry.
 local PRUNE_EVERY_MS = 10000
--- Ids forgotten, and expired waiters dropped, per call at most.
+-- Session records dropped, and expired waiters dropped, per call at most.
 local PRUNE_BATCH = 256
 local EXPIRE_BATCH = 1000
 -- Queue heads granted (or dropped) per call at most; the rest are admitted by later calls.
 local MAX_STEPS = 100
--- Idle bookkeeping is kept this long after the latest forget-at or deadline; the deadline
+-- Idle bookkeeping is kept this long after the latest session expiry or deadline; the deadline
 -- moves when one comes within KEEP_MARGIN_MS of it.
 local KEEP_IDLE_MS = 60000
 local KEEP_MARGIN_MS = 30000
@@ -57,6 +61,8 @@ local KEEP_MARGIN_MS = 30000
 -- table, whose fields cost the same to read and write however many records it holds (a
 -- listpack is scanned from its start on every access; see the lease prelude's WIDE).
 local WIDE = '--------------------------------------------------------------------------------'
+-- The layout of these keys and records, stored in records (field `layout`); see the top.
+local LAYOUT = '2'
 
 -- Per call, beside common's S: the count (nil if absent; unread: not read yet), the permits
 -- taken by this call (taken, written back as one INCRBY; create_count: INCRBY even if 0),
@@ -72,21 +78,28 @@ local function parse(raw)
   return st, tonumber(k) or 0, channel, k
 end
 
--- Remember `name` (r:<id> or m:<id>) in applied (see remember_id()), and schedule its
--- forgetting. With `once`, a name remembered already is left as it is: false.
-local function remember(name, once)
-  local forget = remember_id(APPLIED, name, once)
-  if not forget then
-    return false
-  end
-  if not S.prune then
+-- Mark the call numbered `seq` (text) `mark` in the caller's session record (see
+-- common.lua); a new or renewed record's expiry goes to sessions, and keep covers it.
+local function mark(seq, mark_text)
+  local value, renewed = session_put(S.low, seq, mark_text)
+  put(S.sess, value)
+  if renewed then
+    call(APPLIED, 'ZADD', APPLIED, digits(renewed), S.sess)
     S.fresh_applied = true
-    put('prune', forget + PRUNE_EVERY_MS)
+    if not S.prune then
+      put('prune', renewed + PRUNE_EVERY_MS)
+    end
+    if renewed > S.need then
+      S.need = renewed
+    end
   end
-  if forget > S.need then
-    S.need = forget
-  end
-  return true
+end
+
+-- The mark of the call numbered `seq` if it is one of permits taken ("G<k>"): k; else nil.
+local G = 71 -- the byte of 'G'
+local function taken_by(seq)
+  local m = session_mark(seq)
+  return m and byte(m, 1) == G and (tonumber(string.sub(m, 2)) or 0) or nil
 end
 
 -- Read the count (nil if absent).
@@ -155,15 +168,16 @@ local function queued(id, lease, position)
   return { 'QUEUED', position, math.max(math.floor(lease / 3), 1) }
 end
 
--- A request that already has a record checks in: collect a grant, renew a wait, or learn
--- that it was withdrawn.
-local function check_in(id, lease)
+-- A request checks in, by the call numbered `seq` (text): collect a grant (the record goes,
+-- the call is marked with the permits taken, so that its resend answers GRANTED again), renew
+-- a wait, or learn that it is gone.
+local function check_in(id, lease, seq)
   local name = 'r:' .. id
-  local st = parse(S[name])
+  local st, _, _, k = parse(S[name])
   if st == 'g' then
-    remember(name)
     put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
-    put(name, 'c' .. string.sub(S[name], 2))
+    put(name, false)
+    mark(seq, 'G' .. k)
   elseif st == 'w' then
     local position = call(QUEUE, 'ZRANK', QUEUE, id)
     if not position then
@@ -173,7 +187,7 @@ local function check_in(id, lease)
       return { 'GONE' }
     end
     return queued(id, lease, position)
-  elseif st ~= 'c' then
+  elseif not (not session_stale(seq) and taken_by(seq)) then
     return { 'GONE' }
   end
   return { 'GRANTED' }
@@ -188,12 +202,32 @@ local function load(name, mode)
   -- (Read already if a fast path did not apply: `name` is then a string or nil.)
   local r = S.read
   if not r and type(name) == 'table' then
-    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', unpack(name))
+    -- (A batch: its requests' records, then the session's.)
+    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
+      unpack(name))
     for i, each in ipairs(name) do
-      S[each] = r[7 + i]
+      S[each] = r[8 + i]
     end
   elseif not r then
-    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', name or 'keep')
+    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
+      name or 'keep', S.sess or 's:')
+    if S.sess then
+      S[S.sess] = r[10]
+    end
+  end
+  if r[8] ~= LAYOUT and (r[1] or r[7]) then
+    -- Records of another layout. Layout 1, idle: taken over; else refused, untouched.
+    if (r[8] or '1') ~= '1' or r[6] or (r[3] and r[3] ~= '0') or (r[5] and r[5] ~= '0') then
+      error({ 'LAYOUT', RECORDS, r[8] or '1', LAYOUT })
+    end
+    call(APPLIED, 'ZCARD', APPLIED)
+    redis.call('DEL', RECORDS, APPLIED)
+    r, S.sl = {}, nil
+    for each in pairs(S) do
+      if type(each) == 'string' and (string.sub(each, 1, 2) == 'r:' or string.sub(each, 1, 2) == 's:') then
+        S[each] = false
+      end
+    end
   end
   -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
   S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
@@ -202,8 +236,8 @@ local function load(name, mode)
   S.wnext = r[4] and tonumber(r[4])
   S.live, S.wide = r[6], r[7]
   S.loaded = true
-  if type(name) == 'string' then
-    S[name] = r[8]
+  if type(name) == 'string' and S[name] == nil then
+    S[name] = r[9] or false
   end
   -- (A fast path that did not apply may have read the count: S.unread is false then.)
   if S.unread == nil then
@@ -222,6 +256,8 @@ local function load(name, mode)
     local waiting = call(WAITERS, 'ZCARD', WAITERS)
     call(META, 'HLEN', META)
     call(APPLIED, 'ZCARD', APPLIED)
+    -- (Session records went with the records: their index goes too.)
+    redis.call('DEL', APPLIED)
     if queued == 0 and waiting == 0 then
       return false
     end
@@ -234,7 +270,7 @@ local function load(name, mode)
   return true
 end
 
--- Forget ids remembered long enough, drop waiters whose lease ended (giving back what was
+-- Drop expired session records, drop waiters whose lease ended (giving back what was
 -- granted to them and never collected), and hand what is available to the queue.
 local function settle()
   local now = S.now
@@ -242,10 +278,8 @@ local function settle()
     local due = call(APPLIED, 'ZRANGEBYSCORE', APPLIED, '-inf', now, 'LIMIT', 0, PRUNE_BATCH)
     if #due > 0 then
       redis.call('ZREMRANGEBYRANK', APPLIED, 0, #due - 1)
-      for _, remembered in ipairs(due) do
-        if string.sub(remembered, 1, 2) == 'r:' then
-          put(remembered, false)
-        end
+      for _, session in ipairs(due) do
+        put(session, false)
       end
     end
     if #due == PRUNE_BATCH then
@@ -299,6 +333,7 @@ end
 local function keep()
   if not S.wide and next(dirty) then
     put('wide', WIDE) -- (the hash is written: a hash table from now on)
+    put('layout', LAYOUT)
   end
   if S.taken ~= 0 or S.create_count then
     redis.call('INCRBY', COUNT, string.format('%d', -S.taken))
@@ -317,9 +352,11 @@ local function keep()
       put('keep', need + KEEP_IDLE_MS)
     end
   elseif S.live then
-    -- The last waiter left: idle from now on, kept an idle while after every forget-at.
+    -- The last waiter left: idle from now on, kept an idle while after every session
+    -- record's expiry (the latest one read from their index).
+    local last = rpcall('ZRANGE', APPLIED, -1, -1, 'WITHSCORES')
     put('live', false)
-    put('keep', math.max(need, S.now + REMEMBER_MS) + KEEP_IDLE_MS)
+    put('keep', math.max(need, S.now, type(last) == 'table' and tonumber(last[2]) or 0) + KEEP_IDLE_MS)
     expire_at(S.keep, { QUEUE, WAITERS, META, APPLIED, RECORDS })
   elseif need > 0 and need + KEEP_MARGIN_MS > S.keep then
     put('keep', need + KEEP_IDLE_MS)
@@ -353,21 +390,28 @@ end
 -- The operations that a group commit (permit_batch) applies one after another, and that
 -- permit_acquire, permit_add and permit_withdraw apply alone.
 
--- A new request `id` for `digits` permits (as given): granted now if nobody waits and the
--- count holds them, else (mode "wait") queued; a known id checks in instead. Each write is
--- counted in records as soon as it is made, so a foreign value found at the next key leaves
--- nothing uncounted.
-local function acquire_op(id, digits, mode, lease, channel)
+-- A new request `id` for `digits` permits (as given), the call numbered `seq` (text) in the
+-- caller's session: granted now if nobody waits and the count holds them (the call marked
+-- with the permits taken), else (mode "wait") queued; a known id checks in instead, and a
+-- call marked already answers as it did (a late copy of a withdrawn or answered one: GONE).
+-- Each write is counted in records as soon as it is made, so a foreign value found at the
+-- next key leaves nothing uncounted.
+local function acquire_op(id, digits, mode, lease, channel, seq)
   local name = 'r:' .. id
-  if S[name] then
-    return check_in(id, lease)
+  if session_stale(seq) then
+    return { 'GONE' }
+  end
+  local m = session_mark(seq)
+  if m then
+    return byte(m, 1) == G and { 'GRANTED' } or { 'GONE' }
+  elseif S[name] then
+    return check_in(id, lease, seq)
   end
   local k = tonumber(digits)
   local count, position = S.count or 0, S.qlen
   if position == 0 and count >= k then
-    remember(name)
     add(-k)
-    put(name, 'c|' .. digits)
+    mark(seq, 'G' .. digits)
     return { 'GRANTED' }
   end
   if mode ~= 'wait' then
@@ -383,14 +427,12 @@ local function acquire_op(id, digits, mode, lease, channel)
   return reply
 end
 
--- Add `digits` (an integer as given, may be negative) to the count, once per request id,
--- then hand what is available to the head of the queue.
-local function add_op(id, digits)
-  local name, delta = 'm:' .. id, tonumber(digits)
-  -- (What remember() may change, for an addition out of range to take back: in a batch, an
-  -- earlier operation may have made the applied ids' schedule already.)
-  local fresh, need = S.fresh_applied, S.need
-  if not remember(name, true) then
+-- Add `digits` (an integer as given, may be negative) to the count, once per call (the
+-- call numbered `seq`, text, is marked), then hand what is available to the head of the
+-- queue.
+local function add_op(digits, seq)
+  local delta = tonumber(digits)
+  if session_stale(seq) or session_mark(seq) then
     if S.unread then
       read_count()
     end
@@ -401,6 +443,7 @@ local function add_op(id, digits)
     local count = call(COUNT, 'INCRBY', COUNT, digits)
     if math.abs(count) <= MAX_INT then
       S.count, S.unread = count, false
+      mark(seq, 'A')
       return { 'ADDED', count }
     end
     S.count, S.unread = redis.call('DECRBY', COUNT, digits), false
@@ -409,13 +452,7 @@ local function add_op(id, digits)
   end
   local count = S.count or 0
   if math.abs(count + delta) > MAX_INT then
-    -- Nothing changes, so the id is not remembered either.
-    redis.call('ZREM', APPLIED, name)
-    if S.fresh_applied and not fresh then
-      S.fresh_applied, S.need = fresh, need
-      put('prune', false)
-    end
-    return { 'RANGE', count }
+    return { 'RANGE', count } -- (nothing changes, so the call is not marked)
   end
   if math.abs(delta) > MAX_INT then
     -- Not exact as a double: let Redis add the digits.
@@ -424,28 +461,42 @@ local function add_op(id, digits)
   else
     add(delta)
   end
+  mark(seq, 'A')
   promote()
   return { 'ADDED', S.count }
 end
 
 -- The request `id` leaves: permits handed to it (collected or not: its caller never learned
--- of them) are given back, and the id is remembered as withdrawn.
-local function withdraw_op(id)
+-- of them) are given back. `seq` (text) is the number of the request's call that went
+-- unanswered ("0" if none): its permits, if it took some (granted at once, or collected),
+-- are given back too, and it is marked withdrawn, so a late copy of it is refused and the
+-- withdrawal resent changes nothing.
+local function withdraw_op(id, seq)
   local name = 'r:' .. id
   local st, k = parse(S[name])
-  remember(name)
   local result = { 'UNKNOWN' }
   if st == 'w' then
     put('qlen', math.max(S.qlen - call(QUEUE, 'ZREM', QUEUE, id), 0))
     result = { 'WITHDRAWN' }
-  elseif st == 'g' or st == 'c' then
+  elseif st == 'g' then
     add(k)
     result = { 'RETURNED', k }
+  elseif seq ~= '0' and not session_stale(seq) then
+    local taken = taken_by(seq)
+    if taken then
+      add(taken)
+      result = { 'RETURNED', taken }
+    end
   end
   if st == 'w' or st == 'g' then
     put('wlen', math.max(S.wlen - call(WAITERS, 'ZREM', WAITERS, id), 0))
   end
-  put(name, 'x')
+  if st then
+    put(name, false)
+  end
+  if seq ~= '0' then
+    mark(seq, 'X')
+  end
   promote()
   return result
 end
@@ -455,41 +506,63 @@ end
 -- The fast paths: the uncontended cycle, a grant with nobody waiting and the addition (a
 -- release) with nobody waiting, written straight to the keys: no field cache, no settle, no
 -- write-back. Each applies only where the general path (acquire_op, add_op) issues exactly
--- the same commands: the bookkeeping is in place (keep, wide), nobody waits and no grant is
--- uncollected (qlen, wlen 0, not live), no id is due to be forgotten (prune ahead) and the id
--- this call remembers does not move keep. Otherwise it answers nil before its first write,
--- and the general path runs on the same read (load() takes S.read, and the count if read).
+-- the same commands: the bookkeeping is in place (keep, wide, this layout), nobody waits and
+-- no grant is uncollected (qlen, wlen 0, not live), no session record is due to be dropped
+-- (prune ahead), the call is neither stale nor marked and its mark needs no renewal of the
+-- session record. Otherwise it answers nil before its first write, and the general path runs
+-- on the same read (load() takes S.read, and the count if read).
 
--- The time and the fields load() reads, with the field `name` (as load() reads them).
+-- The time and the fields load() reads, with the field `name` and the caller's session
+-- record (as load() reads them).
 local function read_records(name)
   clock()
-  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', name)
+  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
+    name, S.sess)
   S.read = r
+  S[S.sess] = r[10]
   return r
 end
 
 -- Whether the fields read (`r`) let a fast path run (see above).
 local function quiet(r)
-  if r[6] or not (r[1] and r[2] and r[7]) or (r[3] and r[3] ~= '0') or (r[5] and r[5] ~= '0') then
+  if r[6] or not (r[1] and r[2] and r[7]) or r[8] ~= LAYOUT or (r[3] and r[3] ~= '0')
+    or (r[5] and r[5] ~= '0') then
     return false
   end
-  local keep, prune = tonumber(r[1]), tonumber(r[2])
-  return keep and prune and S.now < prune and S.now + REMEMBER_MS + KEEP_MARGIN_MS <= keep
+  local prune = tonumber(r[2])
+  return prune and S.now < prune
+end
+
+-- The caller's session record with the call numbered `seq` marked `mark`, unless the call is
+-- stale or marked already, or the record needs renewing (the general path then): nil.
+local function fast_mark(r, seq, mark_text)
+  if r[10] and (session_stale(seq) or session_mark(seq)) then
+    return nil
+  end
+  local value, renewed = session_put(S.low, seq, mark_text)
+  if renewed then
+    S[S.sess], S.sl = r[10], nil -- (read afresh by the general path)
+    return nil
+  end
+  return value
 end
 
 -- permit_acquire of a new request that the count holds, with nobody waiting.
 local function fast_acquire(A, name)
   local r = read_records(name)
-  if r[8] or not quiet(r) then
+  if r[9] or not quiet(r) then
     return nil
   end
   local k, count = tonumber(A[2]), read_count()
   if not (count and k) or count < k then
     return nil
   end
-  remember_id(APPLIED, name)
+  local session = fast_mark(r, A[6], 'G' .. A[2])
+  if not session then
+    return nil
+  end
   rcall('INCRBY', COUNT, '-' .. text(k))
-  rcall('HSET', RECORDS, name, 'c|' .. A[2])
+  rcall('HSET', RECORDS, S.sess, session)
   return { 'GRANTED' }
 end
 
@@ -504,16 +577,16 @@ local function fast_add(A)
   if not delta or math.abs(delta) > MAX_INT then
     return nil
   end
-  local name = 'm:' .. A[1]
-  if not remember_id(APPLIED, name, true) then
-    return { 'REPEATED', read_count() or 0 }
+  local session = fast_mark(r, A[3], 'A')
+  if not session then
+    return nil
   end
   local count = call(COUNT, 'INCRBY', COUNT, A[2])
   if math.abs(count) <= MAX_INT then
+    rcall('HSET', RECORDS, S.sess, session)
     return { 'ADDED', count }
   end
-  -- Out of range: taken back, and the id not remembered (nothing changed).
+  -- Out of range: taken back, and the call not marked (nothing changed).
   count = redis.call('DECRBY', COUNT, A[2])
-  redis.call('ZREM', APPLIED, name)
   return { 'RANGE', count }
 end

@@ -1,18 +1,22 @@
 -- permit_try_set: set the count to PERMITS if it was never set (a count of 0 is set), then
 -- hand permits to requests that queued before it was set.
--- Applied once per request id: a repeated call answers "SET" again.
+-- Applied once per call: its number is marked in the client's session ("S"), and a resend
+-- answers "SET" again.
 -- KEYS: see permit_prelude.lua
--- ARGV[1] request id   ARGV[2] permits (>= 0)
+-- ARGV[1] request id (not used)   ARGV[2] permits (>= 0)   ARGV[3] this call's number in the
+-- client's session   ARGV[4] the session id   ARGV[5] the session's low mark (common.lua)
 -- Returns: {"SET"} | {"EXISTS", available} | {"WRONGTYPE", key, actual, expected}
+--        | {"LAYOUT", key, found, ours}
+S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
+local seq = ARGV[3] or '0'
 return run(function()
-  local name = 'm:' .. ARGV[1]
-  if remembered(APPLIED, name) then
+  if session_mark(seq) == 'S' then
     return { 'SET' }
   end
-  if S.count then
-    return { 'EXISTS', S.count }
+  if S.count or session_stale(seq) then
+    return { 'EXISTS', S.count or 0 }
   end
-  remember(name)
+  mark(seq, 'S')
   redis.call('SET', COUNT, ARGV[2])
   S.count = tonumber(ARGV[2])
   promote()

@@ -1,12 +1,15 @@
 -- permit_withdraw: a cancelled or timed-out request leaves. Permits handed to it (collected
--- or not: the caller never learned of them) are given back, so it takes nothing. The id is
--- remembered as withdrawn, so a late or repeated acquire with it is refused.
+-- or not: the caller never learned of them) are given back, so it takes nothing; the call
+-- of it that went unanswered (its enqueue or a check-in), if any, is named and marked
+-- withdrawn, so a late copy of it is refused.
 -- KEYS: see permit_prelude.lua
--- ARGV[1] request id
+-- ARGV[1] request id   ARGV[2] the number of its unanswered call ("0" if none)
+-- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"WITHDRAWN"}              (it was waiting; nothing was taken)
 --        | {"RETURNED", permits}      (it had been granted; the permits were given back)
 --        | {"UNKNOWN"}                (no such request, or already withdrawn)
---        | {"WRONGTYPE", key, actual, expected}
+--        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
+S.sess, S.low = 's:' .. (ARGV[3] or ''), tonumber(ARGV[4]) or 0
 return run(function()
-  return withdraw_op(ARGV[1])
+  return withdraw_op(ARGV[1], ARGV[2] or '0')
 end, 'r:' .. ARGV[1])

@@ -69,10 +69,10 @@ impl Queue for SemInner {
         &self.name
     }
 
-    async fn withdraw(&self, id: &str, enqueue: Option<u64>) -> Result<()> {
+    async fn withdraw(&self, id: &str, pending: Option<u64>) -> Result<()> {
         let by = ReleaseBy::Withdrawal {
             session: self.redsem.session(),
-            enqueue,
+            enqueue: pending,
         };
         retry_once("withdraw", || async {
             match &self.batcher {

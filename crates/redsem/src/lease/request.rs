@@ -91,7 +91,7 @@ impl wait::Request for LeaseRequest<'_> {
         Ok(self.answer(reply))
     }
 
-    async fn poll(&self, id: &str) -> Result<Answer<LeaseGrant>> {
+    async fn poll(&self, id: &str, _seq: u64) -> Result<Answer<LeaseGrant>> {
         let inner = &self.sem.inner;
         let options = &inner.options;
         let reply = script::lease_poll(

@@ -21,7 +21,8 @@ impl Group for PermitGroup {
         let mut conn = self.redsem.conn_acked_if(ops.iter().any(|op| op.acked));
         let channel = &self.redsem.shared.wake_channel;
         let (replies, unconfirmed) =
-            script::permit_batch(&mut conn, &self.keys, channel, &ops).await?;
+            script::permit_batch(&mut conn, &self.keys, channel, self.redsem.session(), &ops)
+                .await?;
         Ok(Sent {
             replies,
             unconfirmed,

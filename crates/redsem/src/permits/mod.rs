@@ -174,12 +174,14 @@ impl PermitSemaphore {
         let request = PermitId::random();
         let span = op_span!(inner.meter, "redsem.permits.try_set");
         span.record("units", permits);
+        let seq = inner.redsem.session().open();
         retry_once("try_set_permits", || async {
             script::permit_try_set(
                 &mut inner.redsem.conn(),
                 &inner.keys,
                 request.as_str(),
                 permits,
+                script::Caller::new(inner.redsem.session(), seq.n()),
             )
             .await
         })
@@ -457,10 +459,15 @@ impl PermitSemaphore {
     pub async fn drain_permits(&self) -> Result<u64> {
         let inner = &self.inner;
         let request = PermitId::random();
+        let seq = inner.redsem.session().open();
         let (taken, unconfirmed) = retry_once("drain_permits", || async {
-            let (taken, unconfirmed) =
-                script::permit_drain(&mut inner.redsem.conn(), &inner.keys, request.as_str())
-                    .await?;
+            let (taken, unconfirmed) = script::permit_drain(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                request.as_str(),
+                script::Caller::new(inner.redsem.session(), seq.n()),
+            )
+            .await?;
             match unconfirmed {
                 // A `WAIT` that did not answer is sent again with the drain (same id).
                 Some(err) if !err.is_not_replicated() => Err(err),
@@ -520,16 +527,18 @@ impl PermitSemaphore {
             _ => op_span!(inner.meter, "redsem.permits.add"),
         };
         span.record("units", delta);
+        let seq = inner.redsem.session().open();
         let added = retry_once(what, || async {
             match &inner.batcher {
                 Some(batcher) => {
-                    let op = script::PermitOp::add(request.as_str(), delta);
+                    let op = script::PermitOp::add(request.as_str(), delta, seq.n());
                     let (reply, unconfirmed) = batcher.submit(op).await?;
                     script::added(script::Acked { reply, unconfirmed })
                 }
                 None => {
                     let mut conn = inner.redsem.conn();
-                    script::permit_add(&mut conn, &inner.keys, request.as_str(), delta).await
+                    let call = script::Caller::new(inner.redsem.session(), seq.n());
+                    script::permit_add(&mut conn, &inner.keys, request.as_str(), delta, call).await
                 }
             }
         })

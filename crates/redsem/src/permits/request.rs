@@ -47,13 +47,13 @@ impl wait::Request for PermitRequest<'_> {
         self.sem.inner.options.waiter_lease
     }
 
-    async fn enqueue(&self, id: &str, _seq: u64, wait: bool) -> Result<Answer<()>> {
+    async fn enqueue(&self, id: &str, seq: u64, wait: bool) -> Result<Answer<()>> {
         let inner = &self.sem.inner;
         let lease = inner.options.waiter_lease;
         let reply = retry_once("acquire", || async {
             match &inner.batcher {
                 Some(batcher) => {
-                    let op = script::PermitOp::acquire(id, self.permits, wait, lease);
+                    let op = script::PermitOp::acquire(id, self.permits, wait, lease, seq);
                     let (reply, unconfirmed) = batcher.submit(op).await?;
                     script::permits_granted("permit_acquire", script::Acked { reply, unconfirmed })
                 }
@@ -61,7 +61,9 @@ impl wait::Request for PermitRequest<'_> {
                     let channel = &inner.redsem.shared.wake_channel;
                     let mut conn = inner.redsem.conn();
                     let (keys, permits) = (&inner.keys, self.permits);
-                    script::permit_acquire(&mut conn, keys, id, permits, wait, lease, channel).await
+                    let call = script::Caller::new(inner.redsem.session(), seq);
+                    script::permit_acquire(&mut conn, keys, id, permits, wait, lease, channel, call)
+                        .await
                 }
             }
         })
@@ -69,19 +71,21 @@ impl wait::Request for PermitRequest<'_> {
         Ok(self.answer(reply))
     }
 
-    async fn poll(&self, id: &str) -> Result<Answer<()>> {
+    async fn poll(&self, id: &str, seq: u64) -> Result<Answer<()>> {
         let inner = &self.sem.inner;
         let lease = inner.options.waiter_lease;
         let reply = retry_once("acquire", || async {
             match &inner.batcher {
                 Some(batcher) => {
-                    let (reply, unconfirmed) =
-                        batcher.submit(script::PermitOp::poll(id, lease)).await?;
+                    let (reply, unconfirmed) = batcher
+                        .submit(script::PermitOp::poll(id, lease, seq))
+                        .await?;
                     script::permits_granted("permit_poll", script::Acked { reply, unconfirmed })
                 }
                 None => {
                     let mut conn = inner.redsem.conn();
-                    script::permit_poll(&mut conn, &inner.keys, id, lease).await
+                    let call = script::Caller::new(inner.redsem.session(), seq);
+                    script::permit_poll(&mut conn, &inner.keys, id, lease, call).await
                 }
             }
         })

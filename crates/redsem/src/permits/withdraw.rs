@@ -16,20 +16,26 @@ impl Queue for PermitInner {
         &self.name
     }
 
-    async fn withdraw(&self, id: &str, _enqueue: Option<u64>) -> Result<()> {
+    async fn withdraw(&self, id: &str, pending: Option<u64>) -> Result<()> {
         match &self.batcher {
             // After the acquire it withdraws, which may still wait in the batcher.
             Some(batcher) => {
-                let (reply, _) = batcher.submit(script::PermitOp::withdraw(id)).await?;
+                let (reply, _) = batcher
+                    .submit(script::PermitOp::withdraw(id, pending))
+                    .await?;
                 script::withdrawn(script::Acked {
                     reply,
                     unconfirmed: None,
                 })
                 .map(drop)
             }
-            None => script::permit_withdraw(&mut self.redsem.conn_unacked(), &self.keys, id)
-                .await
-                .map(drop),
+            None => {
+                let mut conn = self.redsem.conn_unacked();
+                let session = self.redsem.session();
+                script::permit_withdraw(&mut conn, &self.keys, id, session, pending)
+                    .await
+                    .map(drop)
+            }
         }
     }
 }

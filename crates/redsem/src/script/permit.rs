@@ -13,6 +13,21 @@ use super::library::{
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
 use crate::error::{Error, Result};
 use crate::keys::PermitKeys;
+use crate::session::Session;
+
+/// Which call of which client session a script call is (see [`crate::session`]): its
+/// session, and its number in it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    pub(crate) session: &'a Session,
+    pub(crate) seq: u64,
+}
+
+impl<'a> Caller<'a> {
+    pub(crate) fn new(session: &'a Session, seq: u64) -> Self {
+        Caller { session, seq }
+    }
+}
 
 /// What `permit_acquire` and `permit_poll` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +75,7 @@ pub(crate) async fn permit_acquire(
     wait: bool,
     waiter_lease: Duration,
     channel: &str,
+    call: Caller<'_>,
 ) -> Result<PermitAcquire> {
     let acked = PERMIT_ACQUIRE
         .key(&keys.all[..])
@@ -68,6 +84,9 @@ pub(crate) async fn permit_acquire(
         .arg(if wait { "wait" } else { "try" })
         .arg(millis(waiter_lease))
         .arg(channel)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .invoke_acked(conn)
         .await?;
     permits_granted("permit_acquire", acked)
@@ -78,11 +97,15 @@ pub(crate) async fn permit_poll(
     keys: &PermitKeys,
     id: &str,
     waiter_lease: Duration,
+    call: Caller<'_>,
 ) -> Result<PermitAcquire> {
     let acked = PERMIT_POLL
         .key(&keys.all[..])
         .arg(id)
         .arg(millis(waiter_lease))
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .invoke_acked(conn)
         .await?;
     permits_granted("permit_poll", acked)
@@ -100,14 +123,21 @@ pub(crate) fn permits_granted(script: &'static str, acked: Acked) -> Result<Perm
     }
 }
 
+/// Withdraw request `id`; `pending` is the number of its call that went unanswered (its
+/// enqueue or a check-in), if one did: what that call took is given back too.
 pub(crate) async fn permit_withdraw(
     conn: &mut impl Scripting,
     keys: &PermitKeys,
     id: &str,
+    session: &Session,
+    pending: Option<u64>,
 ) -> Result<Withdrawal> {
     let acked = PERMIT_WITHDRAW
         .key(&keys.all[..])
         .arg(id)
+        .arg(pending.unwrap_or(0))
+        .arg(session.id())
+        .arg(session.low())
         .invoke_acked(conn)
         .await?;
     withdrawn(acked)
@@ -138,11 +168,15 @@ pub(crate) async fn permit_add(
     keys: &PermitKeys,
     request: &str,
     delta: i64,
+    call: Caller<'_>,
 ) -> Result<Addition> {
     let acked = PERMIT_ADD
         .key(&keys.all[..])
         .arg(request)
         .arg(delta)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .invoke_acked(conn)
         .await?;
     added(acked)
@@ -173,7 +207,14 @@ pub(crate) struct PermitOp {
 impl PermitOp {
     /// A new request `id` for `permits`, as `permit_acquire` takes it (the channel is the
     /// batch's).
-    pub(crate) fn acquire(id: &str, permits: u32, wait: bool, waiter_lease: Duration) -> Self {
+    /// The call is numbered `seq` in the batch's session (the client's).
+    pub(crate) fn acquire(
+        id: &str,
+        permits: u32,
+        wait: bool,
+        waiter_lease: Duration,
+        seq: u64,
+    ) -> Self {
         let mode: &[u8] = if wait { b"wait" } else { b"try" };
         PermitOp {
             args: vec![
@@ -182,40 +223,47 @@ impl PermitOp {
                 permits.to_string().into_bytes(),
                 mode.to_vec(),
                 millis(waiter_lease).to_string().into_bytes(),
+                seq.to_string().into_bytes(),
             ],
             acked: true,
         }
     }
 
-    /// An addition of `delta` permits (a release) under the request id `id`.
-    pub(crate) fn add(id: &str, delta: i64) -> Self {
+    /// An addition of `delta` permits (a release), the call numbered `seq`.
+    pub(crate) fn add(id: &str, delta: i64, seq: u64) -> Self {
         PermitOp {
             args: vec![
                 b"m".to_vec(),
                 id.as_bytes().to_vec(),
                 delta.to_string().into_bytes(),
+                seq.to_string().into_bytes(),
             ],
             acked: true,
         }
     }
 
     /// A check-in of the queued request `id` (collects a grant, or renews its place), as
-    /// `permit_poll` takes it.
-    pub(crate) fn poll(id: &str, waiter_lease: Duration) -> Self {
+    /// `permit_poll` takes it, the call numbered `seq`.
+    pub(crate) fn poll(id: &str, waiter_lease: Duration, seq: u64) -> Self {
         PermitOp {
             args: vec![
                 b"p".to_vec(),
                 id.as_bytes().to_vec(),
                 millis(waiter_lease).to_string().into_bytes(),
+                seq.to_string().into_bytes(),
             ],
             acked: true,
         }
     }
 
-    /// A withdrawal of the request `id`.
-    pub(crate) fn withdraw(id: &str) -> Self {
+    /// A withdrawal of the request `id`, naming its unanswered call (`pending`), if any.
+    pub(crate) fn withdraw(id: &str, pending: Option<u64>) -> Self {
         PermitOp {
-            args: vec![b"w".to_vec(), id.as_bytes().to_vec()],
+            args: vec![
+                b"w".to_vec(),
+                id.as_bytes().to_vec(),
+                pending.unwrap_or(0).to_string().into_bytes(),
+            ],
             acked: false,
         }
     }
@@ -228,32 +276,36 @@ pub(crate) async fn permit_batch(
     conn: &mut impl Scripting,
     keys: &PermitKeys,
     channel: &str,
+    session: &Session,
     ops: &[PermitOp],
 ) -> Result<(Vec<Value>, Option<Error>)> {
+    // (One operation alone: its own script, its arguments but the kind, the channel after an
+    // acquire's first four, then the session and its low mark.)
     let call = match ops {
-        [op] => match op.args.first().map(Vec::as_slice) {
-            Some(b"a") => op.args[1..]
-                .iter()
-                .fold(PERMIT_ACQUIRE.key(&keys.all[..]), |call, arg| {
-                    call.arg(&arg[..])
-                })
-                .arg(channel),
-            Some(b"m") => PERMIT_ADD
+        [op] => {
+            let (script, channel_at) = match op.args.first().map(Vec::as_slice) {
+                Some(b"a") => (&PERMIT_ACQUIRE, Some(5)),
+                Some(b"m") => (&PERMIT_ADD, None),
+                Some(b"p") => (&PERMIT_POLL, None),
+                _ => (&PERMIT_WITHDRAW, None),
+            };
+            let mut call = script.key(&keys.all[..]);
+            for (i, arg) in op.args.iter().enumerate().skip(1) {
+                if Some(i) == channel_at {
+                    call = call.arg(channel);
+                }
+                call = call.arg(&arg[..]);
+            }
+            call.arg(session.id()).arg(session.low())
+        }
+        _ => ops.iter().flat_map(|op| &op.args).fold(
+            PERMIT_BATCH
                 .key(&keys.all[..])
-                .arg(&op.args[1][..])
-                .arg(&op.args[2][..]),
-            Some(b"p") => PERMIT_POLL
-                .key(&keys.all[..])
-                .arg(&op.args[1][..])
-                .arg(&op.args[2][..]),
-            _ => PERMIT_WITHDRAW.key(&keys.all[..]).arg(&op.args[1][..]),
-        },
-        _ => ops
-            .iter()
-            .flat_map(|op| &op.args)
-            .fold(PERMIT_BATCH.key(&keys.all[..]).arg(channel), |call, arg| {
-                call.arg(&arg[..])
-            }),
+                .arg(channel)
+                .arg(session.id())
+                .arg(session.low()),
+            |call, arg| call.arg(&arg[..]),
+        ),
     };
     let acked = call.invoke_acked(conn).await?;
     if ops.len() == 1 {
@@ -269,11 +321,15 @@ pub(crate) async fn permit_try_set(
     keys: &PermitKeys,
     request: &str,
     permits: u32,
+    call: Caller<'_>,
 ) -> Result<bool> {
     let acked = PERMIT_TRY_SET
         .key(&keys.all[..])
         .arg(request)
         .arg(permits)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .invoke_acked(conn)
         .await?;
     decode_set("permit_try_set", acked)
@@ -305,10 +361,14 @@ pub(crate) async fn permit_drain(
     conn: &mut impl Scripting,
     keys: &PermitKeys,
     request: &str,
+    call: Caller<'_>,
 ) -> Result<(u64, Option<Error>)> {
     let acked = PERMIT_DRAIN
         .key(&keys.all[..])
         .arg(request)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .invoke_acked(conn)
         .await?;
     let mut r = Reply::new("permit_drain", acked.reply)?;

@@ -71,8 +71,9 @@ pub(crate) trait Request: Sync {
         wait: bool,
     ) -> impl Future<Output = Result<Answer<Self::Grant>>> + Send;
 
-    /// Check in for the queued request `id`. Idempotent per id.
-    fn poll(&self, id: &str) -> impl Future<Output = Result<Answer<Self::Grant>>> + Send;
+    /// Check in for the queued request `id`, the call numbered `seq` in the client's session
+    /// (the same in every attempt of one check-in). Idempotent per id and number.
+    fn poll(&self, id: &str, seq: u64) -> impl Future<Output = Result<Answer<Self::Grant>>> + Send;
 
     /// A grant carried by the wake-up message's `news`, for a request whose last answered
     /// check-in was first sent at `sent` (on [`clock`]: its first attempt, when it took more
@@ -212,10 +213,18 @@ pub(crate) async fn acquire<R: Request>(
                             handed: true,
                         });
                     }
+                    // Like the enqueue's, the check-in's number is named by a withdrawal
+                    // until it is answered (what it collected is given back then).
+                    let seq = queue.redsem().session().open();
+                    withdraw.pending(seq.n());
                     let polled = check_in(sent.answered, waiter_lease, deadline, || {
-                        request.poll(id.as_str())
+                        request.poll(id.as_str(), seq.n())
                     })
                     .await;
+                    if polled.is_ok() {
+                        withdraw.answered();
+                    }
+                    drop(seq);
                     (answer, sent) = match polled {
                         Ok(answered) => answered,
                         Err(err) => return Err(failed(&mut withdraw, err).await),

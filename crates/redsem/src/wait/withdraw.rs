@@ -21,11 +21,11 @@ const WITHDRAW_PATIENCE: Duration = Duration::from_secs(30);
 pub(crate) trait Queue: Send + Sync + 'static {
     fn redsem(&self) -> &Redsem;
     fn name(&self) -> &str;
-    /// Withdraw request `id`, giving back what was granted to it; `enqueue` is the number of
-    /// its enqueue in the client's session if that went unanswered (a late copy of it must
-    /// then be refused). Sends no replica acknowledgement (`RedsemOptions::replica_acks`): a
+    /// Withdraw request `id`, giving back what was granted to it; `pending` is the number of
+    /// its call in the client's session that went unanswered (its enqueue or a check-in), if
+    /// one did: a late copy of it must be refused, and what it took given back. Sends no replica acknowledgement (`RedsemOptions::replica_acks`): a
     /// withdrawal a failover loses leaves what it undoes to its own lease.
-    fn withdraw(&self, id: &str, enqueue: Option<u64>) -> impl Future<Output = Result<()>> + Send;
+    fn withdraw(&self, id: &str, pending: Option<u64>) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Withdraws request `id` unless disarmed: awaited with [`Withdraw::now`], or in the
@@ -33,8 +33,8 @@ pub(crate) trait Queue: Send + Sync + 'static {
 pub(crate) struct Withdraw<Q: Queue> {
     queue: Option<Arc<Q>>,
     id: PermitId,
-    /// The number of the request's enqueue until that is answered.
-    enqueue: Option<u64>,
+    /// The number of the request's call (its enqueue, a check-in) until that is answered.
+    pending: Option<u64>,
 }
 
 impl<Q: Queue> Withdraw<Q> {
@@ -43,13 +43,19 @@ impl<Q: Queue> Withdraw<Q> {
         Withdraw {
             queue: Some(queue),
             id,
-            enqueue: Some(enqueue),
+            pending: Some(enqueue),
         }
     }
 
-    /// The enqueue was answered: a withdrawal need not name it.
+    /// A call of the request (a check-in) is on its way, numbered `seq`: a withdrawal names
+    /// it until it is answered.
+    pub(crate) fn pending(&mut self, seq: u64) {
+        self.pending = Some(seq);
+    }
+
+    /// The call named last was answered: a withdrawal need not name it.
     pub(crate) fn answered(&mut self) {
-        self.enqueue = None;
+        self.pending = None;
     }
 
     /// The request was granted and collected: nothing to withdraw.
@@ -64,7 +70,7 @@ impl<Q: Queue> Withdraw<Q> {
         let Some(queue) = &self.queue else {
             return Ok(());
         };
-        queue.withdraw(self.id.as_str(), self.enqueue).await?;
+        queue.withdraw(self.id.as_str(), self.pending).await?;
         self.queue = None;
         Ok(())
     }
@@ -75,11 +81,11 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let Some(queue) = self.queue.take() else {
             return;
         };
-        let (id, enqueue) = (self.id.clone(), self.enqueue);
+        let (id, pending) = (self.id.clone(), self.pending);
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
             let withdrawn =
-                until_reached(WITHDRAW_PATIENCE, || queue.withdraw(id.as_str(), enqueue)).await;
+                until_reached(WITHDRAW_PATIENCE, || queue.withdraw(id.as_str(), pending)).await;
             if let Err(err) = withdrawn {
                 tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
                     "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");

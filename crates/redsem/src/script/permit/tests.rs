@@ -19,6 +19,113 @@ use crate::script::test_support::{
 
 const LONG: Duration = Duration::from_secs(30);
 
+/// The session every call of these tests is made in (its low mark stays 1: it never opens a
+/// number itself, the calls name theirs).
+fn session() -> &'static Session {
+    static SESSION: std::sync::LazyLock<std::sync::Arc<Session>> =
+        std::sync::LazyLock::new(Session::new);
+    &SESSION
+}
+
+/// A number of the test session that is the same for the same `name` (so that a call made
+/// again under it is a resend).
+fn number(name: &str) -> u64 {
+    name.bytes().fold(1_469_598_103u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1_099_511)
+    }) % 1_000_000_000
+        + 1
+}
+
+fn caller(name: &str) -> Caller<'static> {
+    Caller::new(session(), number(name))
+}
+
+// The scripts' wrappers as these tests call them: each call numbered after its request id
+// (a check-in after "poll <id>"), so the same call made again is its resend.
+
+async fn permit_acquire(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+    permits: u32,
+    wait: bool,
+    waiter_lease: Duration,
+    channel: &str,
+) -> Result<PermitAcquire> {
+    super::permit_acquire(
+        conn,
+        keys,
+        id,
+        permits,
+        wait,
+        waiter_lease,
+        channel,
+        caller(id),
+    )
+    .await
+}
+
+async fn permit_poll(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+    waiter_lease: Duration,
+) -> Result<PermitAcquire> {
+    let call = caller(&format!("poll {id}"));
+    super::permit_poll(conn, keys, id, waiter_lease, call).await
+}
+
+async fn permit_add(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+    delta: i64,
+) -> Result<Addition> {
+    super::permit_add(conn, keys, request, delta, caller(request)).await
+}
+
+/// A withdrawal with no call of the request in flight.
+async fn permit_withdraw(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    id: &str,
+) -> Result<Withdrawal> {
+    super::permit_withdraw(conn, keys, id, session(), None).await
+}
+
+/// A withdrawal naming the call `name` of the request as unanswered (see [`number`]).
+async fn withdraw_naming(conn: &mut impl Scripting, id: &str, name: &str) -> Withdrawal {
+    super::permit_withdraw(conn, &pk(), id, session(), Some(number(name)))
+        .await
+        .expect("withdraw")
+}
+
+async fn permit_try_set(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+    permits: u32,
+) -> Result<bool> {
+    super::permit_try_set(conn, keys, request, permits, caller(request)).await
+}
+
+async fn permit_drain(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    request: &str,
+) -> Result<(u64, Option<Error>)> {
+    super::permit_drain(conn, keys, request, caller(request)).await
+}
+
+async fn permit_batch(
+    conn: &mut impl Scripting,
+    keys: &PermitKeys,
+    channel: &str,
+    ops: &[PermitOp],
+) -> Result<(Vec<Value>, Option<Error>)> {
+    super::permit_batch(conn, keys, channel, session(), ops).await
+}
+
 fn pk() -> PermitKeys {
     PermitKeys::new("t", "p")
 }
@@ -184,28 +291,40 @@ async fn a_withdrawn_request_takes_nothing_whatever_its_state() {
         Withdrawal::Returned(2)
     );
     assert_eq!(available(&mut conn).await, 2);
-    // Collected, but the caller never heard: gives them back as well.
+    // Taken by the call the withdrawal names as unanswered (the caller never heard): given
+    // back as well.
     assert_eq!(
         acquire(&mut conn, "c", 2, false, LONG).await,
         PermitAcquire::Granted
     );
     assert_eq!(
-        permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+        withdraw_naming(&mut conn, "c", "c").await,
         Withdrawal::Returned(2)
     );
     assert_eq!(available(&mut conn).await, 2);
     // Twice, or unknown: nothing.
     assert_eq!(
-        permit_withdraw(&mut conn, &k, "c").await.expect("withdraw"),
+        withdraw_naming(&mut conn, "c", "c").await,
         Withdrawal::Unknown
     );
     assert_eq!(
-        permit_withdraw(&mut conn, &k, "never")
+        withdraw_naming(&mut conn, "never", "never").await,
+        Withdrawal::Unknown
+    );
+    // A withdrawal that names no call leaves what an answered call took (a permit of a
+    // caller that heard of it is the caller's to release).
+    assert_eq!(
+        acquire(&mut conn, "heard", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(
+        permit_withdraw(&mut conn, &k, "heard")
             .await
             .expect("withdraw"),
         Withdrawal::Unknown
     );
-    assert_eq!(available(&mut conn).await, 2);
+    assert_eq!(available(&mut conn).await, 1);
+    assert_eq!(add(&mut conn, "r heard", 1).await, Addition::Applied(2));
     // A late acquire with a withdrawn id (sent before the withdrawal, arriving after).
     assert_eq!(
         acquire(&mut conn, "never", 1, false, LONG).await,
@@ -301,10 +420,11 @@ async fn bookkeeping_keys_expire_only_while_idle_and_the_count_never() {
     let k = pk();
     add(&mut conn, "r1", 1).await;
     acquire(&mut conn, "a", 1, false, LONG).await;
-    // Idle (nobody waits): remembered ids and the ticket counter expire.
+    // Idle (nobody waits): the session records (kept 10 min) and the ticket counter expire,
+    // an idle while after the session's record does.
     for key in [&k.all[3], &k.all[5]] {
         let ttl: i64 = conn.pttl(key).await.expect("pttl");
-        assert!(ttl > 30_000 && ttl <= 30_000 + 120_000, "{key}: {ttl}");
+        assert!(ttl > 600_000 && ttl <= 600_000 + 120_000, "{key}: {ttl}");
     }
     // Live (someone waits): nothing expires.
     acquire(&mut conn, "b", 1, true, LONG).await;
@@ -316,7 +436,7 @@ async fn bookkeeping_keys_expire_only_while_idle_and_the_count_never() {
     permit_withdraw(&mut conn, &k, "b").await.expect("withdraw");
     for key in [&k.all[3], &k.all[4], &k.all[5]] {
         let ttl: i64 = conn.pttl(key).await.expect("pttl");
-        assert!(ttl > 60_000 && ttl <= 60_000 + 120_000, "{key}: {ttl}");
+        assert!(ttl > 600_000 && ttl <= 600_000 + 120_000, "{key}: {ttl}");
     }
     let ttl: i64 = conn.pttl(&k.all[0]).await.expect("pttl");
     assert_eq!(ttl, -1, "the count never expires");
@@ -489,13 +609,13 @@ async fn every_mutating_permit_script_repeated_with_its_id_is_applied_once() {
         assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
     }
     assert_eq!(available(&mut conn).await, 0);
-    // A withdrawal gives back once.
+    // A withdrawal naming the check-in that collected (its answer lost) gives back once.
     assert_eq!(
-        permit_withdraw(&mut conn, &k, "w").await.expect("withdraw"),
+        withdraw_naming(&mut conn, "w", "poll w").await,
         Withdrawal::Returned(2)
     );
     assert_eq!(
-        permit_withdraw(&mut conn, &k, "w").await.expect("resent"),
+        withdraw_naming(&mut conn, "w", "poll w").await,
         Withdrawal::Unknown
     );
     assert_eq!(available(&mut conn).await, 2);
@@ -668,13 +788,13 @@ async fn a_batch_applies_its_operations_in_order_as_one_call_each_would() {
     let too_many = crate::permits::MAX_PERMITS + 1;
     // The first addition makes the semaphore, and the schedule of its remembered ids.
     let ops = [
-        PermitOp::add("m0", 2),
-        PermitOp::acquire("a1", 2, false, LONG),
-        PermitOp::acquire("a2", 1, false, LONG),
-        PermitOp::add("m1", 1),
-        PermitOp::acquire("a3", 1, true, LONG),
-        PermitOp::withdraw("a1"),
-        PermitOp::add("m2", too_many),
+        PermitOp::add("m0", 2, number("m0")),
+        PermitOp::acquire("a1", 2, false, LONG, number("a1")),
+        PermitOp::acquire("a2", 1, false, LONG, number("a2")),
+        PermitOp::add("m1", 1, number("m1")),
+        PermitOp::acquire("a3", 1, true, LONG, number("a3")),
+        PermitOp::withdraw("a1", Some(number("a1"))),
+        PermitOp::add("m2", too_many, number("m2")),
     ];
     let (replies, unconfirmed) = within(
         LIMIT,
@@ -732,21 +852,30 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
         PermitAcquire::Granted
     );
 
-    // Remembered ids past their time: the next grant forgets them.
+    // A session record past its expiry: the next grant drops it.
     let past = server_millis(&mut conn).await - 1_000;
-    let () = conn.zadd(&k.all[5], "r:a", past).await.expect("zadd");
+    let () = conn.zadd(&k.all[5], "s:old", past).await.expect("zadd");
+    let () = conn.hset(&k.all[3], "s:old", "1|1|0|").await.expect("hset");
     let () = conn.hset(&k.all[3], "prune", past).await.expect("hset");
     assert_eq!(
         acquire(&mut conn, "b", 1, false, LONG).await,
         PermitAcquire::Granted
     );
-    assert_eq!(fields(&mut conn, &["r:a"]).await, [None], "a was forgotten");
-    let score: Option<f64> = conn.zscore(&k.all[5], "r:a").await.expect("zscore");
+    assert_eq!(fields(&mut conn, &["s:old"]).await, [None], "dropped");
+    let score: Option<f64> = conn.zscore(&k.all[5], "s:old").await.expect("zscore");
     assert_eq!(score, None);
 
-    // Idle keys whose deadline comes within the margin: an addition moves it, and the TTLs.
-    let soon = server_millis(&mut conn).await + 70_000;
+    // Idle keys whose deadline comes within the margin: an addition that renews its
+    // session's record (renewed last over a minute ago) moves it, and the TTLs.
+    let now = server_millis(&mut conn).await;
+    let soon = now + 70_000;
     let () = conn.hset(&k.all[3], "keep", soon).await.expect("hset");
+    let own = format!("s:{}", session().id());
+    let renewed_long_ago = format!("1|{}|0|", now + 600_000 - 61_000);
+    let () = conn
+        .hset(&k.all[3], &own, renewed_long_ago)
+        .await
+        .expect("hset");
     assert_eq!(add(&mut conn, "r1", 1).await, Addition::Applied(4));
     let keep: i64 = conn.hget(&k.all[3], "keep").await.expect("hget");
     assert!(keep > soon + 30_000, "keep moved: {keep} after {soon}");
@@ -771,13 +900,14 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
 
 #[tokio::test]
 async fn a_key_replaced_while_in_use_is_reported_by_the_fast_paths_and_left_alone() {
-    // The fast paths (fast_acquire, fast_add) touch the count and the remembered ids without
-    // the general path's load: a foreign value there must be reported the same way, with
-    // nothing taken or granted.
+    // The fast paths (fast_acquire, fast_add) touch the count without the general path's
+    // load: a foreign value there must be reported the same way, with nothing taken or
+    // granted. (The sessions' index is touched only when a record is renewed, by the
+    // general path: every_permit_script_reports_a_foreign_key_and_leaves_it_alone.)
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
-    for (i, key) in [(0, &k.all[0]), (5, &k.all[5])] {
+    for (i, key) in [(0, &k.all[0])] {
         let _: () = conn.del(&k.all[..]).await.expect("del");
         // In use and quiet: the next uncontended acquire and addition take the fast paths.
         assert!(permit_try_set(&mut conn, &k, "s", 3).await.expect("set"));
@@ -813,68 +943,68 @@ async fn a_key_replaced_while_in_use_is_reported_by_the_fast_paths_and_left_alon
     }
 }
 
-/// The forget-at of the remembered id `name` (`r:<request>` or `m:<request>`), if any.
-async fn remembered_until(conn: &mut MultiplexedConnection, name: &str) -> Option<i64> {
-    let score: Option<f64> = conn.zscore(&pk().all[5], name).await.expect("ZSCORE");
-    #[allow(clippy::cast_possible_truncation)]
-    score.map(|s| s as i64)
-}
-
-/// Assert that `name` is remembered until a minute after the Redis time of a call made
-/// between `before` and now (ms).
-async fn assert_remembered_a_minute(conn: &mut MultiplexedConnection, name: &str, before: i64) {
-    let after = server_millis(conn).await;
-    let until = remembered_until(conn, name).await.expect("remembered");
-    assert!(
-        (before + 60_000..=after + 60_000).contains(&until),
-        "{name}: {until} is not a minute after {before}..{after}"
-    );
-}
-
 #[tokio::test]
-async fn every_id_a_permit_script_remembers_is_kept_a_minute_from_its_redis_time() {
+async fn every_call_a_permit_script_applies_is_marked_in_its_sessions_record() {
+    // Issue 27: no id is remembered per call; the session record marks each call applied
+    // (what a resend must find), and its expiry is registered once, 10 min ahead.
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
-    assert!(permit_try_set(&mut conn, &pk(), "s", 1).await.expect("set"));
-    // The first grant takes the general path (its bookkeeping has no schedule yet).
+    let k = pk();
     let before = server_millis(&mut conn).await;
-    assert_eq!(
-        acquire(&mut conn, "a", 1, false, LONG).await,
-        PermitAcquire::Granted
-    );
-    assert_remembered_a_minute(&mut conn, "r:a", before).await;
-    // A grant by the fast path.
-    add(&mut conn, "one", 1).await;
-    let before = server_millis(&mut conn).await;
-    assert_eq!(
-        acquire(&mut conn, "b", 1, false, LONG).await,
-        PermitAcquire::Granted
-    );
-    assert_remembered_a_minute(&mut conn, "r:b", before).await;
-    let before = server_millis(&mut conn).await;
-    add(&mut conn, "more", 1).await;
-    assert_remembered_a_minute(&mut conn, "m:more", before).await;
-    let before = server_millis(&mut conn).await;
-    permit_withdraw(&mut conn, &pk(), "a")
-        .await
-        .expect("withdraw");
-    assert_remembered_a_minute(&mut conn, "r:a", before).await;
-    // A grant in a batch (never the fast path).
+    assert!(permit_try_set(&mut conn, &k, "s", 3).await.expect("set"));
+    let after = server_millis(&mut conn).await;
+    // The first grant takes the general path, the second the fast path.
+    for id in ["a", "b"] {
+        assert_eq!(
+            acquire(&mut conn, id, 1, false, LONG).await,
+            PermitAcquire::Granted
+        );
+    }
+    add(&mut conn, "more", 2).await;
+    assert_eq!(permit_drain(&mut conn, &k, "d").await.expect("drain").0, 3);
     add(&mut conn, "two", 1).await;
-    let before = server_millis(&mut conn).await;
     within(
         LIMIT,
         "permit_batch",
         permit_batch(
             &mut conn,
-            &pk(),
+            &k,
             CHANNEL,
-            &[PermitOp::acquire("c", 1, false, LONG)],
+            &[PermitOp::acquire("c", 1, false, LONG, number("c"))],
         ),
     )
     .await
     .expect("permit_batch");
-    assert_remembered_a_minute(&mut conn, "r:c", before).await;
+    let name = format!("s:{}", session().id());
+    let record: String = conn.hget(&k.all[3], &name).await.expect("hget");
+    for (call, mark) in [
+        ("s", "S"),
+        ("a", "G1"),
+        ("b", "G1"),
+        ("more", "A"),
+        ("d", "D3"),
+        ("c", "G1"),
+    ] {
+        assert!(
+            record.contains(&format!(",{}={mark},", number(call)))
+                || record.ends_with(&format!(",{}={mark}", number(call))),
+            "{call} marked {mark}: {record}"
+        );
+    }
+    let records: Vec<String> = conn.hkeys(&k.all[3]).await.expect("hkeys");
+    assert!(
+        !records
+            .iter()
+            .any(|f| f.starts_with("r:") || f.starts_with("m:")),
+        "nothing per request once answered: {records:?}"
+    );
+    let expiry: f64 = conn.zscore(&k.all[5], &name).await.expect("zscore");
+    #[allow(clippy::cast_possible_truncation)]
+    let expiry = expiry as i64;
+    assert!(
+        (before + 600_000..=after + 600_000).contains(&expiry),
+        "expires {expiry}, 10 min after {before}..{after}"
+    );
 }
 
 #[tokio::test]
@@ -908,10 +1038,10 @@ async fn a_batch_withdraws_and_checks_in_requests_made_by_earlier_calls() {
     let _ = acquire(&mut conn, "w1", 1, true, LONG).await;
     let _ = acquire(&mut conn, "w2", 1, true, LONG).await;
     let ops = [
-        PermitOp::poll("w2", LONG),
-        PermitOp::withdraw("held"),
-        PermitOp::poll("w1", LONG),
-        PermitOp::poll("w2", LONG),
+        PermitOp::poll("w2", LONG, number("poll w2")),
+        PermitOp::withdraw("held", Some(number("held"))),
+        PermitOp::poll("w1", LONG, number("poll w1")),
+        PermitOp::poll("w2", LONG, number("poll w2")),
     ];
     let (replies, _) = within(
         LIMIT,
