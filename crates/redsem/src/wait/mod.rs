@@ -141,20 +141,22 @@ pub(crate) async fn acquire<R: Request>(
             Some(notifier) => Some(notifier.register(id.as_str()).await),
             None => None,
         };
-        // The enqueue's number stays open until it is answered; a withdrawal before that
-        // names it, so that a late copy of the enqueue is refused.
+        // The enqueue's number stays open until it is answered, or, if the request is
+        // withdrawn before that, until the withdrawal is: the withdrawal names it, so that what
+        // it took is given back (its mark kept, the low mark held at it) and a late copy of it
+        // is refused.
         let seq = queue.redsem().session().open();
-        let mut withdraw = Withdraw::new(queue.clone(), id.clone(), seq.n());
+        let n = seq.n();
+        let mut withdraw = Withdraw::new(queue.clone(), id.clone(), seq);
         // A queued request rides out an outage (below); a try does not.
         let window = if wait { waiter_lease } else { Duration::ZERO };
         let first = check_in(clock::now(), window, deadline, || {
-            request.enqueue(id.as_str(), seq.n(), wait)
+            request.enqueue(id.as_str(), n, wait)
         })
         .await;
         if first.is_ok() {
             withdraw.answered();
         }
-        drop(seq);
         let (mut answer, mut sent) = match first {
             Ok(answered) => answered,
             Err(err) => return Err(failed(&mut withdraw, err).await),
@@ -216,15 +218,15 @@ pub(crate) async fn acquire<R: Request>(
                     // Like the enqueue's, the check-in's number is named by a withdrawal
                     // until it is answered (what it collected is given back then).
                     let seq = queue.redsem().session().open();
-                    withdraw.pending(seq.n());
+                    let n = seq.n();
+                    withdraw.pending(seq);
                     let polled = check_in(sent.answered, waiter_lease, deadline, || {
-                        request.poll(id.as_str(), seq.n())
+                        request.poll(id.as_str(), n)
                     })
                     .await;
                     if polled.is_ok() {
                         withdraw.answered();
                     }
-                    drop(seq);
                     (answer, sent) = match polled {
                         Ok(answered) => answered,
                         Err(err) => return Err(failed(&mut withdraw, err).await),

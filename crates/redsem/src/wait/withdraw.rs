@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::client::Redsem;
 use crate::error::Result;
 use crate::retry::until_reached;
+use crate::session::Seq;
 use crate::types::PermitId;
 
 /// How long a withdrawal sent in the background is sent again while the server cannot be
@@ -33,13 +34,15 @@ pub(crate) trait Queue: Send + Sync + 'static {
 pub(crate) struct Withdraw<Q: Queue> {
     queue: Option<Arc<Q>>,
     id: PermitId,
-    /// The number of the request's call (its enqueue, a check-in) until that is answered.
-    pending: Option<u64>,
+    /// The number of the request's call (its enqueue, a check-in) until that is answered:
+    /// kept open (the session's low mark stays at it) until the withdrawal is answered too,
+    /// so the mark of what that call took is there for the withdrawal to find.
+    pending: Option<Seq>,
 }
 
 impl<Q: Queue> Withdraw<Q> {
     /// Armed for request `id`, whose enqueue is numbered `enqueue` and not answered yet.
-    pub(crate) fn new(queue: Arc<Q>, id: PermitId, enqueue: u64) -> Self {
+    pub(crate) fn new(queue: Arc<Q>, id: PermitId, enqueue: Seq) -> Self {
         Withdraw {
             queue: Some(queue),
             id,
@@ -49,7 +52,7 @@ impl<Q: Queue> Withdraw<Q> {
 
     /// A call of the request (a check-in) is on its way, numbered `seq`: a withdrawal names
     /// it until it is answered.
-    pub(crate) fn pending(&mut self, seq: u64) {
+    pub(crate) fn pending(&mut self, seq: Seq) {
         self.pending = Some(seq);
     }
 
@@ -70,7 +73,8 @@ impl<Q: Queue> Withdraw<Q> {
         let Some(queue) = &self.queue else {
             return Ok(());
         };
-        queue.withdraw(self.id.as_str(), self.pending).await?;
+        let pending = self.pending.as_ref().map(Seq::n);
+        queue.withdraw(self.id.as_str(), pending).await?;
         self.queue = None;
         Ok(())
     }
@@ -81,7 +85,9 @@ impl<Q: Queue> Drop for Withdraw<Q> {
         let Some(queue) = self.queue.take() else {
             return;
         };
-        let (id, pending) = (self.id.clone(), self.pending);
+        // (The call's number stays open until the task ends.)
+        let (id, seq) = (self.id.clone(), self.pending.take());
+        let pending = seq.as_ref().map(Seq::n);
         let redsem = queue.redsem().clone();
         redsem.spawn_cleanup(async move {
             let withdrawn =
@@ -90,6 +96,7 @@ impl<Q: Queue> Drop for Withdraw<Q> {
                 tracing::warn!(name = %queue.name(), id = %id, error = %crate::error::Chain(&err),
                     "could not withdraw a cancelled request; its waiter lease will (a permit collected for it stays taken)");
             }
+            drop(seq);
         });
     }
 }

@@ -1096,3 +1096,62 @@ async fn a_dead_waiter_is_dropped_at_its_own_lease_though_a_later_one_has_a_long
         "the permit went to the live waiter, past the dead one"
     );
 }
+
+#[tokio::test]
+async fn a_layout_1_permit_state_is_refused_while_live_and_taken_over_once_idle() {
+    // Issue 27: layout 1 remembered every request id for a minute (records r:<id> "c|k",
+    // applied m:<id>). A live state of it (a waiter of an older client) is refused and left
+    // alone; an idle one is taken over, its records and remembered ids dropped, the count kept.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let () = conn.set(&k.all[0], 2).await.expect("set");
+    let () = conn
+        .hset_multiple(
+            &k.all[3],
+            &[
+                ("keep", "9999999999999"),
+                ("prune", "9999999999999"),
+                ("wide", "-"),
+                ("live", "1"),
+                ("qlen", "1"),
+                ("wlen", "1"),
+                ("r:old", "w|1|1|c"),
+                ("r:done", "c|1"),
+            ],
+        )
+        .await
+        .expect("hset");
+    let () = conn.zadd(&k.all[1], "old", 1).await.expect("zadd");
+    let () = conn.zadd(&k.all[2], "old", 9e15).await.expect("zadd");
+    let () = conn.zadd(&k.all[5], "m:add", 9e15).await.expect("zadd");
+    match permit_acquire(&mut conn, &k, "new", 1, false, LONG, CHANNEL).await {
+        Err(Error::Incompatible { found, ours, .. }) => {
+            assert_eq!((found.as_str(), ours.as_str()), ("1", "2"));
+        }
+        other => panic!("expected Incompatible, got {other:?}"),
+    }
+    let count: i64 = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, 2, "untouched");
+
+    // Drained: the old waiter gone (as layout 1 leaves it).
+    let () = conn
+        .hset_multiple(&k.all[3], &[("qlen", "0"), ("wlen", "0")])
+        .await
+        .expect("hset");
+    let () = conn
+        .hdel(&k.all[3], &["live", "r:old"])
+        .await
+        .expect("hdel");
+    let _: () = conn.del(&[&k.all[1], &k.all[2]]).await.expect("del");
+    assert_eq!(
+        acquire(&mut conn, "new", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    assert_eq!(available(&mut conn).await, 1, "the count kept");
+    let layout: String = conn.hget(&k.all[3], "layout").await.expect("hget");
+    assert_eq!(layout, "2");
+    assert_eq!(fields(&mut conn, &["r:done"]).await, [None], "dropped");
+    let remembered: Option<f64> = conn.zscore(&k.all[5], "m:add").await.expect("zscore");
+    assert_eq!(remembered, None, "dropped");
+}
