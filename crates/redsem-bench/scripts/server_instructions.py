@@ -17,8 +17,9 @@ server executes per cycle (network handling, command dispatch and the scripts):
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
   permits     permit semaphore try_acquire(1) + release(1)
-  p-floor     the commands of that cycle alone (TIME, HMGET, GET, ZADD, INCRBY, HSET; TIME,
-              HMGET, ZADD NX, INCRBY), issued by two functions with no logic
+  p-floor     the commands of that cycle alone, layout 2 (TIME, HMGET, GET, INCRBY, HSET; TIME,
+              HMGET, INCRBY, HSET: each call's mark in its session's record), issued by two
+              functions with no logic
   p-contend   8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
               queue a new waiter, one call each
   p-batched   the same, 8 cycles to one permit_batch call (group commit)
@@ -140,18 +141,20 @@ redis.register_function('floor_release', function(K, A)
 end)
 redis.register_function('floor_permit_acquire', function(K, A)
   redis.call('TIME')
-  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'r:' .. A[1])
+  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout', 'r:' .. A[1],
+    's:psess')
   redis.call('GET', K[1])
-  redis.call('ZADD', K[6], '1764200060123', 'r:' .. A[1])
   redis.call('INCRBY', K[1], '-1')
-  redis.call('HSET', K[4], 'r:' .. A[1], 'c|1')
+  redis.call('HSET', K[4], 's:psess', A[6] .. '|1764200600123|' .. A[6] .. '|,' .. A[6] .. '=G1')
   return { 'GRANTED' }
 end)
 redis.register_function('floor_permit_add', function(K, A)
   redis.call('TIME')
-  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'keep')
-  redis.call('ZADD', K[6], 'NX', '1764200060123', 'm:' .. A[1])
-  return { 'ADDED', redis.call('INCRBY', K[1], '1') }
+  redis.call('HMGET', K[4], 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout', 'keep',
+    's:psess')
+  local count = redis.call('INCRBY', K[1], '1')
+  redis.call('HSET', K[4], 's:psess', A[3] .. '|1764200600123|' .. A[3] .. '|,' .. A[3] .. '=A')
+  return { 'ADDED', count }
 end)
 """
 
@@ -250,41 +253,47 @@ def main():
                 raise SystemExit(f"the batched run left used/qlen {state}, not 8/56")
 
         p = [f"b:{{permits:p}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
-        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8)
+        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8, 1, "psess", 1)
         commands = []
-        for pid in ids:
-            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c"])
-            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1])
+        for i, pid in enumerate(ids):
+            a, rel = 2 * i + 2, 2 * i + 3
+            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c", a, "psess", a])
+            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1, rel, "psess", rel])
         measure("permits", commands, CYCLES)
 
         f = [f"b:{{permits:f}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
         r.set(f[0], 8)
         r.hset(f[3], mapping={"keep": "1", "wide": "-" * 80})  # a hash table, as redsem's
         commands = []
-        for pid in ids:
-            commands.append(["FCALL", "floor_permit_acquire", 6, *f, pid, 1, "try", 3000, "c"])
-            commands.append(["FCALL", "floor_permit_add", 6, *f, "r" + pid, 1])
+        for i, pid in enumerate(ids):
+            commands.append(["FCALL", "floor_permit_acquire", 6, *f, pid, 1, "try", 3000, "c", str(2 * i + 2)])
+            commands.append(["FCALL", "floor_permit_add", 6, *f, "r" + pid, 1, str(2 * i + 3)])
         measure("p-floor", commands, CYCLES)
 
         def permits_contended(name, per_call):
             """8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
             queue a new waiter; `per_call` cycles to one permit_batch call (1: one call each)."""
             q = [f"b:{{permits:{name}}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
-            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8)
+            seq = 1
+            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8, seq, "psess", seq)
             for _ in range(64):
-                r.execute_command("FCALL", "rx_permit_acquire", 6, *q, uuid.uuid4().hex, 1, "wait", 30000, "c")
+                seq += 1
+                r.execute_command("FCALL", "rx_permit_acquire", 6, *q, uuid.uuid4().hex, 1, "wait", 30000, "c",
+                                  seq, "psess", seq)
             commands = []
             for _ in range(CYCLES // per_call):
-                ops = []
+                ops, low = [], seq + 1
                 for _ in range(per_call):
                     rid, pid = uuid.uuid4().hex, uuid.uuid4().hex
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1])
-                        commands.append(["FCALL", "rx_permit_acquire", 6, *q, pid, 1, "wait", 30000, "c"])
+                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1, seq + 1, "psess", seq + 1])
+                        commands.append(["FCALL", "rx_permit_acquire", 6, *q, pid, 1, "wait", 30000, "c",
+                                         seq + 2, "psess", seq + 2])
                     else:
-                        ops += ["m", rid, 1, "a", pid, 1, "wait", 30000]
+                        ops += ["m", rid, 1, seq + 1, "a", pid, 1, "wait", 30000, seq + 2]
+                    seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", *ops])
+                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", "psess", low, *ops])
             return commands
 
         measure("p-contend", permits_contended("pc", 1), CYCLES)

@@ -177,15 +177,14 @@ local function read_integer(key, natural)
   return tonumber(raw)
 end
 
--- Remember the id `name` in the zset `key` until REMEMBER_MS from now. With `once`, a name
--- remembered and not past its time is left as it is, and the answer is false (applied
--- already); otherwise it is the forget-at.
-local function remember_id(key, name, once)
+-- Remember the id `name` in the zset `key` until REMEMBER_MS from now (the latch's calls;
+-- the semaphores' are marked in client sessions, below). A name remembered and not past its
+-- time is left as it is, and the answer is false (applied already); otherwise it is the
+-- forget-at.
+local function remember_id(key, name)
   local forget = clock() + REMEMBER_MS
   local score = digits(forget)
-  if not once then
-    call(key, 'ZADD', key, score, name)
-  elseif call(key, 'ZADD', key, 'NX', score, name) == 0 then
+  if call(key, 'ZADD', key, 'NX', score, name) == 0 then
     if tonumber(redis.call('ZSCORE', key, name)) > S.now then
       return false
     end

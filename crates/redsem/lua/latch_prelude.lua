@@ -38,7 +38,7 @@ end
 -- The first access of applied in the scripts that write. Sets no TTL: the caller does once
 -- the latch stops counting.
 local function remember(id)
-  if not remember_id(APPLIED, id, true) then
+  if not remember_id(APPLIED, id) then
     return false
   end
   if S.now % PRUNE_ONE_IN == 0 then

@@ -2052,3 +2052,71 @@ async fn a_waiter_whose_lease_entry_vanished_is_granted_until_a_waiter_lease_fro
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_queue_that_qlen_says_is_not_empty_but_is_gets_repaired_by_the_next_release() {
+    // (Kills redsem-mutants' lease_prelude.lua:519:if->false: promote() must repair when the
+    // queue has no head while qlen counts one, not read a record of no id.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    let () = conn.hset(&k.all[2], "qlen", "1").await.expect("hset");
+    assert_eq!(
+        release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
+    );
+    let qlen: String = conn.hget(&k.all[2], "qlen").await.expect("hget");
+    assert_eq!(qlen, "0", "repaired");
+}
+
+#[tokio::test]
+async fn a_repair_clears_the_bits_of_slots_nobody_holds() {
+    // (Kills lease_prelude.lua:688:drop: repair() rebuilds the bitmap from the records alone,
+    // so a bit no holder names is free again.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let (_, slots) = granted(acquire(&mut conn, req("a", 3, 1, false)).await);
+    assert_eq!(slots, vec![0]);
+    let _: () = conn.setbit(&k.all[3], 1, true).await.expect("setbit");
+    lease_status(&mut conn, &k)
+        .await
+        .expect("status (its check repairs)");
+    let (_, slots) = granted(acquire(&mut conn, req("b", 3, 1, false)).await);
+    assert_eq!(slots, vec![1], "slot 1 is nobody's");
+}
+
+#[tokio::test]
+async fn a_batch_resent_after_a_lost_reply_answers_its_releases_as_they_were() {
+    // A group commit resent whole (its reply lost): each release in it answers from its
+    // session's mark, and nothing is applied twice. (Kills lease_batch.lua:18:+1->+2: a batch
+    // that does not read its session's record loses the marks.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["h1", "h2"] {
+        granted(acquire(&mut conn, req(id, 2, 1, false)).await);
+    }
+    let ops = [
+        BatchOp::release("h1", by("b h1")),
+        BatchOp::release("h2", by("b h2")),
+    ];
+    for attempt in ["first", "resent"] {
+        let batch = lease_batch(&mut conn, &k, CHANNEL, session(), &ops)
+            .await
+            .expect("batch");
+        let outcomes: Vec<Release> = batch
+            .replies
+            .iter()
+            .map(|r| batch_release(r.clone(), None).expect("release"))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [Release::Released, Release::Released],
+            "{attempt}"
+        );
+    }
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 0);
+}

@@ -1155,3 +1155,46 @@ async fn a_layout_1_permit_state_is_refused_while_live_and_taken_over_once_idle(
     let remembered: Option<f64> = conn.zscore(&k.all[5], "m:add").await.expect("zscore");
     assert_eq!(remembered, None, "dropped");
 }
+
+#[tokio::test]
+async fn a_batch_queues_each_waiter_for_its_own_waiter_lease() {
+    // (Kills redsem-mutants' permit_batch.lua:39:+4->+3: an acquire of a batch takes its
+    // waiter lease from its own arguments.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 0).await.expect("set"));
+    let ops = [
+        PermitOp::acquire("w1", 1, true, Duration::from_secs(5), number("w1")),
+        PermitOp::acquire("w2", 1, true, Duration::from_secs(7), number("w2")),
+    ];
+    let before = server_millis(&mut conn).await;
+    within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &pk(), CHANNEL, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let after = server_millis(&mut conn).await;
+    for (id, lease) in [("w1", 5_000), ("w2", 7_000)] {
+        let end: f64 = conn.zscore(&pk().all[2], id).await.expect("zscore");
+        #[allow(clippy::cast_possible_truncation)]
+        let end = end as i64;
+        assert!(
+            (before + lease..=after + lease).contains(&end),
+            "{id}: ends {end}, {lease} ms after {before}..{after}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_addition_beyond_the_range_reports_the_count_it_left_alone() {
+    // (Kills redsem-mutants' permit_prelude.lua:450:if->false: with nobody waiting the count
+    // is read lazily, and a delta too large for the fast path must still read it.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 5).await.expect("set"));
+    let huge = 1_i64 << 53;
+    assert_eq!(add(&mut conn, "huge", huge).await, Addition::OutOfRange(5));
+    assert_eq!(available(&mut conn).await, 5);
+}
