@@ -67,6 +67,9 @@ pub(crate) struct Availability {
     pub(crate) set: bool,
 }
 
+// (The script's five arguments, its connection, keys and call: a struct would be built only
+// to be taken apart again.)
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn permit_acquire(
     conn: &mut impl Scripting,
     keys: &PermitKeys,
