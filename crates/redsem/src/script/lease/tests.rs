@@ -2120,3 +2120,31 @@ async fn a_batch_resent_after_a_lost_reply_answers_its_releases_as_they_were() {
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 0);
 }
+
+#[tokio::test]
+async fn a_batch_with_an_acquire_before_its_release_reads_each_operation_whole() {
+    // An acquire (ten arguments) followed by a release in one group commit, resent whole: each
+    // answers as it did. (Kills lease_batch.lua:21 and :36's +10 -> +11.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("h", 3, 1, false)).await);
+    let x = req("x", 3, 1, false);
+    let ops = [BatchOp::acquire(&x), BatchOp::release("h", by("b h"))];
+    let mut first = None;
+    for attempt in ["first", "resent"] {
+        let batch = lease_batch(&mut conn, &k, CHANNEL, session(), &ops)
+            .await
+            .expect("batch");
+        let got = granted(batch_acquire(batch.replies[0].clone(), None).expect("acquire"));
+        assert_eq!(
+            *first.get_or_insert(got.clone()),
+            got,
+            "{attempt}: the same grant"
+        );
+        let released = batch_release(batch.replies[1].clone(), None).expect("release");
+        assert_eq!(released, Release::Released, "{attempt}");
+    }
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 1, "x alone holds: {status:?}");
+}

@@ -1198,3 +1198,202 @@ async fn an_addition_beyond_the_range_reports_the_count_it_left_alone() {
     assert_eq!(add(&mut conn, "huge", huge).await, Addition::OutOfRange(5));
     assert_eq!(available(&mut conn).await, 5);
 }
+
+#[tokio::test]
+async fn a_drain_of_nothing_resent_after_permits_came_back_takes_nothing() {
+    // A drain that found nothing is marked too: its resend, after an addition, answers 0 and
+    // leaves the new permits. (Kills permit_drain.lua:21:drop.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(permit_try_set(&mut conn, &pk(), "s", 0).await.expect("set"));
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d").await.expect("drain").0,
+        0
+    );
+    assert_eq!(add(&mut conn, "r", 3).await, Addition::Applied(3));
+    assert_eq!(
+        permit_drain(&mut conn, &pk(), "d").await.expect("resent").0,
+        0
+    );
+    assert_eq!(available(&mut conn).await, 3);
+}
+
+#[tokio::test]
+async fn a_permit_batch_resent_whole_is_applied_once() {
+    // A group commit whose reply was lost, sent again: each operation answers as it did and
+    // adds nothing more; its check-in renews for its own waiter lease. (Kills
+    // permit_batch.lua:23 and :49's argument shifts.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(permit_try_set(&mut conn, &k, "s", 0).await.expect("set"));
+    assert!(matches!(
+        acquire(&mut conn, "w", 5, true, LONG).await,
+        PermitAcquire::Queued { .. }
+    ));
+    let ops = [
+        PermitOp::withdraw("gone", Some(number("gone"))),
+        PermitOp::poll("w", Duration::from_secs(9), number("poll w")),
+        PermitOp::add("r1", 2, number("r1")),
+    ];
+    for (attempt, expected) in [
+        ("first", Addition::Applied(2)),
+        ("resent", Addition::Repeated(2)),
+    ] {
+        let before = server_millis(&mut conn).await;
+        let (replies, _) = within(
+            LIMIT,
+            "permit_batch",
+            permit_batch(&mut conn, &k, CHANNEL, &ops),
+        )
+        .await
+        .expect("permit_batch");
+        let after = server_millis(&mut conn).await;
+        let mut replies = replies.into_iter();
+        let mut next = || Acked {
+            reply: replies.next().expect("a reply per operation"),
+            unconfirmed: None,
+        };
+        assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Unknown);
+        let polled = permits_granted("permit_poll", next()).expect("poll");
+        assert!(
+            matches!(polled, PermitAcquire::Queued { .. }),
+            "{attempt}: {polled:?}"
+        );
+        let end: f64 = conn.zscore(&k.all[2], "w").await.expect("zscore");
+        #[allow(clippy::cast_possible_truncation)]
+        let end = end as i64;
+        assert!(
+            (before + 9_000..=after + 9_000).contains(&end),
+            "{attempt}: w's place ends {end}, 9 s after {before}..{after}"
+        );
+        assert_eq!(added(next()).expect("add"), expected, "{attempt}");
+    }
+    assert_eq!(available(&mut conn).await, 2, "added once");
+}
+
+#[tokio::test]
+async fn a_permit_batch_resent_whole_finds_its_requests_records_and_its_check_ins_marks() {
+    // A batch resent whole with a resent wait acquire (its record read up front: queued once)
+    // and a check-in that collected (its mark under its own number: GRANTED again). (Kills
+    // permit_batch.lua:23's name shifts and :49's +3 -> +2.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(permit_try_set(&mut conn, &k, "s", 0).await.expect("set"));
+    for (id, n) in [("w", 1), ("q", 5)] {
+        assert!(matches!(
+            acquire(&mut conn, id, n, true, LONG).await,
+            PermitAcquire::Queued { .. }
+        ));
+    }
+    let ops = [
+        PermitOp::acquire("q", 5, true, LONG, number("q")),
+        PermitOp::add("r", 1, number("r")),
+        PermitOp::poll("w", LONG, number("poll w")),
+    ];
+    for attempt in ["first", "resent"] {
+        let (replies, _) = within(
+            LIMIT,
+            "permit_batch",
+            permit_batch(&mut conn, &k, CHANNEL, &ops),
+        )
+        .await
+        .expect("permit_batch");
+        let mut replies = replies.into_iter();
+        let mut next = || Acked {
+            reply: replies.next().expect("a reply per operation"),
+            unconfirmed: None,
+        };
+        let q = permits_granted("permit_acquire", next()).expect("q");
+        assert!(
+            matches!(q, PermitAcquire::Queued { .. }),
+            "{attempt}: {q:?}"
+        );
+        let _ = added(next()).expect("add");
+        let w = permits_granted("permit_poll", next()).expect("w");
+        assert_eq!(w, PermitAcquire::Granted, "{attempt}");
+    }
+    let queue: Vec<String> = conn.zrange(&k.all[1], 0, -1).await.expect("zrange");
+    assert_eq!(queue, vec!["q".to_owned()], "q queued once");
+    assert_eq!(fields(&mut conn, &["qlen"]).await, [Some("1".into())]);
+    assert_eq!(available(&mut conn).await, 0, "one added, w took it, once");
+}
+
+#[tokio::test]
+async fn a_batch_withdraws_a_queued_request_and_a_collection_it_made_answers_a_lone_resend() {
+    // A withdrawal in a batch finds its request's record (read up front), and a check-in that
+    // collected in a batch is marked under its own number, so its resend sent alone (a batch
+    // of one goes as permit_poll) answers GRANTED. (Kills permit_batch.lua:23's shifts and
+    // :49's +3 -> +2.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(permit_try_set(&mut conn, &k, "s", 0).await.expect("set"));
+    for (id, n) in [("w", 1), ("q", 5)] {
+        assert!(matches!(
+            acquire(&mut conn, id, n, true, LONG).await,
+            PermitAcquire::Queued { .. }
+        ));
+    }
+    let ops = [
+        PermitOp::add("r", 1, number("r")),
+        PermitOp::poll("w", LONG, number("poll w")),
+        PermitOp::withdraw("q", None),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    let _ = added(next()).expect("add");
+    let w = permits_granted("permit_poll", next()).expect("w");
+    assert_eq!(w, PermitAcquire::Granted);
+    assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Withdrawn);
+    let queue: u64 = conn.zcard(&k.all[1]).await.expect("zcard");
+    assert_eq!(queue, 0, "q left the queue");
+    assert_eq!(
+        poll(&mut conn, "w").await,
+        PermitAcquire::Granted,
+        "the resend alone"
+    );
+    assert_eq!(available(&mut conn).await, 0);
+
+    // A check-in before a withdrawal, neither record read by anything else first (y, the
+    // head, is read by the settle's promote; x and z only up front).
+    for id in ["y", "x", "z"] {
+        assert!(matches!(
+            acquire(&mut conn, id, 5, true, LONG).await,
+            PermitAcquire::Queued { .. }
+        ));
+    }
+    let ops = [
+        PermitOp::poll("x", LONG, number("poll x")),
+        PermitOp::withdraw("z", None),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    let x = permits_granted("permit_poll", next()).expect("x");
+    assert!(
+        matches!(x, PermitAcquire::Queued { position: 1, .. }),
+        "{x:?}"
+    );
+    assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Withdrawn);
+}
