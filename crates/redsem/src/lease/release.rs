@@ -72,7 +72,7 @@ impl Queue for SemInner {
     async fn withdraw(&self, id: &str, pending: Option<u64>) -> Result<()> {
         let by = ReleaseBy::Withdrawal {
             session: self.redsem.session(),
-            enqueue: pending,
+            pending,
         };
         retry_once("withdraw", || async {
             match &self.batcher {

@@ -99,11 +99,11 @@ pub(crate) enum ReleaseBy<'a> {
     /// did, while a release of an id that another call released answers
     /// [`Release::NotHeld`].
     Holder { session: &'a Session, seq: u64 },
-    /// A withdrawal of a request (a cancelled acquire), with the number of its enqueue if that
-    /// went unanswered: a late copy of the enqueue is then refused.
+    /// A withdrawal of a request (a cancelled acquire), with the number of its call that went
+    /// unanswered (its enqueue or a check-in), if one did: a late copy of it is then refused.
     Withdrawal {
         session: &'a Session,
-        enqueue: Option<u64>,
+        pending: Option<u64>,
     },
 }
 
@@ -112,7 +112,7 @@ impl<'a> ReleaseBy<'a> {
     fn parts(self) -> (&'a Session, &'static str, u64) {
         match self {
             ReleaseBy::Holder { session, seq } => (session, "r", seq),
-            ReleaseBy::Withdrawal { session, enqueue } => (session, "w", enqueue.unwrap_or(0)),
+            ReleaseBy::Withdrawal { session, pending } => (session, "w", pending.unwrap_or(0)),
         }
     }
 }

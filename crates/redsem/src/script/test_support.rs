@@ -9,12 +9,30 @@ use redis::aio::MultiplexedConnection;
 use redsem_test::{RedisCluster, RedisServer, within};
 
 use crate::error::{Error, Result};
+use crate::session::Session;
 
 /// How long any one wait of a script test may take before it fails.
 pub(super) const LIMIT: Duration = Duration::from_secs(10);
 
 /// The wake channel the tests' requests name.
 pub(super) const CHANNEL: &str = "t:wake:test";
+
+/// The session every call of the script tests is made in (its low mark stays 1: it never opens a
+/// number itself, the calls name theirs).
+pub(super) fn session() -> &'static Session {
+    static SESSION: std::sync::LazyLock<std::sync::Arc<Session>> =
+        std::sync::LazyLock::new(Session::new);
+    &SESSION
+}
+
+/// A number of the test session that is the same for the same `name` (so that a call made
+/// again under it is a resend).
+pub(super) fn number(name: &str) -> u64 {
+    name.bytes().fold(1_469_598_103u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(1_099_511)
+    }) % 1_000_000_000
+        + 1
+}
 
 /// Redis time in microseconds, read off the server.
 pub(super) async fn server_micros(conn: &mut MultiplexedConnection) -> u64 {

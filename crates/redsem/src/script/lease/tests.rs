@@ -9,29 +9,12 @@ use redsem_test::{RedisCluster, RedisServer, within};
 use super::*;
 use crate::error::Error;
 use crate::script::test_support::{
-    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message,
-    server_micros, server_millis, subscribe,
+    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, next_message, number,
+    server_micros, server_millis, session, subscribe,
 };
 
 fn keys() -> LeaseKeys {
     LeaseKeys::new("t", "s")
-}
-
-/// The session every call of these tests is made in (its low mark stays 1: it never opens a
-/// number itself, the calls name theirs).
-fn session() -> &'static Session {
-    static SESSION: std::sync::LazyLock<std::sync::Arc<Session>> =
-        std::sync::LazyLock::new(Session::new);
-    &SESSION
-}
-
-/// A number of the test session that is the same for the same `name` (so that a call made
-/// again under it is a resend).
-fn number(name: &str) -> u64 {
-    name.bytes().fold(1_469_598_103u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(1_099_511)
-    }) % 1_000_000_000
-        + 1
 }
 
 /// A holder's release numbered after `name` in the test session.
@@ -1287,7 +1270,7 @@ async fn a_batch_serves_the_queue_in_order_through_its_window_of_heads() {
     // w1 leaves: w3. w4 (now the next head) is withdrawn, then w2's two units go to w5.
     let withdrawal = ReleaseBy::Withdrawal {
         session: session(),
-        enqueue: None,
+        pending: None,
     };
     let ops = [
         BatchOp::release("w1", by("b1")),
@@ -1573,7 +1556,7 @@ async fn a_late_copy_of_an_enqueue_withdrawn_unanswered_is_refused() {
     ));
     let withdrawal = ReleaseBy::Withdrawal {
         session: &own,
-        enqueue: Some(enqueue.n()),
+        pending: Some(enqueue.n()),
     };
     let withdrawn = lease_release(&mut conn, &k, "w", CHANNEL, withdrawal)
         .await
@@ -1589,7 +1572,7 @@ async fn a_late_copy_of_an_enqueue_withdrawn_unanswered_is_refused() {
     };
     let withdrawal = ReleaseBy::Withdrawal {
         session: &own,
-        enqueue: Some(enqueue.n()),
+        pending: Some(enqueue.n()),
     };
     let withdrawn = lease_release(&mut conn, &k, "x", CHANNEL, withdrawal)
         .await

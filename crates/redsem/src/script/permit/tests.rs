@@ -14,27 +14,10 @@ use crate::script::latch::{
 };
 use crate::script::test_support::{
     CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, pttl, server_millis, subscribe,
+    evict_by_filling, next_message, number, pttl, server_millis, session, subscribe,
 };
 
 const LONG: Duration = Duration::from_secs(30);
-
-/// The session every call of these tests is made in (its low mark stays 1: it never opens a
-/// number itself, the calls name theirs).
-fn session() -> &'static Session {
-    static SESSION: std::sync::LazyLock<std::sync::Arc<Session>> =
-        std::sync::LazyLock::new(Session::new);
-    &SESSION
-}
-
-/// A number of the test session that is the same for the same `name` (so that a call made
-/// again under it is a resend).
-fn number(name: &str) -> u64 {
-    name.bytes().fold(1_469_598_103u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(1_099_511)
-    }) % 1_000_000_000
-        + 1
-}
 
 fn caller(name: &str) -> Caller<'static> {
     Caller::new(session(), number(name))
