@@ -44,9 +44,6 @@ local function builtins()
 end
 local format, match, byte, floor, max, min, rcall, rpcall
 
--- How long a request id is remembered, so that the same call resent after a lost reply
--- (within seconds) is applied once and answered as the first one was.
-local REMEMBER_MS = 60000
 -- Redis scripts count in doubles: integers are exact within +-MAX_INT.
 local MAX_INT = 9007199254740991
 -- Field/value pairs per HSET, and half the names per HDEL (unpack() fails near 8000 values).
@@ -175,29 +172,6 @@ local function read_integer(key, natural)
     error({ key = key })
   end
   return tonumber(raw)
-end
-
--- Remember the id `name` in the zset `key` until REMEMBER_MS from now (the latch's calls;
--- the semaphores' are marked in client sessions, below). A name remembered and not past its
--- time is left as it is, and the answer is false (applied already); otherwise it is the
--- forget-at.
-local function remember_id(key, name)
-  local forget = clock() + REMEMBER_MS
-  local score = digits(forget)
-  if call(key, 'ZADD', key, 'NX', score, name) == 0 then
-    if tonumber(redis.call('ZSCORE', key, name)) > S.now then
-      return false
-    end
-    -- Past its time, but not forgotten yet.
-    redis.call('ZADD', key, score, name)
-  end
-  return forget
-end
-
--- Whether the id `name` is remembered in the zset `key` (and not past its time).
-local function remembered(key, name)
-  local forget = call(key, 'ZSCORE', key, name)
-  return forget and tonumber(forget) > clock() or false
 end
 
 -- Client sessions. Each client (a `Redsem`) names its calls by a session id and a sequence

@@ -1,37 +1,34 @@
 -- latch_count_down: take one from the count. At 0 the count key is deleted, the done marker
--- set ("1") for DONE_MS, the remembered ids left to expire, and "opened" published on the
+-- set ("1") for DONE_MS, the session records left to expire, and "opened" published on the
 -- latch's channel (last, with pcall): every waiter wakes.
--- Applied once per request id: a repeated call changes nothing.
+-- Applied once per call: the same call resent after a lost reply (its number marked C in its
+-- session's record) changes nothing, nor does a late copy of a call answered.
 -- KEYS: see latch_prelude.lua
--- ARGV[1] request id   ARGV[2] the latch's channel
+-- ARGV[1] this call's sequence number in the client's session   ARGV[2] the session id
+-- ARGV[3] the session's low mark (see common.lua)   ARGV[4] the latch's channel
 -- Returns: {"COUNTED", count left}
---        | {"REPEATED", count left}   (this id was applied already)
+--        | {"REPEATED", count left}   (this call was applied already; nothing changed)
 --        | {"ABSENT"}                 (no latch counting: never set, opened, deleted or lost)
 --        | {"WRONGTYPE", key, actual, expected}
 return run(function()
-  local rid, channel = ARGV[1], ARGV[2]
+  local seq = ARGV[1]
   local count = read_count()
-  if not count then
-    -- Nothing to count: a repeat of a call that opened it, or not counting at all.
-    local applied = remembered(APPLIED, rid)
+  if not count or count <= 1 then
+    -- (Read first: written when the latch opens.)
     call(DONE, 'GET', DONE)
-    if applied then
-      return { 'REPEATED', 0 }
-    end
+  end
+  if seen(seq, ARGV[2], ARGV[3]) then
+    return { 'REPEATED', count or 0 }
+  end
+  if not count then
     return { 'ABSENT' }
   end
-  if count <= 1 then
-    -- It opens: the done marker is written below.
-    call(DONE, 'GET', DONE)
-  end
-  if not remember(rid) then
-    return { 'REPEATED', count }
-  end
+  mark(seq, 'C')
   if count <= 1 then
     redis.call('DEL', COUNT)
     redis.call('SET', DONE, '1', 'PX', DONE_MS)
-    expire_at(S.now + REMEMBER_MS, { APPLIED })
-    wake(channel, 'opened')
+    expire_at(S.now + SESSION_MS, { APPLIED, SESSIONS })
+    wake(ARGV[4], 'opened')
     return { 'COUNTED', 0 }
   end
   return { 'COUNTED', redis.call('DECR', COUNT) }

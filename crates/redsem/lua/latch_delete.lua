@@ -1,4 +1,4 @@
--- latch_delete: remove the latch (count, remembered ids). If it was counting, the done marker
+-- latch_delete: remove the latch (count, session records). If it was counting, the done marker
 -- says "deleted" for DONE_MS, so its waiters return rather than report a lost latch, and
 -- "opened" is published on its channel (last, with pcall); otherwise the done marker goes too.
 -- KEYS: see latch_prelude.lua
@@ -9,7 +9,8 @@ return run(function()
   local count = read_count()
   call(DONE, 'GET', DONE)
   call(APPLIED, 'ZCARD', APPLIED)
-  redis.call('DEL', COUNT, DONE, APPLIED)
+  call(SESSIONS, 'HLEN', SESSIONS)
+  redis.call('DEL', COUNT, DONE, APPLIED, SESSIONS)
   if count then
     redis.call('SET', DONE, 'deleted', 'PX', DONE_MS)
     wake(ARGV[1], 'opened')

@@ -12,6 +12,7 @@ return run(function()
   end
   local done = call(DONE, 'GET', DONE)
   call(APPLIED, 'ZCARD', APPLIED)
+  call(SESSIONS, 'HLEN', SESSIONS)
   if done == 'deleted' then
     return { 'DELETED' }
   elseif done then

@@ -1,25 +1,25 @@
 -- latch_try_set: set the count to COUNT unless the latch exists (counting). An opened or
--- deleted latch can be set again; that clears its done marker, and its remembered ids stop
+-- deleted latch can be set again; that clears its done marker, and its session records stop
 -- expiring (the latch counts again).
--- Applied once per request id: a repeated call answers "SET" again.
+-- Applied once per call: the same call resent after a lost reply (its number marked T in its
+-- session's record) answers "SET" again, and a late copy of a call answered changes nothing.
 -- KEYS: see latch_prelude.lua
--- ARGV[1] request id   ARGV[2] count (1 .. 2^53 - 1)
+-- ARGV[1] this call's sequence number in the client's session   ARGV[2] the session id
+-- ARGV[3] the session's low mark (see common.lua)   ARGV[4] count (1 .. 2^53 - 1)
 -- Returns: {"SET"} | {"EXISTS", count} | {"WRONGTYPE", key, actual, expected}
 return run(function()
-  local rid = ARGV[1]
+  local seq = ARGV[1]
   local count = read_count()
-  if count then
-    if remembered(APPLIED, rid) then
-      return { 'SET' }
-    end
-    return { 'EXISTS', count }
-  end
-  local done = call(DONE, 'GET', DONE)
-  if not remember(rid) then
+  local done = not count and call(DONE, 'GET', DONE)
+  if seen(seq, ARGV[2], ARGV[3]) then
     return { 'SET' }
   end
-  redis.call('SET', COUNT, ARGV[2])
-  persist({ APPLIED })
+  if count then
+    return { 'EXISTS', count }
+  end
+  mark(seq, 'T')
+  redis.call('SET', COUNT, ARGV[4])
+  persist({ APPLIED, SESSIONS })
   if done then
     redis.call('DEL', DONE)
   end

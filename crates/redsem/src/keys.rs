@@ -120,7 +120,7 @@ impl PermitKeys {
 /// the channel on which its waiters hear that it opened.
 #[derive(Debug, Clone)]
 pub(crate) struct LatchKeys {
-    pub(crate) all: [String; 3],
+    pub(crate) all: [String; 4],
     pub(crate) channel: String,
 }
 
@@ -129,7 +129,12 @@ impl LatchKeys {
         let base = format!("{prefix}:{{latch:{name}}}");
         let part = |p: &str| format!("{base}:{p}");
         LatchKeys {
-            all: [part("count"), part("done"), part("applied")],
+            all: [
+                part("count"),
+                part("done"),
+                part("applied"),
+                part("sessions"),
+            ],
             channel: part("opened"),
         }
     }

@@ -14,7 +14,6 @@ use crate::observe::{Attempt, Meter, op_span};
 use crate::permits::MAX_PERMITS;
 use crate::retry::retry_once;
 use crate::script::{self, RawLatchState};
-use crate::types::PermitId;
 use crate::wait;
 
 /// How long an opened latch is reported as [`LatchState::Done`] (then as
@@ -97,8 +96,9 @@ impl LatchState {
 /// * [`wait`](Self::wait) returns at once for a latch that is not counting, whether it opened
 ///   or was never set; [`state`](Self::state) tells the two apart (an opened latch is
 ///   remembered as [`LatchState::Done`] for [`LATCH_DONE_TTL`]).
-/// * [`count_down`](Self::count_down) is retry-safe: each call carries a request id, is retried
-///   once after a dropped connection (or resent by the cluster client), and is applied once.
+/// * [`count_down`](Self::count_down) is retry-safe: each call carries its number in the
+///   client's session, is retried once after a dropped connection (or resent by the cluster
+///   client), and is applied once.
 /// * A waiter is never released by lost state: if the latch it saw counting vanishes (restart
 ///   without persistence, `FLUSHALL`, failover), it gets [`Error::StateLost`] (see
 ///   [`wait`](Self::wait)). While it counts, none of its keys has a TTL, so `volatile-*`
@@ -173,8 +173,8 @@ impl CountDownLatch {
     /// Set the count to `count` unless the latch is counting already. Returns true if this
     /// call set it. An opened latch can be set again.
     ///
-    /// Retry-safe: after a dropped connection the call is repeated once with the same request
-    /// id, and answers true if the first attempt set it.
+    /// Retry-safe: after a dropped connection the call is repeated once with the same number
+    /// in the client's session, and answers true if the first attempt set it.
     ///
     /// # Examples
     ///
@@ -204,15 +204,15 @@ impl CountDownLatch {
             )));
         }
         let inner = &self.inner;
-        let request = PermitId::random();
+        let seq = inner.redsem.session().open();
         let span = op_span!(inner.meter, "redsem.latch.try_set");
         span.record("units", count);
         retry_once("try_set_count", || async {
             script::latch_try_set(
                 &mut inner.redsem.conn(),
                 &inner.keys,
-                request.as_str(),
                 count,
+                script::Caller::new(inner.redsem.session(), seq.n()),
             )
             .await
         })
@@ -223,8 +223,8 @@ impl CountDownLatch {
     /// Take one from the count; at zero the latch opens: it is gone, and every waiter returns.
     ///
     /// Counting down a latch that is not counting (never set, opened, deleted) does nothing.
-    /// Retry-safe: after a dropped connection the call is repeated once with the same request
-    /// id, and applied once.
+    /// Retry-safe: after a dropped connection the call is repeated once with the same number
+    /// in the client's session, and applied once.
     ///
     /// # Examples
     ///
@@ -245,9 +245,14 @@ impl CountDownLatch {
     /// If dropped after sending, the count may or may not have been taken down.
     pub async fn count_down(&self) -> Result<()> {
         let inner = &self.inner;
-        let request = PermitId::random();
+        let seq = inner.redsem.session().open();
         retry_once("count_down", || async {
-            script::latch_count_down(&mut inner.redsem.conn(), &inner.keys, request.as_str()).await
+            script::latch_count_down(
+                &mut inner.redsem.conn(),
+                &inner.keys,
+                script::Caller::new(inner.redsem.session(), seq.n()),
+            )
+            .await
         })
         .instrument(op_span!(inner.meter, "redsem.latch.count_down"))
         .await?;

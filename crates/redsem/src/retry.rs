@@ -1,13 +1,12 @@
-//! The retry policy of retry-safe calls: once, with the same request id, after Redis could
+//! The retry policy of retry-safe calls: once, with the same sequence number, after Redis could
 //! not be reached; and for as long as a restarted server answers `LOADING`. A call made in
 //! the background, which no caller would send again, is sent while Redis cannot be reached
 //! for a patience of its own ([`until_reached`]).
 //!
 //! A call is retry-safe when its script applies it at most once: a resend of a call whose
 //! first attempt was applied changes nothing and answers as the first did. The semaphores'
-//! calls carry a sequence number of the client's session ([`crate::session`]), marked in the
-//! session's record while the call is in flight; the latch's carry a request id that the
-//! script remembers for about a minute (`REMEMBER_MS` in `lua/common.lua`). Such a call
+//! and the latch's calls carry a sequence number of the client's session
+//! ([`crate::session`]), marked in the session's record while the call is in flight. Such a call
 //! that fails with an unavailable server ([`Error::is_unavailable`](crate::Error::is_unavailable):
 //! an I/O error, a refused or dropped connection, a timeout) may or may not have been applied, and sending it once more
 //! settles which. Any other error (a refusal, a protocol error, a shortfall of replica

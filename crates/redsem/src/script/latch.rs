@@ -4,6 +4,7 @@
 use redis::Value;
 
 use super::library::{LATCH_COUNT_DOWN, LATCH_DELETE, LATCH_STATE, LATCH_TRY_SET, Scripting};
+use super::permit::Caller;
 use super::reply::{Reply, confirmed, decode_deleted, decode_set};
 use crate::error::Result;
 use crate::keys::LatchKeys;
@@ -12,7 +13,7 @@ use crate::keys::LatchKeys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CountDown {
     Counted(u64),
-    /// The request id was applied before; nothing changed.
+    /// The call was applied before (or is a late copy of one answered); nothing changed.
     Repeated(u64),
     /// No latch is counting: never set, opened, or deleted.
     Absent,
@@ -30,16 +31,18 @@ pub(crate) enum RawLatchState {
     Never,
 }
 
-/// True if the count was set by this call (or by an earlier call with the same request id).
+/// True if the count was set by this call (or by an earlier attempt of it: the same `call`).
 pub(crate) async fn latch_try_set(
     conn: &mut impl Scripting,
     keys: &LatchKeys,
-    request: &str,
     count: u64,
+    call: Caller<'_>,
 ) -> Result<bool> {
     let acked = LATCH_TRY_SET
         .key(&keys.all[..])
-        .arg(request)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .arg(count)
         .invoke_acked(conn)
         .await?;
@@ -49,11 +52,13 @@ pub(crate) async fn latch_try_set(
 pub(crate) async fn latch_count_down(
     conn: &mut impl Scripting,
     keys: &LatchKeys,
-    request: &str,
+    call: Caller<'_>,
 ) -> Result<CountDown> {
     let acked = LATCH_COUNT_DOWN
         .key(&keys.all[..])
-        .arg(request)
+        .arg(call.seq)
+        .arg(call.session.id())
+        .arg(call.session.low())
         .arg(&keys.channel)
         .invoke_acked(conn)
         .await?;

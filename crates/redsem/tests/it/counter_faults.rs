@@ -421,7 +421,10 @@ async fn volatile_lru_eviction_never_takes_a_live_permit_queue_or_a_counting_lat
         let key = format!("t:{{permits:live}}:{part}");
         assert!(keys.contains(&key), "{key} evicted");
     }
-    assert!(keys.contains(&"t:{latch:live}:applied".to_owned()));
+    for part in ["applied", "sessions"] {
+        let key = format!("t:{{latch:live}}:{part}");
+        assert!(keys.contains(&key), "{key} evicted");
+    }
     sem.release(1).await.expect("release");
     finished(waiter, "the waiter").await.expect("served");
     assert_eq!(

@@ -2,19 +2,37 @@
 //! cluster test of the latch scripts is `counter_scripts_run_on_a_three_master_cluster`, with
 //! the permit scripts' tests.)
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redsem_test::RedisServer;
+use redis::aio::MultiplexedConnection;
+use redsem_test::{RedisServer, within};
 
 use super::*;
 use crate::script::test_support::{
-    assert_wrong_type, connect, connect_without_channels, evict_by_filling, next_message, pttl,
-    server_millis, subscribe,
+    LIMIT, assert_wrong_type, connect, connect_without_channels, evict_by_filling, next_message,
+    number, pttl, server_millis, session, subscribe,
 };
+use crate::session::Session;
 
 fn lk() -> LatchKeys {
     LatchKeys::new("t", "l")
+}
+
+/// Set the latch to `count` by a call of session `s` (which is answered).
+async fn set_in(conn: &mut MultiplexedConnection, k: &LatchKeys, s: &Arc<Session>, count: u64) {
+    let seq = s.open();
+    assert!(
+        latch_try_set(conn, k, count, Caller::new(s, seq.n()))
+            .await
+            .expect("set")
+    );
+}
+
+/// The call `name` of the test session (the same name: the same call, resent).
+fn caller(name: &str) -> Caller<'static> {
+    Caller::new(session(), number(name))
 }
 
 #[tokio::test]
@@ -27,15 +45,27 @@ async fn a_latch_counts_down_once_per_request_and_publishes_at_zero() {
         latch_state(&mut conn, &k).await.expect("state"),
         RawLatchState::Never
     );
-    assert!(latch_try_set(&mut conn, &k, "s1", 3).await.expect("set"));
-    assert!(latch_try_set(&mut conn, &k, "s1", 3).await.expect("repeat"));
-    assert!(!latch_try_set(&mut conn, &k, "s2", 9).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &k, 3, caller("s1"))
+            .await
+            .expect("set")
+    );
+    assert!(
+        latch_try_set(&mut conn, &k, 3, caller("s1"))
+            .await
+            .expect("repeat")
+    );
+    assert!(
+        !latch_try_set(&mut conn, &k, 9, caller("s2"))
+            .await
+            .expect("set")
+    );
     let (shared, shared_keys) = (conn.clone(), k.clone());
     let down = move |id: &'static str| {
         let mut conn = shared.clone();
         let k = shared_keys.clone();
         async move {
-            latch_count_down(&mut conn, &k, id)
+            latch_count_down(&mut conn, &k, caller(id))
                 .await
                 .expect("count_down")
         }
@@ -61,7 +91,11 @@ async fn a_latch_counts_down_once_per_request_and_publishes_at_zero() {
     assert!(ttl > 3_590_000 && ttl <= 3_600_000, "done marker ttl {ttl}");
 
     // An opened latch can be set again; deleting a counting one wakes its waiters.
-    assert!(latch_try_set(&mut conn, &k, "s3", 2).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &k, 2, caller("s3"))
+            .await
+            .expect("set")
+    );
     assert_eq!(
         latch_state(&mut conn, &k).await.expect("state"),
         RawLatchState::Counting(2)
@@ -89,11 +123,15 @@ async fn every_latch_script_reports_a_foreign_key_and_leaves_it_alone() {
         let results: Vec<(&str, Result<()>)> = vec![
             (
                 "try_set",
-                latch_try_set(&mut conn2, &k, "r", 1).await.map(drop),
+                latch_try_set(&mut conn2, &k, 1, caller("r"))
+                    .await
+                    .map(drop),
             ),
             (
                 "count_down",
-                latch_count_down(&mut conn2, &k, "r").await.map(drop),
+                latch_count_down(&mut conn2, &k, caller("r"))
+                    .await
+                    .map(drop),
             ),
             ("state", latch_state(&mut conn2, &k).await.map(drop)),
             ("delete", latch_delete(&mut conn2, &k).await.map(drop)),
@@ -111,14 +149,26 @@ async fn every_mutating_latch_script_repeated_with_its_id_is_applied_once() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let l = lk();
-    assert!(latch_try_set(&mut conn, &l, "s", 2).await.expect("set"));
-    assert!(latch_try_set(&mut conn, &l, "s", 2).await.expect("resent"));
+    assert!(
+        latch_try_set(&mut conn, &l, 2, caller("s"))
+            .await
+            .expect("set")
+    );
+    assert!(
+        latch_try_set(&mut conn, &l, 2, caller("s"))
+            .await
+            .expect("resent")
+    );
     assert_eq!(
-        latch_count_down(&mut conn, &l, "c").await.expect("down"),
+        latch_count_down(&mut conn, &l, caller("c"))
+            .await
+            .expect("down"),
         CountDown::Counted(1)
     );
     assert_eq!(
-        latch_count_down(&mut conn, &l, "c").await.expect("resent"),
+        latch_count_down(&mut conn, &l, caller("c"))
+            .await
+            .expect("resent"),
         CountDown::Repeated(1)
     );
 }
@@ -129,8 +179,12 @@ async fn a_count_down_whose_publish_is_refused_by_acl_is_applied_and_opens_the_l
     let mut admin = connect(&server).await;
     let mut conn = connect_without_channels(&server).await;
     let l = lk();
-    assert!(latch_try_set(&mut conn, &l, "s", 1).await.expect("set"));
-    let down = latch_count_down(&mut conn, &l, "c").await;
+    assert!(
+        latch_try_set(&mut conn, &l, 1, caller("s"))
+            .await
+            .expect("set")
+    );
+    let down = latch_count_down(&mut conn, &l, caller("c")).await;
     println!("count_down with a refused PUBLISH: {down:?}");
     assert_eq!(
         down.expect("the count-down is applied"),
@@ -140,38 +194,66 @@ async fn a_count_down_whose_publish_is_refused_by_acl_is_applied_and_opens_the_l
         latch_state(&mut admin, &l).await.expect("state"),
         RawLatchState::Done
     );
-    assert!(latch_try_set(&mut conn, &l, "s2", 1).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &l, 1, caller("s2"))
+            .await
+            .expect("set")
+    );
     assert!(latch_delete(&mut conn, &l).await.expect("delete"));
 }
 
 #[tokio::test]
-async fn a_counting_latch_keeps_its_applied_ids_through_volatile_lru_eviction() {
+async fn a_counting_latch_keeps_its_session_records_through_volatile_lru_eviction() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
     let mut conn = connect(&server).await;
     let l = lk();
-    assert!(latch_try_set(&mut conn, &l, "s", 3).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &l, 3, caller("s"))
+            .await
+            .expect("set")
+    );
     assert_eq!(
-        latch_count_down(&mut conn, &l, "c1").await.expect("down"),
+        latch_count_down(&mut conn, &l, caller("c1"))
+            .await
+            .expect("down"),
         CountDown::Counted(2)
     );
-    let ttl = pttl(&mut conn, &l.all[2]).await;
-    println!("PTTL of a counting latch's applied ids: {ttl}");
+    let ttls = [
+        pttl(&mut conn, &l.all[2]).await,
+        pttl(&mut conn, &l.all[3]).await,
+    ];
+    println!("PTTL of a counting latch's session index and records: {ttls:?}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     evict_by_filling(&mut conn, 5000).await;
-    let resent = latch_count_down(&mut conn, &l, "c1").await.expect("resent");
+    let resent = latch_count_down(&mut conn, &l, caller("c1"))
+        .await
+        .expect("resent");
     println!("a count-down resent after the evictions: {resent:?}");
     assert_eq!(resent, CountDown::Repeated(2));
-    assert_eq!(ttl, -1);
-    // Opened: the ids are idle state and expire. (No memory limit any more, or the key
-    // would be evicted the moment it gets its TTL.)
+    assert_eq!(ttls, [-1, -1]);
+    // Opened: the records are idle state and expire. (No memory limit any more, or the keys
+    // would be evicted the moment they get their TTL.)
     let () = redis::cmd("CONFIG")
         .arg(&["SET", "maxmemory", "0"])
         .query_async(&mut conn)
         .await
         .expect("CONFIG SET");
-    latch_count_down(&mut conn, &l, "c2").await.expect("down");
-    latch_count_down(&mut conn, &l, "c3").await.expect("down");
+    latch_count_down(&mut conn, &l, caller("c2"))
+        .await
+        .expect("down");
+    latch_count_down(&mut conn, &l, caller("c3"))
+        .await
+        .expect("down");
     assert!(pttl(&mut conn, &l.all[2]).await > 0);
+    assert!(pttl(&mut conn, &l.all[3]).await > 0);
+    // Set again: they stop expiring.
+    assert!(
+        latch_try_set(&mut conn, &l, 1, caller("s2"))
+            .await
+            .expect("set")
+    );
+    assert_eq!(pttl(&mut conn, &l.all[2]).await, -1);
+    assert_eq!(pttl(&mut conn, &l.all[3]).await, -1);
 }
 
 #[tokio::test]
@@ -179,9 +261,13 @@ async fn the_last_count_down_meeting_a_foreign_done_key_reports_it_and_opens_not
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = lk();
-    assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &k, 1, caller("s"))
+            .await
+            .expect("set")
+    );
     let _: () = conn.rpush(&k.all[1], "foreign").await.expect("rpush");
-    let result = latch_count_down(&mut conn, &k, "r").await.map(drop);
+    let result = latch_count_down(&mut conn, &k, caller("r")).await.map(drop);
     assert_wrong_type(vec![("count_down", result)], &k.all[1], 1);
     let value: Vec<String> = conn.lrange(&k.all[1], 0, -1).await.expect("lrange");
     assert_eq!(value, ["foreign"], "left alone");
@@ -190,23 +276,174 @@ async fn the_last_count_down_meeting_a_foreign_done_key_reports_it_and_opens_not
 }
 
 #[tokio::test]
-async fn an_opened_latch_remembers_its_ids_for_a_minute_from_its_redis_time() {
+async fn an_opened_latch_keeps_its_session_records_ten_minutes_from_its_redis_time() {
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = lk();
-    assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
+    assert!(
+        latch_try_set(&mut conn, &k, 1, caller("s"))
+            .await
+            .expect("set")
+    );
     let before = server_millis(&mut conn).await;
-    latch_count_down(&mut conn, &k, "r")
+    latch_count_down(&mut conn, &k, caller("r"))
         .await
         .expect("count down");
     let after = server_millis(&mut conn).await;
-    let at: i64 = redis::cmd("PEXPIRETIME")
-        .arg(&k.all[2])
+    for key in &k.all[2..] {
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("PEXPIRETIME");
+        assert!(
+            (before + 600_000..=after + 600_000).contains(&at),
+            "{key}: {at} is not ten minutes after {before}..{after}"
+        );
+    }
+    // A resend of the count-down that opened it, within that time, finds its mark.
+    assert_eq!(
+        latch_count_down(&mut conn, &k, caller("r"))
+            .await
+            .expect("resent"),
+        CountDown::Repeated(0)
+    );
+    assert_eq!(
+        latch_count_down(&mut conn, &k, caller("r2"))
+            .await
+            .expect("new"),
+        CountDown::Absent
+    );
+}
+
+#[tokio::test]
+async fn a_late_copy_of_a_count_down_answered_is_never_applied() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    let s = Session::new();
+    set_in(&mut conn, &k, &s, 5).await;
+    let first = s.open();
+    let n = first.n();
+    assert_eq!(
+        latch_count_down(&mut conn, &k, Caller::new(&s, n))
+            .await
+            .expect("down"),
+        CountDown::Counted(4)
+    );
+    drop(first);
+    // The next call carries a low mark above the first's number: its mark goes.
+    let second = s.open();
+    assert_eq!(
+        latch_count_down(&mut conn, &k, Caller::new(&s, second.n()))
+            .await
+            .expect("down"),
+        CountDown::Counted(3)
+    );
+    let record: String = conn
+        .hget(&k.all[3], format!("s:{}", s.id()))
+        .await
+        .expect("hget");
+    assert!(
+        !record.contains(&format!(",{n}=")),
+        "the first call's mark went: {record}"
+    );
+    // A late copy of the first (below the low mark) changes nothing, nor of a try_set.
+    assert_eq!(
+        latch_count_down(&mut conn, &k, Caller::new(&s, n))
+            .await
+            .expect("late copy"),
+        CountDown::Repeated(3)
+    );
+    let count: i64 = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, 3);
+    assert!(
+        latch_try_set(&mut conn, &k, 9, Caller::new(&s, n))
+            .await
+            .expect("late copy")
+    );
+    let _: () = conn.del(&k.all[0]).await.expect("del");
+    assert!(
+        latch_try_set(&mut conn, &k, 9, Caller::new(&s, n))
+            .await
+            .expect("late copy")
+    );
+    let count: Option<i64> = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, None, "a late copy of a try_set sets nothing");
+}
+
+#[tokio::test]
+async fn a_latch_keeps_one_small_record_per_session_however_many_calls_it_made() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    let s = Session::new();
+    set_in(&mut conn, &k, &s, 1000).await;
+    for left in (500..1000).rev() {
+        let seq = s.open();
+        assert_eq!(
+            latch_count_down(&mut conn, &k, Caller::new(&s, seq.n()))
+                .await
+                .expect("down"),
+            CountDown::Counted(left)
+        );
+    }
+    let records: Vec<(String, String)> = conn.hgetall(&k.all[3]).await.expect("hgetall");
+    let index: Vec<(String, f64)> = conn
+        .zrange_withscores(&k.all[2], 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(index.len(), 1, "{index:?}");
+    assert_eq!(records[0].0, format!("s:{}", s.id()));
+    assert_eq!(index[0].0, records[0].0);
+    assert!(
+        records[0].1.len() < 64,
+        "one mark at most: {}",
+        records[0].1
+    );
+}
+
+#[tokio::test]
+async fn the_records_of_sessions_gone_quiet_are_pruned_and_live_ones_kept() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+            .await
+            .expect("set")
+    );
+    // A session record past its expiry, and an id left by a client of layout 1.
+    let () = redis::pipe()
+        .hset(&k.all[3], "s:gone", "1|1000|1|,1=C")
+        .zadd(&k.all[2], "s:gone", 1000)
+        .zadd(&k.all[2], "layout-1-id", 2000)
         .query_async(&mut conn)
         .await
-        .expect("PEXPIRETIME");
-    assert!(
-        (before + 60_000..=after + 60_000).contains(&at),
-        "{at} is not a minute after {before}..{after}"
-    );
+        .expect("seed");
+    // About one call in 16 prunes (by the time's low bits): count down until one has.
+    let mut calls = 0;
+    within(LIMIT, "a prune", async {
+        loop {
+            calls += 1;
+            latch_count_down(&mut conn, &k, caller(&format!("c{calls}")))
+                .await
+                .expect("down");
+            let left: Vec<String> = conn.zrange(&k.all[2], 0, -1).await.expect("zrange");
+            if !left.iter().any(|m| m == "s:gone" || m == "layout-1-id") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    println!("pruned after {calls} count-downs");
+    let gone: Option<String> = conn.hget(&k.all[3], "s:gone").await.expect("hget");
+    assert_eq!(gone, None, "the record went with its index entry");
+    let live: Option<String> = conn
+        .hget(&k.all[3], format!("s:{}", session().id()))
+        .await
+        .expect("hget");
+    assert!(live.is_some(), "the live session's record is kept");
 }

@@ -502,8 +502,12 @@ async fn counter_scripts_run_on_a_three_master_cluster() {
         assert!(permit_delete(&mut conn, &k).await.expect("delete"));
 
         let k = LatchKeys::new("t", name);
-        assert!(latch_try_set(&mut conn, &k, "s", 1).await.expect("set"));
-        let down = latch_count_down(&mut conn, &k, "c")
+        assert!(
+            latch_try_set(&mut conn, &k, 1, caller("latch s"))
+                .await
+                .expect("set")
+        );
+        let down = latch_count_down(&mut conn, &k, caller("latch c"))
             .await
             .expect("count_down");
         assert_eq!(down, CountDown::Counted(0));
