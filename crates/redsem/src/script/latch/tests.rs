@@ -102,6 +102,11 @@ async fn a_latch_counts_down_once_per_request_and_publishes_at_zero() {
     );
     assert!(latch_delete(&mut conn, &k).await.expect("delete"));
     assert_eq!(next_message(&mut pubsub).await, "opened");
+    assert_eq!(
+        latch_state(&mut conn, &k).await.expect("state"),
+        RawLatchState::Deleted,
+        "deleted while counting"
+    );
     assert!(!latch_delete(&mut conn, &k).await.expect("delete"));
     assert_eq!(
         latch_state(&mut conn, &k).await.expect("state"),

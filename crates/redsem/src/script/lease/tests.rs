@@ -612,35 +612,7 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
     granted(acquire(&mut conn, req("big", n, MAX_UNITS_FOR_TESTS, true)).await);
     granted(acquire(&mut conn, req("rest", n, n - MAX_UNITS_FOR_TESTS, true)).await);
     let ids: Vec<String> = (0..n).map(|i| format!("w{i}")).collect();
-    // One pipeline of EVALSHA (the script loaded first).
-    let _: String = LEASE_ACQUIRE
-        .script()
-        .prepare_invoke()
-        .load_async(&mut conn)
-        .await
-        .expect("SCRIPT LOAD");
-    let mut pipe = redis::pipe();
-    for id in &ids {
-        let r = req(id, n, 1, true);
-        pipe.invoke_script(
-            LEASE_ACQUIRE
-                .script()
-                .key(&k.all[..])
-                .arg(r.id)
-                .arg(r.capacity)
-                .arg(r.units)
-                .arg(millis(r.lease))
-                .arg("")
-                .arg("0")
-                .arg("wait")
-                .arg(millis(r.waiter_lease))
-                .arg(CHANNEL),
-        )
-        .ignore();
-    }
-    let () = within(LIMIT, "queue 4,200", pipe.query_async(&mut conn))
-        .await
-        .expect("queue");
+    queue_many(&mut conn, &ids, n).await;
     for holder in ["big", "rest"] {
         assert_eq!(
             release(&mut conn, &k, holder).await.expect("release"),
@@ -668,6 +640,43 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
         acquire(&mut conn, req("late", n, 1, false)).await,
         Acquire::Busy { in_use, .. } if in_use == u64::from(n)
     ));
+}
+
+/// Queue a waiter of one unit for each of `ids` (capacity `cap`), in one pipeline of
+/// `EVALSHA` (the script loaded first), each numbered after its id in the test session.
+async fn queue_many(conn: &mut MultiplexedConnection, ids: &[String], cap: u32) {
+    let k = keys();
+    let _: String = LEASE_ACQUIRE
+        .script()
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let mut pipe = redis::pipe();
+    for id in ids {
+        let r = req(id, cap, 1, true);
+        pipe.invoke_script(
+            LEASE_ACQUIRE
+                .script()
+                .key(&k.all[..])
+                .arg(r.id)
+                .arg(r.capacity)
+                .arg(r.units)
+                .arg(millis(r.lease))
+                .arg("")
+                .arg("0")
+                .arg("wait")
+                .arg(millis(r.waiter_lease))
+                .arg(CHANNEL)
+                .arg(r.seq)
+                .arg(session().id())
+                .arg(session().low()),
+        )
+        .ignore();
+    }
+    let () = within(LIMIT, "queue the waiters", pipe.query_async(conn))
+        .await
+        .expect("queue");
 }
 
 /// [`crate::MAX_UNITS`], as the scripts' tests use it.
@@ -2131,3 +2140,5 @@ async fn a_batch_with_an_acquire_before_its_release_reads_each_operation_whole()
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 1, "x alone holds: {status:?}");
 }
+
+mod edges;

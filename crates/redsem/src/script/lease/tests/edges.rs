@@ -1,0 +1,623 @@
+//! Edge cases of the lease scripts that the mutation runs (docs/MUTANTS.md) found no test
+//! pinning down: calls on a semaphore that does not exist, the idle deadline, a layout-1
+//! state taken over by a call that grants nothing, out-of-order session calls, lost entries,
+//! a waiter larger than a shrunk capacity, work left over by a spent budget, and the
+//! times the scripts report.
+
+use super::*;
+
+/// A raw `lease_acquire` (try mode, one unit of capacity `cap`) in session `sid`, numbered
+/// `seq`, carrying the low mark `low` as given (the typed wrapper computes it from a live
+/// session, which can only raise it).
+async fn raw_acquire(
+    conn: &mut MultiplexedConnection,
+    id: &str,
+    cap: u32,
+    seq: u64,
+    sid: &str,
+    low: u64,
+) -> Acquire {
+    let reply: Value = within(
+        LIMIT,
+        "raw lease_acquire",
+        LEASE_ACQUIRE
+            .script()
+            .key(&keys().all[..])
+            .arg(id)
+            .arg(cap)
+            .arg(1)
+            .arg(30_000)
+            .arg("")
+            .arg("0")
+            .arg("try")
+            .arg(30_000)
+            .arg(CHANNEL)
+            .arg(seq)
+            .arg(sid)
+            .arg(low)
+            .invoke_async(conn),
+    )
+    .await
+    .expect("lease_acquire");
+    decode_acquire("lease_acquire", reply).expect("decode")
+}
+
+/// A raw holder's `lease_release` of `id` in session `sid`, numbered `seq`, carrying `low`.
+async fn raw_release(
+    conn: &mut MultiplexedConnection,
+    id: &str,
+    seq: u64,
+    sid: &str,
+    low: u64,
+) -> String {
+    let reply: Vec<Value> = within(
+        LIMIT,
+        "raw lease_release",
+        LEASE_RELEASE
+            .script()
+            .key(&keys().all[..])
+            .arg(id)
+            .arg("t:wake:another")
+            .arg(seq)
+            .arg(sid)
+            .arg(low)
+            .arg("r")
+            .invoke_async(conn),
+    )
+    .await
+    .expect("lease_release");
+    match reply.first() {
+        Some(Value::BulkString(s)) => String::from_utf8_lossy(s).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        other => panic!("lease_release answered {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_arriving_late_with_a_lower_low_mark_does_not_lower_its_sessions() {
+    // A client sends release A (number 10) while its call 3 is unanswered (low mark 3); A is
+    // delayed. Meanwhile 3 and acquire 5 are answered, and release B (11) goes out with the
+    // low mark 10 and arrives first. When A arrives, the record must keep 10: a late copy of
+    // acquire 5 (answered) is then refused, never granted a second time.
+    // (Kills common.lua's `if S.sl > low` skipped in session_put().)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let sid = "late-session";
+    granted(raw_acquire(&mut conn, "x", 4, 1, sid, 1).await);
+    granted(raw_acquire(&mut conn, "y", 4, 5, sid, 3).await);
+    assert_eq!(raw_release(&mut conn, "y", 11, sid, 10).await, "RELEASED");
+    assert_eq!(raw_release(&mut conn, "x", 10, sid, 3).await, "RELEASED");
+    let record: String = conn
+        .hget(&keys().all[2], format!("s:{sid}"))
+        .await
+        .expect("hget");
+    assert!(record.starts_with("10|"), "the low mark stays 10: {record}");
+    assert_eq!(
+        raw_acquire(&mut conn, "y", 4, 5, sid, 3).await,
+        Acquire::Gone,
+        "a late copy of acquire 5, answered, is not applied"
+    );
+    let status = lease_status(&mut conn, &keys()).await.expect("status");
+    assert!(status.holders.is_empty(), "{:?}", status.holders);
+}
+
+#[tokio::test]
+async fn calls_on_a_semaphore_that_does_not_exist_create_no_key() {
+    // (Kills lease_prelude.lua's `if not S.cap then return` skipped in keep(): an idle TTL
+    // and its deadline written into a state that has no capacity.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    assert_eq!(
+        release(&mut conn, &k, "nobody").await.expect("release"),
+        Release::NotHeld
+    );
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "nobody",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert_eq!(polled, Acquire::Gone);
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.capacity, None);
+    let left: usize = conn.exists(&k.all[..]).await.expect("exists");
+    assert_eq!(left, 0, "no key written");
+}
+
+#[tokio::test]
+async fn calls_on_an_idle_semaphore_leave_its_idle_deadline_where_it_is() {
+    // The idle TTL moves only when it comes within a margin of where it should be: calls on
+    // an idle semaphore neither take it off nor push it out. (Kills the live-state test in
+    // keep() taking an idle state for a live one, and the counter check in load() repairing
+    // an idle state on every call.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    assert_eq!(
+        release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
+    );
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    let deadline = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&keys().all[2])
+                .query_async(&mut conn)
+                .await
+                .expect("PEXPIRETIME");
+            at
+        }
+    };
+    let first = deadline(&mut conn).await;
+    assert!(first > 0, "the idle state has its TTL: {first}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        release(&mut conn, &k, "nobody").await.expect("release"),
+        Release::NotHeld
+    );
+    assert_eq!(
+        deadline(&mut conn).await,
+        first,
+        "after a release of nothing"
+    );
+    lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(deadline(&mut conn).await, first, "after a status");
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    assert_eq!(deadline(&mut conn).await, first, "after a tidy");
+}
+
+/// A state of layout 1 that nobody holds or waits on, with capacity 3 and last token `token`.
+async fn idle_layout_1_state(conn: &mut MultiplexedConnection, token: u64) {
+    let k = keys();
+    let fields = [
+        ("cap", "3".to_owned()),
+        ("used", "0".to_owned()),
+        ("nh", "0".to_owned()),
+        ("qlen", "0".to_owned()),
+        ("nt", "1".to_owned()),
+        ("tok", token.to_string()),
+        ("layout", "1".to_owned()),
+        ("r:old", "x|R|attempt".to_owned()),
+    ];
+    let () = conn.hset_multiple(&k.all[2], &fields).await.expect("hset");
+    let () = conn.zadd(&k.all[0], "old", -9e15).await.expect("zadd");
+}
+
+#[tokio::test]
+async fn a_layout_1_state_taken_over_by_a_status_keeps_its_capacity_and_last_token() {
+    // The takeover writes the state of this layout itself, whichever call makes it: here one
+    // that grants nothing, so nothing else writes the capacity or the token for it.
+    // (Kills adopt() dropping the capacity, the last token or the wide field.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let token = 1_900_000_000_000_000_u64;
+    idle_layout_1_state(&mut conn, token).await;
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.capacity, Some(3));
+    let (cap, tok, layout): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg(&["cap", "tok", "layout"])
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    assert_eq!(cap.as_deref(), Some("3"));
+    assert_eq!(tok, Some(token.to_string()));
+    assert_eq!(layout.as_deref(), Some("2"));
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(&k.all[2])
+        .query_async(&mut conn)
+        .await
+        .expect("OBJECT ENCODING");
+    assert_eq!(
+        encoding, "hashtable",
+        "kept as a hash table (the wide field)"
+    );
+    // A status again: still a state, and the next grant's token follows the old one.
+    assert_eq!(
+        lease_status(&mut conn, &k).await.expect("status").capacity,
+        Some(3)
+    );
+    let (next, _) = granted(acquire(&mut conn, req("new", 3, 1, false)).await);
+    assert!(next > token, "the last token is kept: {next} after {token}");
+}
+
+#[tokio::test]
+async fn a_poll_that_finds_its_lease_entry_gone_restores_everyones() {
+    // The leases zset lost (a foreign DEL): the first holder to check in restores its own
+    // entry, and the count check that follows rebuilds every other holder's too.
+    // (Kills lease_poll.lua's check() dropped.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b", "c"] {
+        granted(acquire(&mut conn, req(id, 3, 1, false)).await);
+    }
+    let () = conn.del(&k.all[0]).await.expect("del");
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "a",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert!(matches!(polled, Acquire::Granted { .. }), "{polled:?}");
+    for id in ["a", "b", "c"] {
+        assert!(
+            lease_score(&mut conn, id).await.is_some(),
+            "{id} has its lease entry again"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_larger_than_a_shrunk_capacity_is_dropped_and_those_behind_it_served() {
+    // (Kills promote()'s `w.k > S.cap` check skipped: the large waiter would stay at the head
+    // forever, and nobody behind it would ever be granted.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 3, 1, true)).await);
+    assert!(matches!(
+        acquire(&mut conn, req("big", 3, 3, true)).await,
+        Acquire::Queued { position: 0, .. }
+    ));
+    assert!(matches!(
+        acquire(&mut conn, req("small", 3, 1, true)).await,
+        Acquire::Queued { position: 1, .. }
+    ));
+    assert_eq!(
+        lease_set_capacity(&mut conn, &k, 2).await.expect("shrink"),
+        Some(3)
+    );
+    let poll = |id: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            lease_poll(
+                &mut conn,
+                &keys(),
+                id,
+                Duration::from_secs(30),
+                Duration::from_secs(30),
+            )
+            .await
+            .expect("poll")
+        }
+    };
+    assert_eq!(poll("big").await, Acquire::Gone, "can never fit: dropped");
+    assert!(
+        matches!(poll("small").await, Acquire::Granted { .. }),
+        "served: a holds 1 of 2"
+    );
+}
+
+#[tokio::test]
+async fn a_head_entry_without_its_record_waits_for_a_free_unit_to_be_cleared() {
+    // While every unit is held no waiter fits, so the settle does not walk the queue: an
+    // entry whose waiter record is gone stays until a unit is freed. (Kills promote_left()
+    // promoting while full.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    for id in ["w1", "w2"] {
+        assert!(matches!(
+            acquire(&mut conn, req(id, 1, 1, true)).await,
+            Acquire::Queued { .. }
+        ));
+    }
+    let () = conn.hdel(&k.all[2], "r:w1").await.expect("hdel");
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "w2",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert!(
+        matches!(polled, Acquire::Queued { position: 1, .. }),
+        "still behind the entry while full: {polled:?}"
+    );
+    assert_eq!(
+        release(&mut conn, &k, "a").await.expect("release"),
+        Release::Released
+    );
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        "w2",
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert!(
+        matches!(polled, Acquire::Granted { .. }),
+        "the entry cleared, w2 served: {polled:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_release_handing_over_to_its_own_waiter_gives_it_a_lease_from_now() {
+    // A grant to a waiter of the releasing client (the local hand-off) is claimed at once:
+    // its lease ends a full lease after the release's Redis time, to the millisecond.
+    // (Kills promote()'s `S.now + w.lease` read 5 ms early.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let k = keys();
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let (mut conn, k) = (conn.clone(), k.clone());
+        async move {
+            let (a, w) = (format!("a{n}"), format!("w{n}"));
+            let _: () = conn.del(&k.all[..]).await.expect("del");
+            granted(acquire(&mut conn, req(&a, 1, 1, false)).await);
+            assert!(matches!(
+                acquire(&mut conn, req(&w, 1, 1, true)).await,
+                Acquire::Queued { .. }
+            ));
+            let t0 = server_millis(&mut conn).await;
+            lease_release(&mut conn, &k, &a, CHANNEL, by(&format!("release {a}")))
+                .await
+                .expect("release");
+            let t1 = server_millis(&mut conn).await;
+            let ends = lease_score(&mut conn, &w).await.expect("w granted");
+            assert!(
+                (t0 + 30_000..=t1 + 30_000).contains(&ends),
+                "the grant ends at {ends}, a lease from [{t0}, {t1}]"
+            );
+            t1 - t0 < 3
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_head_waiter_is_told_to_look_again_when_the_first_lease_ends() {
+    // The recheck of the head waiter is the time to the first lease end + 1 ms, from the
+    // call's Redis time. (Kills recheck_ms() reading the time 5 ms late.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let k = keys();
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let (mut conn, k) = (conn.clone(), k.clone());
+        async move {
+            let (a, w) = (format!("a{n}"), format!("w{n}"));
+            let _: () = conn.del(&k.all[..]).await.expect("del");
+            let short = Request {
+                lease: Duration::from_millis(2_000),
+                ..req(&a, 1, 1, false)
+            };
+            granted(acquire(&mut conn, short).await);
+            let ends = lease_score(&mut conn, &a).await.expect("a's lease end");
+            let t0 = server_millis(&mut conn).await;
+            let reply = acquire(&mut conn, req(&w, 1, 1, true)).await;
+            let t1 = server_millis(&mut conn).await;
+            let Acquire::Queued {
+                position: 0,
+                recheck,
+            } = reply
+            else {
+                panic!("w should head the queue: {reply:?}");
+            };
+            let recheck = i64::try_from(recheck.as_millis()).expect("ms");
+            assert!(
+                (ends - t1 + 1..=ends - t0 + 1).contains(&recheck),
+                "recheck {recheck} ms, not the time to {ends} from [{t0}, {t1}] + 1"
+            );
+            t1 - t0 < 3
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn status_reports_how_long_a_waiter_waited_to_the_millisecond() {
+    // (Kills lease_status.lua's waited time read 5 ms late.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let k = keys();
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let (mut conn, k) = (conn.clone(), k.clone());
+        async move {
+            let (a, w) = (format!("a{n}"), format!("w{n}"));
+            let _: () = conn.del(&k.all[..]).await.expect("del");
+            granted(acquire(&mut conn, req(&a, 1, 1, false)).await);
+            let t0 = server_millis(&mut conn).await;
+            acquire(&mut conn, req(&w, 1, 1, true)).await;
+            let t1 = server_millis(&mut conn).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let t2 = server_millis(&mut conn).await;
+            let status = lease_status(&mut conn, &k).await.expect("status");
+            let t3 = server_millis(&mut conn).await;
+            let waited = status
+                .waiters
+                .iter()
+                .find(|x| x.id == w)
+                .expect("waiting")
+                .waited_ms;
+            assert!(
+                (t2 - t1..=t3 - t0).contains(&waited),
+                "waited {waited} ms outside [{}, {}]",
+                t2 - t1,
+                t3 - t0
+            );
+            t1 - t0 < 3 && t3 - t2 < 3
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn expired_session_records_beyond_one_prune_batch_all_go() {
+    // Records are pruned 4,000 at a time; when a batch is full, more are due and the next
+    // call prunes again. (Kills prune() recording no further due time after a full batch.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let now = server_millis(&mut conn).await;
+    let n = 4_100;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let name = format!("s:gone{i}");
+        let expiry = now - 10_000 - i64::from(i);
+        pipe.zadd(&k.all[0], &name, -expiry)
+            .ignore()
+            .hset(&k.all[2], &name, format!("1|{expiry}|"))
+            .ignore();
+    }
+    pipe.hincr(&k.all[2], "nt", n)
+        .ignore()
+        .hset(&k.all[2], "tnext", now - 10_000 - i64::from(n))
+        .ignore();
+    let () = within(LIMIT, "bury", pipe.query_async(&mut conn))
+        .await
+        .expect("bury");
+    for _ in 0..2 {
+        lease_status(&mut conn, &k).await.expect("status");
+    }
+    let sessions: Vec<String> = conn
+        .zrangebyscore(&k.all[0], "-inf", "(0")
+        .await
+        .expect("zrangebyscore");
+    assert!(sessions.is_empty(), "{} records left", sessions.len());
+    let nt: String = conn.hget(&k.all[2], "nt").await.expect("hget");
+    assert_eq!(nt, "0");
+}
+
+#[tokio::test]
+async fn work_a_spent_budget_left_is_done_by_the_next_call() {
+    // One script grants at most 4,096 units to others. Two releases in one batch free 4,098
+    // units for 4,098 waiters of one: the first hands out the whole budget, the second none.
+    // The next call on the semaphore, whatever it is, grants the two left, though no lease
+    // has ended. (Kills settle() skipping promote_left() while no lease has ended.)
+    let server = RedisServer::start();
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(LIMIT));
+    let mut conn = within(
+        LIMIT,
+        "connect",
+        server
+            .client()
+            .get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .expect("connect");
+    let k = keys();
+    let cap = MAX_UNITS_FOR_TESTS + 2;
+    granted(acquire(&mut conn, req("big", cap, MAX_UNITS_FOR_TESTS, true)).await);
+    granted(acquire(&mut conn, req("two", cap, 2, true)).await);
+    let ids: Vec<String> = (0..cap).map(|i| format!("w{i}")).collect();
+    queue_many(&mut conn, &ids, cap).await;
+    let ops = [
+        BatchOp::release("big", by("release big")),
+        BatchOp::release("two", by("release two")),
+    ];
+    let reply = within(
+        LIMIT,
+        "batch",
+        lease_batch(&mut conn, &k, "t:wake:another", session(), &ops),
+    )
+    .await
+    .expect("batch");
+    assert_eq!(reply.replies.len(), 2);
+    let polled = lease_poll(
+        &mut conn,
+        &k,
+        &ids[ids.len() - 1],
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll");
+    assert!(
+        matches!(polled, Acquire::Granted { .. }),
+        "the last waiter is granted by the next call: {polled:?}"
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert!(status.waiters.is_empty());
+    assert_eq!(status.in_use, u64::from(cap));
+}
+
+#[tokio::test]
+async fn the_idle_deadline_moves_only_once_it_comes_within_its_margin() {
+    // An idle state's TTL is moved when it would end within a minute (KEEP_MARGIN_MS), not
+    // before. (Kills needs_idle_ttl() reading the time 5 ms late.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let k = keys();
+    {
+        let mut conn = conn.clone();
+        granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+        release(&mut conn, &k, "a").await.expect("release");
+        lease_tidy(&mut conn, &k).await.expect("tidy");
+    }
+    within_3_ms(|| {
+        let (mut conn, k) = (conn.clone(), k.clone());
+        async move {
+            let t0 = server_millis(&mut conn).await;
+            let at = t0 + 60_000 + 3;
+            let () = redis::pipe()
+                .hset(&k.all[2], "idle", at)
+                .ignore()
+                .cmd("PEXPIREAT")
+                .arg(&k.all[2])
+                .arg(at)
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .expect("set the deadline");
+            lease_status(&mut conn, &k).await.expect("status");
+            let t1 = server_millis(&mut conn).await;
+            let now: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&k.all[2])
+                .query_async(&mut conn)
+                .await
+                .expect("PEXPIRETIME");
+            if t1 - t0 >= 3 {
+                return false; // the status may have run within the margin: try again
+            }
+            assert_eq!(now, at, "a deadline more than a minute ahead is left alone");
+            true
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_token_follows_a_last_token_ahead_of_the_clock_by_one() {
+    // Tokens are max(last token + 1, Redis time in µs): after a last token ahead of the
+    // clock (a server whose clock went back), the next is that token + 1, on the general
+    // path (a labelled request) as on the fast one. (Kills next_token()'s `+ 1` as `+ 2`.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 3, 1, false)).await);
+    let ahead: u64 = 1 << 52;
+    let () = conn.hset(&k.all[2], "tok", ahead).await.expect("hset");
+    let labelled = Request {
+        label: "l",
+        ..req("b", 3, 1, false)
+    };
+    let (b, _) = granted(acquire(&mut conn, labelled).await);
+    assert_eq!(b, ahead + 1);
+    let (c, _) = granted(acquire(&mut conn, req("c", 3, 1, false)).await);
+    assert_eq!(c, ahead + 2);
+}
