@@ -51,6 +51,11 @@ OPS = {
 SEM_RS = os.path.join(HERE, "..", "src", "sem.rs")
 
 
+def h(n):
+    """A session number as the scripts read it: hexadecimal text (lua/common.lua)."""
+    return format(n, "x")
+
+
 def poll_attempt():
     """The polling baseline's attempt script, read from redsem-bench's sem.rs (POLL_ATTEMPT)."""
     source = open(SEM_RS).read()
@@ -204,8 +209,8 @@ def main():
         for i, pid in enumerate(ids):
             a, rel = 2 * i + 1, 2 * i + 2
             commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
-                             a, "sess", a])
-            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", rel, "sess", rel, "r"])
+                             h(a), "sess", h(a)])
+            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", h(rel), "sess", h(rel), "r"])
         measure("lease", commands, CYCLES)
 
         r.function_load(FLOOR, replace=True)
@@ -225,7 +230,7 @@ def main():
                 pid = uuid.uuid4().hex
                 seq += 1
                 r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c",
-                                  seq, "sess", seq)
+                                  h(seq), "sess", h(seq))
                 (holders if i < 8 else waiters).append(pid)
             commands = []
             for _ in range(CYCLES // per_call):
@@ -235,14 +240,14 @@ def main():
                     holders.append(waiters.pop(0))
                     waiters.append(pid)
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", seq + 1, "sess", seq + 1, "r"])
+                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", h(seq + 1), "sess", h(seq + 1), "r"])
                         commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000,
-                                         "c", seq + 2, "sess", seq + 2])
+                                         "c", h(seq + 2), "sess", h(seq + 2)])
                     else:
-                        ops += ["r", old, seq + 1, "a", pid, 8, 1, 30000, "", "0", "wait", 30000, seq + 2]
+                        ops += ["r", old, h(seq + 1), "a", pid, 8, 1, 30000, "", "0", "wait", 30000, h(seq + 2)]
                     seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", "sess", low, *ops])
+                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", "sess", h(low), *ops])
             return commands
 
         measure("contended", contended("c", 1), CYCLES)
@@ -253,12 +258,12 @@ def main():
                 raise SystemExit(f"the batched run left used/qlen {state}, not 8/56")
 
         p = [f"b:{{permits:p}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
-        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8, 1, "psess", 1)
+        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8, h(1), "psess", h(1))
         commands = []
         for i, pid in enumerate(ids):
             a, rel = 2 * i + 2, 2 * i + 3
-            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c", a, "psess", a])
-            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1, rel, "psess", rel])
+            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c", h(a), "psess", h(a)])
+            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1, h(rel), "psess", h(rel)])
         measure("permits", commands, CYCLES)
 
         f = [f"b:{{permits:f}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
@@ -275,25 +280,25 @@ def main():
             queue a new waiter; `per_call` cycles to one permit_batch call (1: one call each)."""
             q = [f"b:{{permits:{name}}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
             seq = 1
-            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8, seq, "psess", seq)
+            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8, h(seq), "psess", h(seq))
             for _ in range(64):
                 seq += 1
                 r.execute_command("FCALL", "rx_permit_acquire", 6, *q, uuid.uuid4().hex, 1, "wait", 30000, "c",
-                                  seq, "psess", seq)
+                                  h(seq), "psess", h(seq))
             commands = []
             for _ in range(CYCLES // per_call):
                 ops, low = [], seq + 1
                 for _ in range(per_call):
                     rid, pid = uuid.uuid4().hex, uuid.uuid4().hex
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1, seq + 1, "psess", seq + 1])
+                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1, h(seq + 1), "psess", h(seq + 1)])
                         commands.append(["FCALL", "rx_permit_acquire", 6, *q, pid, 1, "wait", 30000, "c",
-                                         seq + 2, "psess", seq + 2])
+                                         h(seq + 2), "psess", h(seq + 2)])
                     else:
-                        ops += ["m", rid, 1, seq + 1, "a", pid, 1, "wait", 30000, seq + 2]
+                        ops += ["m", rid, 1, h(seq + 1), "a", pid, 1, "wait", 30000, h(seq + 2)]
                     seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", "psess", low, *ops])
+                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", "psess", h(low), *ops])
             return commands
 
         measure("p-contend", permits_contended("pc", 1), CYCLES)

@@ -187,8 +187,17 @@ end
 -- client resends (about a minute), and renewed when it was last renewed SESSION_RENEW_MS ago
 -- or more. The caller's record is the field S.sess, read with the primitive's state; it is
 -- parsed once per call (session()), and its marks only when a number could be marked.
+--
+-- Every number of a session, in the arguments and in the record, is hexadecimal text: Lua
+-- reads a decimal one with strtod (about a microsecond of work per number, several numbers
+-- per call), a hexadecimal one with strtoul (tonumber(text, 16)), at a fraction of that.
 local SESSION_MS = 600000
 local SESSION_RENEW_MS = 60000
+
+-- A session number (hexadecimal text) as a number; 0 if absent or not one.
+local function seqno(text)
+  return text and tonumber(text, 16) or 0
+end
 
 -- Parse the caller's session record S[S.sess] once per call: S.sl its low mark, S.sx its
 -- expiry (text), S.sm the highest number marked, S.sp where its marks start (0 if none).
@@ -197,9 +206,9 @@ local function session()
     local raw = S.sess and S[S.sess]
     local low, expiry, top, at
     if raw then
-      low, expiry, top, at = match(raw, '^(%d+)|(%d+)|(%d+)|()')
+      low, expiry, top, at = match(raw, '^(%x+)|(%x+)|(%x+)|()')
     end
-    S.sl, S.sx, S.sm, S.sp = tonumber(low) or 0, expiry or '0', tonumber(top) or 0, at or 0
+    S.sl, S.sx, S.sm, S.sp = low and tonumber(low, 16) or 0, expiry or '0', top and tonumber(top, 16) or 0, at or 0
   end
 end
 
@@ -207,13 +216,16 @@ end
 -- of a call whose answer the client has).
 local function session_stale(seq)
   session()
-  return (tonumber(seq) or 0) < S.sl
+  return (seq and tonumber(seq, 16) or 0) < S.sl
 end
 
 -- The mark of the call numbered `seq` (text) in its session's record, or nil.
 local function session_mark(seq)
   session()
-  if S.sp == 0 or (tonumber(seq) or 0) > S.sm then
+  local marks = S.smarks
+  if marks then
+    return marks[seq]
+  elseif S.sp == 0 or seqno(seq) > S.sm then
     return nil
   end
   local raw = S[S.sess]
@@ -221,8 +233,10 @@ local function session_mark(seq)
   return at and match(raw, '^[^,]+', at + #seq + 2) or nil
 end
 
--- Write the caller's session record back with its low mark raised to `low` (a number), the
--- marks below it dropped, and `seq` (text) marked `mark` (nil: no mark). Answers the
+-- Raise the caller's low mark to `low` (a number) and mark the call numbered `seq` (text)
+-- `mark`. Answers the record's new text, or nil when other marks are kept with it (calls
+-- in flight, or several marks in one call: a batch): then they are kept in a table,
+-- S.smarks, and the record is written once, at the save (session_text()). And answers the
 -- record's new expiry when it was renewed (a new record, or one renewed long enough ago),
 -- else nil: the caller then registers the expiry where its primitive prunes records.
 local function session_put(low, seq, mark)
@@ -231,42 +245,41 @@ local function session_put(low, seq, mark)
     low = S.sl
   end
   local expiry, renewed = S.sx, nil
-  if (tonumber(expiry) or 0) - SESSION_MS + SESSION_RENEW_MS <= clock() then
+  if tonumber(expiry, 16) - SESSION_MS + SESSION_RENEW_MS <= clock() then
     renewed = S.now + SESSION_MS
-    expiry = format('%d', renewed)
+    expiry = format('%x', renewed)
   end
-  local head, value = format('%d|', low) .. expiry, nil
-  if S.sm < low then
-    -- (The usual case: every earlier mark is passed, one at most is made.)
-    if mark then
-      value = head .. '|' .. seq .. '|,' .. seq .. '=' .. mark
-      S.sm, S.sp = tonumber(seq) or 0, #head + #seq + 3
-    else
-      value = head .. '|0|'
-      S.sm, S.sp = 0, 0
+  S.sl, S.sx = low, expiry
+  local marks = S.smarks
+  if not marks and S.sm < low then
+    -- (The usual case: every earlier mark is passed, one is made.)
+    local value = format('%x|', low) .. expiry .. '|' .. seq .. '|,' .. seq .. '=' .. mark
+    S[S.sess], S.sm, S.sp = value, tonumber(seq, 16) or 0, #value - #seq - #mark - 1
+    return value, renewed
+  end
+  if not marks then
+    marks = {}
+    for s, m in string.gmatch(string.sub(S[S.sess], S.sp), ',(%x+)=([^,]+)') do
+      marks[s] = m
     end
-  else
-    local kept, n, top = {}, 0, 0
-    for s, m in string.gmatch(string.sub(S[S.sess], S.sp), ',(%d+)=([^,]+)') do
-      local number = tonumber(s)
-      if s ~= seq and number >= low then
-        n = n + 1
-        kept[n] = ',' .. s .. '=' .. m
-        top = max(top, number)
-      end
-    end
-    if mark then
+    S.smarks = marks
+  end
+  marks[seq] = mark
+  return nil, renewed
+end
+
+-- The caller's record with the marks kept in S.smarks (those at or above its low mark).
+local function session_text()
+  local kept, n, top = {}, 0, 0
+  for s, m in pairs(S.smarks) do
+    local number = seqno(s)
+    if number >= S.sl then
       n = n + 1
-      kept[n] = ',' .. seq .. '=' .. mark
-      top = max(top, tonumber(seq) or 0)
+      kept[n] = ',' .. s .. '=' .. m
+      top = max(top, number)
     end
-    local marks = table.concat(kept, '', 1, n)
-    head = head .. format('|%d|', top)
-    value = head .. marks
-    S.sm, S.sp = top, marks == '' and 0 or #head + 1
   end
-  S[S.sess], S.sl, S.sx = value, low, expiry
-  return value, renewed
+  return format('%x|', S.sl) .. S.sx .. format('|%x|', top) .. table.concat(kept, '', 1, n)
 end
 
 -- Take the TTL off `keys` (the primitive is live).
@@ -298,6 +311,10 @@ end
 local function save()
   if S.loaded then
     HOOKS.save()
+  end
+  if S.smarks then
+    -- (The caller's session record, its marks kept in a table by session_put().)
+    S[S.sess], dirty[S.sess] = session_text(), true
   end
   if not (next(dirty) or expiring or outbox) then
     return -- (a fast path, or a call that changed nothing)

@@ -17,7 +17,7 @@
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is acquire_op, in lease_prelude.lua: lease_batch runs it too.)
 -- (The uncontended grant takes fast_acquire, in lease_prelude.lua.)
-S.sess, S.low = 's:' .. (ARGV[11] or ''), tonumber(ARGV[12]) or 0
+S.sess, S.low = 's:' .. (ARGV[11] or ''), seqno(ARGV[12])
 return run(function()
   return acquire_op(ARGV, 0, ARGV[9], ARGV[10])
 end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

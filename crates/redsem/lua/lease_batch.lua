@@ -23,7 +23,7 @@ while i <= #ARGV do
     releases, i = releases + 1, i + 3
   end
 end
-S.sess, S.low = 's:' .. (ARGV[2] or ''), tonumber(ARGV[3]) or 0
+S.sess, S.low = 's:' .. (ARGV[2] or ''), seqno(ARGV[3])
 names[n + 1] = S.sess
 -- Each release may hand its units to the head of the queue: read that many heads at once.
 S.mine, S.window = ARGV[1], releases + 1

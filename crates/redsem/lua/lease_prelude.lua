@@ -955,9 +955,10 @@ local function fast_release(A, name)
     return nil
   end
   local session, renewed = session_put(S.low, A[3], 'R')
-  if renewed then
-    -- (The general path writes it, and registers the expiry: read it afresh there.)
-    S[S.sess], S.sl = r[13], nil
+  if renewed or not session then
+    -- (The general path writes it and registers the expiry, or keeps it with other marks:
+    -- read it afresh there.)
+    S[S.sess], S.sl, S.smarks = r[13], nil, nil
     return nil
   end
   call(SLOTS, 'SETBIT', SLOTS, slot, '0')

@@ -15,7 +15,7 @@
 --        | {"WRONGTYPE", key, actual, expected}
 -- (The body is release_op, in lease_prelude.lua: lease_batch runs it too.)
 S.mine, S.defer_idle = ARGV[2], true
-S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
+S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
 -- (A holder's release with nobody queued takes fast_release, in lease_prelude.lua.)
 return run(function()
   local outcome = release_op(ARGV[1], ARGV[3], ARGV[6])

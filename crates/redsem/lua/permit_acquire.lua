@@ -13,7 +13,7 @@
 -- queue, and never granted more than the count holds.
 -- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
 -- permit_prelude.lua.)
-S.sess, S.low = 's:' .. (ARGV[7] or ''), tonumber(ARGV[8]) or 0
+S.sess, S.low = 's:' .. (ARGV[7] or ''), seqno(ARGV[8])
 return run(function()
   return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] or '0')
 end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)

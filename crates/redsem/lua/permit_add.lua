@@ -11,7 +11,7 @@
 --        | {"RANGE", available}      (the count would leave +-(2^53 - 1); nothing changed)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 -- (With nobody waiting, fast_add, in permit_prelude.lua.)
-S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
+S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
 return run(function()
   return add_op(ARGV[2], ARGV[3] or '0')
 end, nil, 'lazy', fast_add, ARGV)

@@ -29,7 +29,7 @@ while at <= #ARGV do
     return redis.error_reply('permit_batch: unknown operation ' .. tostring(kind))
   end
 end
-S.sess, S.low = 's:' .. (ARGV[2] or ''), tonumber(ARGV[3]) or 0
+S.sess, S.low = 's:' .. (ARGV[2] or ''), seqno(ARGV[3])
 names[#names + 1] = S.sess
 return run(function()
   local replies, i = {}, 4

@@ -6,7 +6,7 @@
 -- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"DRAINED", permits taken} | {"WRONGTYPE", key, actual, expected}
 --        | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[3] or ''), tonumber(ARGV[4]) or 0
+S.sess, S.low = 's:' .. (ARGV[3] or ''), seqno(ARGV[4])
 local seq = ARGV[2] or '0'
 return run(function()
   if session_stale(seq) then

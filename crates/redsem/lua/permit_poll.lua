@@ -9,7 +9,7 @@
 --                           or its record or place in the queue was lost; the caller queues
 --                           again under a new request id)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
+S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
 return run(function()
   return check_in(ARGV[1], tonumber(ARGV[2]), ARGV[3] or '0')
 end, 'r:' .. ARGV[1])

@@ -534,14 +534,15 @@ local function quiet(r)
 end
 
 -- The caller's session record with the call numbered `seq` marked `mark`, unless the call is
--- stale or marked already, or the record needs renewing (the general path then): nil.
+-- stale or marked already, or the record needs renewing or keeps other marks (the general
+-- path then): nil.
 local function fast_mark(r, seq, mark_text)
   if r[10] and (session_stale(seq) or session_mark(seq)) then
     return nil
   end
   local value, renewed = session_put(S.low, seq, mark_text)
-  if renewed then
-    S[S.sess], S.sl = r[10], nil -- (read afresh by the general path)
+  if renewed or not value then
+    S[S.sess], S.sl, S.smarks = r[10], nil, nil -- (read afresh by the general path)
     return nil
   end
   return value

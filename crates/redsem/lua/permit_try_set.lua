@@ -7,7 +7,7 @@
 -- client's session   ARGV[4] the session id   ARGV[5] the session's low mark (common.lua)
 -- Returns: {"SET"} | {"EXISTS", available} | {"WRONGTYPE", key, actual, expected}
 --        | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[4] or ''), tonumber(ARGV[5]) or 0
+S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
 local seq = ARGV[3] or '0'
 return run(function()
   if session_mark(seq) == 'S' then

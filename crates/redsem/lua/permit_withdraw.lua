@@ -9,7 +9,7 @@
 --        | {"RETURNED", permits}      (it had been granted; the permits were given back)
 --        | {"UNKNOWN"}                (no such request, or already withdrawn)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[3] or ''), tonumber(ARGV[4]) or 0
+S.sess, S.low = 's:' .. (ARGV[3] or ''), seqno(ARGV[4])
 return run(function()
   return withdraw_op(ARGV[1], ARGV[2] or '0')
 end, 'r:' .. ARGV[1])

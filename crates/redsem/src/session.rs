@@ -69,6 +69,27 @@ impl Session {
     }
 }
 
+/// A session number as the scripts read it: hexadecimal text (`lua/common.lua`; Lua reads
+/// a hexadecimal number with `strtoul`, a decimal one with `strtod`, which costs several
+/// times as much on every call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hex(pub(crate) u64);
+
+impl std::fmt::Display for Hex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:x}", self.0)
+    }
+}
+
+impl redis::ToRedisArgs for Hex {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        out.write_arg(self.to_string().as_bytes());
+    }
+}
+
 impl Seq {
     /// The number.
     pub(crate) fn n(&self) -> u64 {
@@ -105,6 +126,17 @@ mod tests {
         assert_eq!(session.low(), 3, "b and a are answered, c is not");
         drop(c);
         assert_eq!(session.low(), 4);
+    }
+
+    #[test]
+    fn session_numbers_travel_as_lowercase_hexadecimal() {
+        assert_eq!(Hex(0).to_string(), "0");
+        assert_eq!(Hex(255).to_string(), "ff");
+        assert_eq!(Hex(1 << 52).to_string(), "10000000000000");
+        assert_eq!(
+            redis::ToRedisArgs::to_redis_args(&Hex(4096)),
+            vec![b"1000".to_vec()]
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::permit::Caller;
 use super::reply::{Reply, confirmed, decode_deleted, decode_set};
 use crate::error::Result;
 use crate::keys::LatchKeys;
+use crate::session::Hex;
 
 /// What `latch_count_down` answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,9 +41,9 @@ pub(crate) async fn latch_try_set(
 ) -> Result<bool> {
     let acked = LATCH_TRY_SET
         .key(&keys.all[..])
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .arg(count)
         .invoke_acked(conn)
         .await?;
@@ -56,9 +57,9 @@ pub(crate) async fn latch_count_down(
 ) -> Result<CountDown> {
     let acked = LATCH_COUNT_DOWN
         .key(&keys.all[..])
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .arg(&keys.channel)
         .invoke_acked(conn)
         .await?;

@@ -13,7 +13,7 @@ use super::library::{
 use super::reply::{Reply, confirmed, millis};
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
-use crate::session::Session;
+use crate::session::{Hex, Session};
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,9 +133,9 @@ pub(crate) async fn lease_acquire(
         .arg(if req.wait { "wait" } else { "try" })
         .arg(millis(req.waiter_lease))
         .arg(req.channel)
-        .arg(req.seq)
+        .arg(Hex(req.seq))
         .arg(req.session.id())
-        .arg(req.session.low())
+        .arg(Hex(req.session.low()))
         .invoke_acked(conn)
         .await?;
     lease_granted("lease_acquire", acked)
@@ -207,9 +207,9 @@ pub(crate) async fn lease_release(
         .key(&keys.all[..])
         .arg(id)
         .arg(channel)
-        .arg(seq)
+        .arg(Hex(seq))
         .arg(session.id())
-        .arg(session.low())
+        .arg(Hex(session.low()))
         .arg(kind)
         .invoke_acked(conn)
         .await?;
@@ -266,7 +266,7 @@ impl BatchOp {
                 b"try".to_vec()
             },
             millis(req.waiter_lease).to_string().into_bytes(),
-            req.seq.to_string().into_bytes(),
+            Hex(req.seq).to_string().into_bytes(),
         ];
         BatchOp { args, acked: true }
     }
@@ -278,7 +278,7 @@ impl BatchOp {
             args: vec![
                 kind.as_bytes().to_vec(),
                 id.as_bytes().to_vec(),
-                seq.to_string().into_bytes(),
+                Hex(seq).to_string().into_bytes(),
             ],
             // A withdrawal needs no acknowledgement: see `Redsem::conn_unacked`.
             acked: kind == "r",
@@ -313,7 +313,7 @@ pub(crate) async fn lease_batch(
         .key(&keys.all[..])
         .arg(channel)
         .arg(session.id())
-        .arg(session.low());
+        .arg(Hex(session.low()));
     for op in ops {
         for arg in &op.args {
             call = call.arg(&arg[..]);
@@ -375,7 +375,7 @@ async fn lease_single(
             .arg(channel)
             .arg(&op.args[9][..])
             .arg(session.id())
-            .arg(session.low()),
+            .arg(Hex(session.low())),
         // "r" | "w", id, number: lease_release takes id, channel, number, session, low
         // mark, kind.
         Some(kind @ (b"r" | b"w")) if op.args.len() == 3 => LEASE_RELEASE
@@ -384,7 +384,7 @@ async fn lease_single(
             .arg(channel)
             .arg(&op.args[2][..])
             .arg(session.id())
-            .arg(session.low())
+            .arg(Hex(session.low()))
             .arg(kind),
         _ => {
             return Err(Error::Protocol {

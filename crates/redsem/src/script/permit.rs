@@ -13,7 +13,7 @@ use super::library::{
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
 use crate::error::{Error, Result};
 use crate::keys::PermitKeys;
-use crate::session::Session;
+use crate::session::{Hex, Session};
 
 /// Which call of which client session a script call is (see [`crate::session`]): its
 /// session, and its number in it.
@@ -87,9 +87,9 @@ pub(crate) async fn permit_acquire(
         .arg(if wait { "wait" } else { "try" })
         .arg(millis(waiter_lease))
         .arg(channel)
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .invoke_acked(conn)
         .await?;
     permits_granted("permit_acquire", acked)
@@ -106,9 +106,9 @@ pub(crate) async fn permit_poll(
         .key(&keys.all[..])
         .arg(id)
         .arg(millis(waiter_lease))
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .invoke_acked(conn)
         .await?;
     permits_granted("permit_poll", acked)
@@ -138,9 +138,9 @@ pub(crate) async fn permit_withdraw(
     let acked = PERMIT_WITHDRAW
         .key(&keys.all[..])
         .arg(id)
-        .arg(pending.unwrap_or(0))
+        .arg(Hex(pending.unwrap_or(0)))
         .arg(session.id())
-        .arg(session.low())
+        .arg(Hex(session.low()))
         .invoke_acked(conn)
         .await?;
     withdrawn(acked)
@@ -177,9 +177,9 @@ pub(crate) async fn permit_add(
         .key(&keys.all[..])
         .arg(request)
         .arg(delta)
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .invoke_acked(conn)
         .await?;
     added(acked)
@@ -226,7 +226,7 @@ impl PermitOp {
                 permits.to_string().into_bytes(),
                 mode.to_vec(),
                 millis(waiter_lease).to_string().into_bytes(),
-                seq.to_string().into_bytes(),
+                Hex(seq).to_string().into_bytes(),
             ],
             acked: true,
         }
@@ -239,7 +239,7 @@ impl PermitOp {
                 b"m".to_vec(),
                 id.as_bytes().to_vec(),
                 delta.to_string().into_bytes(),
-                seq.to_string().into_bytes(),
+                Hex(seq).to_string().into_bytes(),
             ],
             acked: true,
         }
@@ -253,7 +253,7 @@ impl PermitOp {
                 b"p".to_vec(),
                 id.as_bytes().to_vec(),
                 millis(waiter_lease).to_string().into_bytes(),
-                seq.to_string().into_bytes(),
+                Hex(seq).to_string().into_bytes(),
             ],
             acked: true,
         }
@@ -265,7 +265,7 @@ impl PermitOp {
             args: vec![
                 b"w".to_vec(),
                 id.as_bytes().to_vec(),
-                pending.unwrap_or(0).to_string().into_bytes(),
+                Hex(pending.unwrap_or(0)).to_string().into_bytes(),
             ],
             acked: false,
         }
@@ -299,14 +299,14 @@ pub(crate) async fn permit_batch(
                 }
                 call = call.arg(&arg[..]);
             }
-            call.arg(session.id()).arg(session.low())
+            call.arg(session.id()).arg(Hex(session.low()))
         }
         _ => ops.iter().flat_map(|op| &op.args).fold(
             PERMIT_BATCH
                 .key(&keys.all[..])
                 .arg(channel)
                 .arg(session.id())
-                .arg(session.low()),
+                .arg(Hex(session.low())),
             |call, arg| call.arg(&arg[..]),
         ),
     };
@@ -330,9 +330,9 @@ pub(crate) async fn permit_try_set(
         .key(&keys.all[..])
         .arg(request)
         .arg(permits)
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .invoke_acked(conn)
         .await?;
     decode_set("permit_try_set", acked)
@@ -369,9 +369,9 @@ pub(crate) async fn permit_drain(
     let acked = PERMIT_DRAIN
         .key(&keys.all[..])
         .arg(request)
-        .arg(call.seq)
+        .arg(Hex(call.seq))
         .arg(call.session.id())
-        .arg(call.session.low())
+        .arg(Hex(call.session.low()))
         .invoke_acked(conn)
         .await?;
     let mut r = Reply::new("permit_drain", acked.reply)?;

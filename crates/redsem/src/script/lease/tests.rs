@@ -668,9 +668,9 @@ async fn queue_many(conn: &mut MultiplexedConnection, ids: &[String], cap: u32) 
                 .arg("wait")
                 .arg(millis(r.waiter_lease))
                 .arg(CHANNEL)
-                .arg(r.seq)
+                .arg(Hex(r.seq))
                 .arg(session().id())
-                .arg(session().low()),
+                .arg(Hex(session().low())),
         )
         .ignore();
     }
@@ -1134,7 +1134,7 @@ async fn a_session_record_keeps_the_marks_of_calls_in_flight_only() {
         "only the release in flight is marked: {record}"
     );
     assert!(
-        record.starts_with(&format!("{}|", seq.n())),
+        record.starts_with(&format!("{}|", Hex(seq.n()))),
         "the low mark is the release in flight: {record}"
     );
     // A late copy of a release below the low mark changes nothing and is not held.
@@ -1230,7 +1230,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
         .await
         .expect("hget");
     assert!(
-        own.contains(&format!(",{}=R", number("release c"))),
+        own.contains(&format!(",{}=R", Hex(number("release c")))),
         "c's release is marked: {own}"
     );
 }
@@ -1702,7 +1702,7 @@ async fn bury_at(conn: &mut MultiplexedConnection, name: &str, expiry: i64) {
     let k = keys();
     let () = conn.zadd(&k.all[0], name, -expiry).await.expect("zadd");
     let () = conn
-        .hset(&k.all[2], name, format!("1|{expiry}|"))
+        .hset(&k.all[2], name, format!("1|{expiry:x}|0|"))
         .await
         .expect("hset");
     let () = conn.hincr(&k.all[2], "nt", 1).await.expect("hincr");

@@ -858,7 +858,7 @@ async fn the_uncontended_fast_paths_leave_what_is_due_to_the_general_path() {
     let soon = now + 70_000;
     let () = conn.hset(&k.all[3], "keep", soon).await.expect("hset");
     let own = format!("s:{}", session().id());
-    let renewed_long_ago = format!("1|{}|0|", now + 600_000 - 61_000);
+    let renewed_long_ago = format!("1|{:x}|0|", now + 600_000 - 61_000);
     let () = conn
         .hset(&k.all[3], &own, renewed_long_ago)
         .await
@@ -973,8 +973,8 @@ async fn every_call_a_permit_script_applies_is_marked_in_its_sessions_record() {
         ("c", "G1"),
     ] {
         assert!(
-            record.contains(&format!(",{}={mark},", number(call)))
-                || record.ends_with(&format!(",{}={mark}", number(call))),
+            record.contains(&format!(",{}={mark},", Hex(number(call))))
+                || record.ends_with(&format!(",{}={mark}", Hex(number(call)))),
             "{call} marked {mark}: {record}"
         );
     }

@@ -5,6 +5,7 @@
 //! times the scripts report.
 
 use super::*;
+use crate::session::Hex;
 
 /// A raw `lease_acquire` (try mode, one unit of capacity `cap`) in session `sid`, numbered
 /// `seq`, carrying the low mark `low` as given (the typed wrapper computes it from a live
@@ -32,9 +33,9 @@ async fn raw_acquire(
             .arg("try")
             .arg(30_000)
             .arg(CHANNEL)
-            .arg(seq)
+            .arg(Hex(seq))
             .arg(sid)
-            .arg(low)
+            .arg(Hex(low))
             .invoke_async(conn),
     )
     .await
@@ -58,9 +59,9 @@ async fn raw_release(
             .key(&keys().all[..])
             .arg(id)
             .arg("t:wake:another")
-            .arg(seq)
+            .arg(Hex(seq))
             .arg(sid)
-            .arg(low)
+            .arg(Hex(low))
             .arg("r")
             .invoke_async(conn),
     )
@@ -91,7 +92,10 @@ async fn a_call_arriving_late_with_a_lower_low_mark_does_not_lower_its_sessions(
         .hget(&keys().all[2], format!("s:{sid}"))
         .await
         .expect("hget");
-    assert!(record.starts_with("10|"), "the low mark stays 10: {record}");
+    assert!(
+        record.starts_with(&format!("{}|", Hex(10))),
+        "the low mark stays 10: {record}"
+    );
     assert_eq!(
         raw_acquire(&mut conn, "y", 4, 5, sid, 3).await,
         Acquire::Gone,
@@ -481,7 +485,7 @@ async fn expired_session_records_beyond_one_prune_batch_all_go() {
         let expiry = now - 10_000 - i64::from(i);
         pipe.zadd(&k.all[0], &name, -expiry)
             .ignore()
-            .hset(&k.all[2], &name, format!("1|{expiry}|"))
+            .hset(&k.all[2], &name, format!("1|{expiry:x}|0|"))
             .ignore();
     }
     pipe.hincr(&k.all[2], "nt", n)
