@@ -1384,3 +1384,7 @@ async fn a_batch_withdraws_a_queued_request_and_a_collection_it_made_answers_a_l
     );
     assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Withdrawn);
 }
+
+// The tests that sharpen the net for redsem-mutants (a file of their own: this one is long).
+#[path = "tests_net.rs"]
+mod tests_net;

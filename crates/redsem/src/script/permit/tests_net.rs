@@ -1,0 +1,541 @@
+//! The permit scripts' behaviours that `redsem-mutants` found no test pinning down (each test
+//! names the mutants it kills): lease ends, lost state, keep-alive, the fast paths' limits,
+//! session low marks. Helpers from `tests.rs`.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use redis::Value;
+use redsem_test::{RedisServer, within};
+
+use super::{
+    CHANNEL, LIMIT, LONG, acquire, add, assert_wrong_type, available, connect, fields, number, pk,
+    poll, pttl, server_millis, session, uncollected,
+};
+use crate::error::{Error, Result};
+use crate::script::acks::Acked;
+use crate::script::library::{PERMIT_ACQUIRE, PERMIT_BATCH};
+use crate::script::permit::{
+    self as script, Addition, Caller, PermitAcquire, PermitOp, Withdrawal, permit_batch,
+    permits_granted, withdrawn,
+};
+use crate::session::Session;
+
+const MAX: i64 = (1 << 53) - 1;
+
+/// Sleep until `at` (no more than `LIMIT`).
+async fn sleep_until(at: Instant) {
+    let left = at.saturating_duration_since(Instant::now());
+    assert!(left <= LIMIT, "a wait of {left:?}");
+    tokio::time::sleep(left).await;
+}
+
+#[tokio::test]
+async fn a_batch_with_an_unknown_operation_is_refused_whole_and_applies_nothing() {
+    // (Kills permit_batch.lua:25:if->true: an unknown kind read as a check-in.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 1)
+            .await
+            .expect("set")
+    );
+    let call = PERMIT_BATCH
+        .key(&k.all[..])
+        .arg(CHANNEL)
+        .arg(session().id())
+        .arg(session().low())
+        .arg("m")
+        .arg("r")
+        .arg(1)
+        .arg(number("r"))
+        .arg("z")
+        .arg("x");
+    let reply: redis::RedisResult<Value> =
+        within(LIMIT, "permit_batch", call.invoke_async(&mut conn)).await;
+    let err = reply.expect_err("an unknown operation is refused");
+    assert!(
+        err.to_string().contains("unknown operation z"),
+        "refused for another reason: {err}"
+    );
+    assert_eq!(
+        available(&mut conn).await,
+        1,
+        "the addition before it is not applied"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_is_dropped_at_the_end_of_its_own_lease_whatever_leases_come_before_or_after() {
+    // The next lease end (wnext) is the earliest of all: lowered by a shorter lease queued
+    // behind a longer one (kills permit_prelude.lua:161:or->and#2), and, after a sweep that
+    // leaves waiters, the earliest left, not put off by a longer lease queued next (kills
+    // :320:or->and). On the real code the ends asserted hold however late each call comes.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(
+        super::permit_try_set(&mut conn, &pk(), "s", 0)
+            .await
+            .expect("set")
+    );
+    for (id, lease) in [
+        ("long", LONG),
+        ("first", Duration::from_millis(200)),
+        ("short", Duration::from_secs(3)),
+    ] {
+        assert!(
+            matches!(
+                acquire(&mut conn, id, 1, true, lease).await,
+                PermitAcquire::Queued { .. }
+            ),
+            "{id} queues"
+        );
+    }
+    let short_queued = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        poll(&mut conn, "first").await,
+        PermitAcquire::Gone,
+        "first's lease ended, though the one queued before it ends later"
+    );
+    assert!(matches!(
+        acquire(&mut conn, "late", 1, true, LONG).await,
+        PermitAcquire::Queued { .. }
+    ));
+    sleep_until(short_queued + Duration::from_millis(3_300)).await;
+    assert_eq!(
+        poll(&mut conn, "short").await,
+        PermitAcquire::Gone,
+        "short's lease ended, though a longer one queued after the sweep"
+    );
+    assert!(matches!(
+        poll(&mut conn, "long").await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert!(matches!(
+        poll(&mut conn, "late").await,
+        PermitAcquire::Queued { position: 1, .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_waiter_queued_after_the_records_were_lost_is_dropped_at_the_end_of_its_lease() {
+    // The records vanish (partial loss) under a waiter: the call that rebuilds the counters
+    // stores the next lease end it found, so a longer lease queued later does not put off
+    // the end of a shorter one. (Kills permit_prelude.lua:320:drop.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    acquire(&mut conn, "ghost", 1, true, LONG).await;
+    let () = conn.del(&k.all[3]).await.expect("DEL");
+    assert!(matches!(
+        acquire(&mut conn, "short", 1, true, Duration::from_secs(2)).await,
+        PermitAcquire::Queued { .. }
+    ));
+    let short_queued = Instant::now();
+    assert!(matches!(
+        acquire(&mut conn, "late", 1, true, LONG).await,
+        PermitAcquire::Queued { .. }
+    ));
+    sleep_until(short_queued + Duration::from_millis(2_300)).await;
+    assert_eq!(
+        poll(&mut conn, "short").await,
+        PermitAcquire::Gone,
+        "short's lease ended"
+    );
+    assert!(
+        matches!(
+            poll(&mut conn, "late").await,
+            PermitAcquire::Queued { position: 0, .. }
+        ),
+        "late is next, past the ghost and short"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_told_its_place_is_lost_leaves_no_record_and_a_withdrawal_finds_nothing() {
+    // (Kills permit_prelude.lua:186:drop: the record of a waiter whose queue vanished kept.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    acquire(&mut conn, "d", 1, true, LONG).await;
+    let () = conn.del(&k.all[1]).await.expect("DEL");
+    assert_eq!(poll(&mut conn, "d").await, PermitAcquire::Gone);
+    assert_eq!(fields(&mut conn, &["r:d"]).await, [None], "d's record");
+    assert_eq!(
+        super::permit_withdraw(&mut conn, &k, "d")
+            .await
+            .expect("withdraw"),
+        Withdrawal::Unknown,
+        "nothing left to withdraw"
+    );
+    assert_eq!(
+        fields(&mut conn, &["qlen", "wlen", "live"]).await,
+        [Some("0".into()), Some("0".into()), None]
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_count_is_reported_before_anything_is_written_even_with_the_records_lost() {
+    // The records vanished (the sessions' index stayed) and the count holds a foreign value:
+    // every script reports it and writes nothing, the addition (which reads the count only
+    // when it needs it) included. (Kills permit_prelude.lua:244:eq->ne: the addition dropped
+    // the sessions' index first.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 3)
+            .await
+            .expect("set")
+    );
+    let name = format!("s:{}", session().id());
+    let before: Vec<(String, f64)> = conn
+        .zrange_withscores(&k.all[5], 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(before.len(), 1, "{name} in the sessions' index: {before:?}");
+    let () = conn.del(&[&k.all[3], &k.all[0]]).await.expect("DEL");
+    let () = conn.rpush(&k.all[0], "foreign").await.expect("RPUSH");
+    let mut c = conn.clone();
+    let results: Vec<(&str, Result<()>)> = vec![
+        ("add", super::permit_add(&mut c, &k, "r", 1).await.map(drop)),
+        (
+            "acquire",
+            super::permit_acquire(&mut c, &k, "a", 1, true, LONG, CHANNEL)
+                .await
+                .map(drop),
+        ),
+        (
+            "poll",
+            super::permit_poll(&mut c, &k, "a", LONG).await.map(drop),
+        ),
+        (
+            "withdraw",
+            super::permit_withdraw(&mut c, &k, "a").await.map(drop),
+        ),
+        (
+            "try_set",
+            super::permit_try_set(&mut c, &k, "t", 1).await.map(drop),
+        ),
+        (
+            "drain",
+            super::permit_drain(&mut c, &k, "d").await.map(drop),
+        ),
+        (
+            "available",
+            super::permit_available(&mut c, &k).await.map(drop),
+        ),
+    ];
+    assert_wrong_type(results, &k.all[0], 0);
+    let after: Vec<(String, f64)> = conn
+        .zrange_withscores(&k.all[5], 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(after, before, "the sessions' index is left alone");
+    let others: usize = conn.exists(&k.all[1..]).await.expect("EXISTS");
+    assert_eq!(others, 1, "nothing else was written");
+}
+
+#[tokio::test]
+async fn a_grant_not_yet_collected_keeps_every_key_without_a_ttl() {
+    // Nobody queues, but a grant waits to be collected: still live, so no key may expire
+    // (nor be picked by a volatile-* eviction). (Kills permit_prelude.lua:345:or->and.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    acquire(&mut conn, "w", 1, true, LONG).await;
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+    assert_eq!(uncollected(&mut conn).await, 1, "w was granted");
+    assert_eq!(
+        fields(&mut conn, &["qlen", "wlen", "live"]).await,
+        [Some("0".into()), Some("1".into()), Some("1".into())]
+    );
+    // (The queue is empty, so absent.)
+    assert_eq!(pttl(&mut conn, &k.all[1]).await, -2, "no queue");
+    for key in k.all.iter().filter(|key| **key != k.all[1]) {
+        assert_eq!(
+            pttl(&mut conn, key).await,
+            -1,
+            "{key} while w's grant waits"
+        );
+    }
+    assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
+    let ttl = pttl(&mut conn, &k.all[3]).await;
+    assert!(ttl > 0, "idle once collected: {ttl}");
+}
+
+#[tokio::test]
+async fn an_addition_beyond_the_range_while_a_grant_is_uncollected_changes_nothing() {
+    // Nobody queues, a grant is uncollected: the addition adds first and looks after (the
+    // count not read up front); past the range it is taken back and answered as such, not
+    // marked. (Kills permit_prelude.lua:444:if->true.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    assert!(
+        super::permit_try_set(&mut conn, &pk(), "s", 0)
+            .await
+            .expect("set")
+    );
+    acquire(&mut conn, "w", 1, true, LONG).await;
+    assert_eq!(
+        add(&mut conn, "max", MAX).await,
+        Addition::Applied(MAX - 1),
+        "w granted one"
+    );
+    assert_eq!(
+        add(&mut conn, "over", 2).await,
+        Addition::OutOfRange(MAX - 1)
+    );
+    assert_eq!(available(&mut conn).await, MAX - 1);
+    assert_eq!(
+        add(&mut conn, "over", 1).await,
+        Addition::Applied(MAX),
+        "the call was not marked: sent again, it is applied"
+    );
+    assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
+}
+
+#[tokio::test]
+async fn a_batch_that_queues_and_withdraws_on_an_idle_semaphore_gives_the_keys_it_made_a_ttl() {
+    // The ticket counter is made by the batch's wait request, and nothing is live when the
+    // batch ends: the counter expires with the other idle keys, it does not stay forever.
+    // (Kills permit_prelude.lua:370:+1->+0.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let meta_before: bool = conn.exists(&k.all[4]).await.expect("EXISTS");
+    assert!(!meta_before, "no ticket counter yet");
+    let ops = [
+        PermitOp::acquire("x", 1, true, LONG, number("x")),
+        PermitOp::withdraw("x", None),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, session(), &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    assert!(matches!(
+        permits_granted("permit_acquire", next()).expect("acquire"),
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Withdrawn);
+    let meta: bool = conn.exists(&k.all[4]).await.expect("EXISTS");
+    assert!(meta, "the ticket counter was made");
+    // (Absolute expiry times: two PTTLs read a moment apart may differ by a millisecond.)
+    let expiry = |key: &String| redis::cmd("PEXPIRETIME").arg(key).to_owned();
+    let meta: i64 = expiry(&k.all[4])
+        .query_async(&mut conn)
+        .await
+        .expect("PEXPIRETIME");
+    let records: i64 = expiry(&k.all[3])
+        .query_async(&mut conn)
+        .await
+        .expect("PEXPIRETIME");
+    assert!(
+        meta > 0 && meta == records,
+        "the ticket counter expires with the records: at {meta}, the records at {records}"
+    );
+}
+
+#[tokio::test]
+async fn a_state_of_a_newer_layout_is_refused_untouched_even_when_nothing_waits() {
+    // A quiet state (nothing waits, nothing due, the caller's session record fresh) written
+    // by a newer layout: the uncontended fast paths refuse it as the general path does,
+    // before any write. (Kills permit_prelude.lua:528:or->and#2.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let now = server_millis(&mut conn).await;
+    let own = format!("s:{}", session().id());
+    let record = format!("1|{}|0|", now + 600_000);
+    let () = conn.set(&k.all[0], 5).await.expect("SET");
+    let () = conn
+        .hset_multiple(
+            &k.all[3],
+            &[
+                ("keep", (now + 660_000).to_string()),
+                ("prune", (now + 610_000).to_string()),
+                ("wide", "-".to_owned()),
+                ("layout", "3".to_owned()),
+                (own.as_str(), record.clone()),
+            ],
+        )
+        .await
+        .expect("HSET");
+    let results = [
+        (
+            "acquire",
+            super::permit_acquire(&mut conn, &k, "a", 1, false, LONG, CHANNEL)
+                .await
+                .map(drop),
+        ),
+        (
+            "add",
+            super::permit_add(&mut conn, &k, "r", 1).await.map(drop),
+        ),
+    ];
+    for (script, result) in results {
+        match result {
+            Err(Error::Incompatible { found, ours, .. }) => {
+                assert_eq!((found.as_str(), ours.as_str()), ("3", "2"), "{script}");
+            }
+            other => panic!("{script} on layout 3: {other:?}"),
+        }
+    }
+    let count: i64 = conn.get(&k.all[0]).await.expect("GET");
+    assert_eq!(count, 5, "the count untouched");
+    assert_eq!(
+        fields(&mut conn, &[own.as_str()]).await,
+        [Some(record)],
+        "the session record untouched"
+    );
+}
+
+#[tokio::test]
+async fn a_session_record_past_its_expiry_is_dropped_by_a_call_in_the_millisecond_pruning_falls_due()
+ {
+    // Pruning is due from the very millisecond named by `prune` on: a grant then is not the
+    // uncontended fast path (which drops nothing) but the general path, which drops the
+    // expired record. Set by a script in the same MULTI as the grant, `prune` is the grant's
+    // own millisecond or one just before it. (Kills permit_prelude.lua:533:lt->le and
+    // :533:now-5, each in nearly every round; the real code passes whatever the times.)
+    const PRUNE_NOW: &str = "local t = redis.call('TIME') \
+        local now = t[1] * 1000 + math.floor(t[2] / 1000) \
+        redis.call('HSET', KEYS[1], 'prune', string.format('%d', now)) \
+        return now";
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 100)
+            .await
+            .expect("set")
+    );
+    for round in 0..20 {
+        let id = format!("a{round}");
+        let () = conn.hset(&k.all[3], "s:old", "1|1|0|").await.expect("HSET");
+        let () = conn.zadd(&k.all[5], "s:old", 1).await.expect("ZADD");
+        let (_, granted): (i64, Vec<String>) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(PRUNE_NOW)
+                .arg(1)
+                .arg(&k.all[3])
+                .cmd("FCALL")
+                .arg(PERMIT_ACQUIRE.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(&id)
+                .arg(1)
+                .arg("try")
+                .arg(LONG.as_millis().to_string())
+                .arg(CHANNEL)
+                .arg(number(&id))
+                .arg(session().id())
+                .arg(session().low())
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        assert_eq!(granted, ["GRANTED"], "round {round}");
+        assert_eq!(
+            fields(&mut conn, &["s:old"]).await,
+            [None],
+            "round {round}: the expired session record"
+        );
+        let indexed: Option<f64> = conn.zscore(&k.all[5], "s:old").await.expect("ZSCORE");
+        assert_eq!(indexed, None, "round {round}: its index entry");
+    }
+}
+
+#[tokio::test]
+async fn an_acquire_on_a_semaphore_never_set_answers_busy_when_nothing_waits() {
+    // The bookkeeping is in place and quiet (a drain made it) but the count was never set:
+    // the uncontended fast path leaves it to the general path. (Kills
+    // permit_prelude.lua:557:and->or.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert_eq!(
+        super::permit_drain(&mut conn, &k, "d")
+            .await
+            .expect("drain")
+            .0,
+        0
+    );
+    let quiet = fields(&mut conn, &["keep", "prune", "wide", "live"]).await;
+    assert!(
+        quiet[..3].iter().all(Option::is_some) && quiet[3].is_none(),
+        "{quiet:?}"
+    );
+    assert_eq!(
+        acquire(&mut conn, "t", 1, false, LONG).await,
+        PermitAcquire::Busy {
+            available: 0,
+            waiters: 0
+        }
+    );
+    let state = script::permit_available(&mut conn, &k)
+        .await
+        .expect("available");
+    assert!(!state.set, "still never set");
+}
+
+#[tokio::test]
+async fn a_withdrawal_raises_its_sessions_low_mark_so_a_late_copy_of_a_call_given_up_is_not_applied()
+ {
+    // A client gives up on an addition whose first copy is still on its way; its next call,
+    // a withdrawal naming an unanswered call, carries a low mark past the addition's number.
+    // The late copy that arrives then is stale: never applied. (Kills
+    // permit_withdraw.lua:12:or->and#2: the withdrawal's low mark read as 0.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let client = Session::new();
+    let first = client.open();
+    assert_eq!(
+        script::permit_add(&mut conn, &k, "r1", 1, Caller::new(&client, first.n()))
+            .await
+            .expect("add"),
+        Addition::Applied(1)
+    );
+    drop(first);
+    let given_up = client.open();
+    let given_up_n = given_up.n();
+    drop(given_up);
+    let pending = client.open();
+    assert_eq!(
+        script::permit_withdraw(&mut conn, &k, "x", &client, Some(pending.n()))
+            .await
+            .expect("withdraw"),
+        Withdrawal::Unknown
+    );
+    drop(pending);
+    let late = script::permit_add(&mut conn, &k, "r2", 1, Caller::new(&client, given_up_n))
+        .await
+        .expect("the late copy");
+    assert_eq!(late, Addition::Repeated(1), "the late copy is not applied");
+    assert_eq!(available(&mut conn).await, 1);
+}
