@@ -539,3 +539,65 @@ async fn a_withdrawal_raises_its_sessions_low_mark_so_a_late_copy_of_a_call_give
     assert_eq!(late, Addition::Repeated(1), "the late copy is not applied");
     assert_eq!(available(&mut conn).await, 1);
 }
+
+#[tokio::test]
+async fn a_check_in_that_collects_raises_its_sessions_low_mark_so_a_late_copy_of_a_call_given_up_is_not_applied()
+ {
+    // As for the withdrawal: the client gives up on an addition whose first copy is still on
+    // its way; its next call, a check-in that collects a grant, carries a low mark past the
+    // addition's number, and the late copy is then stale. (Kills permit_poll.lua:12:or->and#2,
+    // listed as equivalent in equivalent.txt: the check-in's low mark read as 0.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let client = Session::new();
+    let first = client.open();
+    assert_eq!(
+        script::permit_add(&mut conn, &k, "r0", 0, Caller::new(&client, first.n()))
+            .await
+            .expect("add"),
+        Addition::Applied(0)
+    );
+    drop(first);
+    let enqueue = client.open();
+    let queued = script::permit_acquire(
+        &mut conn,
+        &k,
+        "w",
+        1,
+        true,
+        LONG,
+        CHANNEL,
+        Caller::new(&client, enqueue.n()),
+    )
+    .await
+    .expect("acquire");
+    assert!(matches!(queued, PermitAcquire::Queued { .. }), "{queued:?}");
+    drop(enqueue);
+    assert_eq!(
+        add(&mut conn, "r1", 1).await,
+        Addition::Applied(0),
+        "w granted"
+    );
+    let given_up = client.open();
+    let given_up_n = given_up.n();
+    drop(given_up);
+    let check_in = client.open();
+    assert_eq!(
+        script::permit_poll(&mut conn, &k, "w", LONG, Caller::new(&client, check_in.n()))
+            .await
+            .expect("poll"),
+        PermitAcquire::Granted
+    );
+    drop(check_in);
+    let late = script::permit_add(&mut conn, &k, "r2", 1, Caller::new(&client, given_up_n))
+        .await
+        .expect("the late copy");
+    assert_eq!(late, Addition::Repeated(0), "the late copy is not applied");
+    assert_eq!(available(&mut conn).await, 0);
+}
