@@ -24,7 +24,7 @@ return run(function()
   local waiters = {}
   for _, id in ipairs(call(QUEUE, 'ZRANGE', QUEUE, 0, -1)) do
     local w = record(id)
-    if w and not w.h and not w.x then
+    if w and not w.h then
       waiters[#waiters + 1] = { id, w.l, w.k, S.now - tonumber(w.w) }
     end
   end

@@ -601,3 +601,34 @@ async fn a_check_in_that_collects_raises_its_sessions_low_mark_so_a_late_copy_of
     assert_eq!(late, Addition::Repeated(0), "the late copy is not applied");
     assert_eq!(available(&mut conn).await, 0);
 }
+
+#[tokio::test]
+async fn a_count_set_again_by_a_new_session_meeting_a_foreign_index_reports_it_and_sets_nothing() {
+    // A try_set marks its call before it writes the count: a new session's record registers
+    // its expiry in the index (applied) first, so a foreign value there stops the call before
+    // the count is written. (Kills permit_try_set.lua's mark and SET swapped.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 3)
+            .await
+            .expect("set")
+    );
+    let keep: Option<String> = conn.hget(&k.all[3], "keep").await.expect("hget");
+    assert!(
+        keep.is_some(),
+        "bookkeeping kept: the index is not checked at load"
+    );
+    let () = conn.del(&k.all[0]).await.expect("del");
+    let () = conn.del(&k.all[5]).await.expect("del");
+    let () = conn.rpush(&k.all[5], "foreign").await.expect("rpush");
+    let fresh = Session::new();
+    let seq = fresh.open();
+    let result = script::permit_try_set(&mut conn, &k, "t", 5, Caller::new(&fresh, seq.n()))
+        .await
+        .map(drop);
+    assert_wrong_type(vec![("try_set", result)], &k.all[5], 5);
+    let count: Option<i64> = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, None, "nothing written");
+}

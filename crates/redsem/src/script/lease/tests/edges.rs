@@ -625,3 +625,50 @@ async fn a_token_follows_a_last_token_ahead_of_the_clock_by_one() {
     let (c, _) = granted(acquire(&mut conn, req("c", 3, 1, false)).await);
     assert_eq!(c, ahead + 2);
 }
+
+#[tokio::test]
+async fn a_grant_on_the_general_path_ends_a_lease_after_its_redis_time() {
+    // A labelled request takes the general path (the fast one serves unlabelled single
+    // units): its lease, too, ends `lease` ms after the call's Redis time, to the ms.
+    // (Kills acquire_op()'s grant reading the time 5 ms early.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let mut conn = conn.clone();
+        async move {
+            let id = format!("l{n}");
+            let labelled = Request {
+                label: "l",
+                ..req(&id, 1_000, 2, false)
+            };
+            let t0 = server_millis(&mut conn).await;
+            granted(acquire(&mut conn, labelled).await);
+            let t1 = server_millis(&mut conn).await;
+            let ends = lease_score(&mut conn, &id).await.expect("granted");
+            assert!(
+                (t0 + 30_000..=t1 + 30_000).contains(&ends),
+                "the grant ends at {ends}, a lease from [{t0}, {t1}]"
+            );
+            t1 - t0 < 3
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn status_skips_a_queue_entry_whose_waiter_record_is_gone() {
+    // (Kills lease_status.lua reading a missing waiter record as one.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    for id in ["w1", "w2"] {
+        acquire(&mut conn, req(id, 1, 1, true)).await;
+    }
+    let () = conn.hdel(&k.all[2], "r:w1").await.expect("hdel");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let waiting: Vec<&str> = status.waiters.iter().map(|w| w.id.as_str()).collect();
+    assert_eq!(waiting, vec!["w2"]);
+}
