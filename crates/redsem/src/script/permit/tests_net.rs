@@ -632,3 +632,32 @@ async fn a_count_set_again_by_a_new_session_meeting_a_foreign_index_reports_it_a
     let count: Option<i64> = conn.get(&k.all[0]).await.expect("get");
     assert_eq!(count, None, "nothing written");
 }
+
+#[tokio::test]
+async fn a_session_index_made_again_on_an_idle_semaphore_gets_the_idle_ttl() {
+    // Idle keys expire together; one of them lost alone (a volatile-* eviction picks keys one
+    // by one) and made again by a new session's record must get the same TTL, or it would
+    // never expire. (Kills the fresh-keys test of keep() reading `fresh_meta and
+    // fresh_applied`.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 3)
+            .await
+            .expect("set")
+    );
+    assert!(
+        pttl(&mut conn, &k.all[5]).await > 0,
+        "idle: the index expires"
+    );
+    let () = conn.del(&k.all[5]).await.expect("del");
+    let fresh = Session::new();
+    let seq = fresh.open();
+    let added = script::permit_add(&mut conn, &k, "r", 1, Caller::new(&fresh, seq.n()))
+        .await
+        .expect("add");
+    assert_eq!(added, Addition::Applied(4));
+    let ttl = pttl(&mut conn, &k.all[5]).await;
+    assert!(ttl > 0, "the index made again expires with the rest: {ttl}");
+}

@@ -672,3 +672,22 @@ async fn status_skips_a_queue_entry_whose_waiter_record_is_gone() {
     let waiting: Vec<&str> = status.waiters.iter().map(|w| w.id.as_str()).collect();
     assert_eq!(waiting, vec!["w2"]);
 }
+
+#[tokio::test]
+async fn status_lists_holders_in_token_order_whatever_their_lease_ends() {
+    // (Kills lease_status.lua's sort by token dropped: holders would come in the order their
+    // leases end.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let (first, _) = granted(acquire(&mut conn, req("long", 2, 1, false)).await);
+    let short = Request {
+        lease: Duration::from_secs(5),
+        ..req("short", 2, 1, false)
+    };
+    let (second, _) = granted(acquire(&mut conn, short).await);
+    assert!(second > first);
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let order: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(order, vec!["long", "short"], "by token, not by lease end");
+}
