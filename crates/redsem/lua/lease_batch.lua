@@ -19,8 +19,11 @@ while i <= #ARGV do
   names[n] = 'r:' .. ARGV[i + 1]
   if ARGV[i] == 'a' then
     i = i + 10
-  else
+  elseif ARGV[i] == 'r' or ARGV[i] == 'w' then
     releases, i = releases + 1, i + 3
+  else
+    -- (Checked before anything is applied: a batch is applied whole or not at all.)
+    return redis.error_reply('lease_batch: unknown operation ' .. tostring(ARGV[i]))
   end
 end
 S.sess, S.low = 's:' .. (ARGV[2] or ''), seqno(ARGV[3])
@@ -34,12 +37,10 @@ return run(function()
     if ARGV[at] == 'a' then
       replies[j] = acquire_op(ARGV, at, ARGV[1], ARGV[at + 9])
       at = at + 10
-    elseif ARGV[at] == 'r' or ARGV[at] == 'w' then
+    else
       S.defer_idle = true
       replies[j] = { release_op(ARGV[at + 1], ARGV[at + 2], ARGV[at]) }
       at = at + 3
-    else
-      return redis.error_reply('lease_batch: unknown operation ' .. tostring(ARGV[at]))
     end
   end
   return released(replies, S.defer_idle and needs_idle_ttl())

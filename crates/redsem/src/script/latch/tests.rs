@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use redis::Value;
 use redis::aio::MultiplexedConnection;
 use redsem_test::{RedisServer, within};
 
 use super::*;
+use crate::script::library::LATCH_COUNT_DOWN;
 use crate::script::test_support::{
     LIMIT, assert_wrong_type, connect, connect_without_channels, evict_by_filling, next_message,
     number, pttl, server_millis, session, subscribe,
@@ -451,4 +453,108 @@ async fn the_records_of_sessions_gone_quiet_are_pruned_and_live_ones_kept() {
         .await
         .expect("hget");
     assert!(live.is_some(), "the live session's record is kept");
+}
+
+#[tokio::test]
+async fn a_thousand_records_due_at_once_are_all_pruned() {
+    // One prune drops up to 1,000 records, written back in one HDEL slice. (Kills the
+    // write-back's slices leaving one name out of each.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+            .await
+            .expect("set")
+    );
+    let mut pipe = redis::pipe();
+    for i in 0..1_000 {
+        let name = format!("s:old{i}");
+        pipe.hset(&k.all[3], &name, "1|1|0|")
+            .ignore()
+            .zadd(&k.all[2], &name, 1 + i)
+            .ignore();
+    }
+    let () = within(LIMIT, "bury", pipe.query_async(&mut conn))
+        .await
+        .expect("bury");
+    let mut calls = 0;
+    within(LIMIT, "a prune", async {
+        loop {
+            calls += 1;
+            latch_count_down(&mut conn, &k, caller(&format!("c{calls}")))
+                .await
+                .expect("down");
+            let left: usize = conn.zcard(&k.all[2]).await.expect("zcard");
+            if left == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let records: usize = conn.hlen(&k.all[3]).await.expect("hlen");
+    assert_eq!(records, 1, "only the live session's record is left");
+}
+
+#[tokio::test]
+async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
+    // A record whose expiry is a few ms ahead (planted in the same MULTI as the call) is
+    // kept by a prune in that call. (Kills the prune taking records due within 5 ms.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+            .await
+            .expect("set")
+    );
+    let _: String = LATCH_COUNT_DOWN
+        .script()
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let plant = redis::Script::new(
+        r"local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        redis.call('ZADD', KEYS[1], now + 3, 's:edge', 1, 's:old')
+        redis.call('HSET', KEYS[2], 's:edge', '1|1|0|', 's:old', '1|1|0|')
+        return now",
+    );
+    let _: String = plant
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    for round in 0..2_000 {
+        let seq = number(&format!("round {round}"));
+        let (_, _): (i64, Value) = within(
+            LIMIT,
+            "plant and count down",
+            redis::pipe()
+                .atomic()
+                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]))
+                .invoke_script(
+                    LATCH_COUNT_DOWN
+                        .script()
+                        .key(&k.all[..])
+                        .arg(Hex(seq))
+                        .arg(session().id())
+                        .arg(Hex(session().low()))
+                        .arg(&k.channel),
+                )
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("exec");
+        let old: Option<f64> = conn.zscore(&k.all[2], "s:old").await.expect("zscore");
+        if old.is_none() {
+            // This call pruned: the record 3 ms ahead of it stays.
+            let edge: Option<f64> = conn.zscore(&k.all[2], "s:edge").await.expect("zscore");
+            assert!(edge.is_some(), "a record not yet expired was pruned");
+            return;
+        }
+    }
+    panic!("no call pruned in 2,000 rounds");
 }

@@ -129,6 +129,16 @@ async fn calls_on_a_semaphore_that_does_not_exist_create_no_key() {
     lease_tidy(&mut conn, &k).await.expect("tidy");
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.capacity, None);
+    // A withdrawal naming an unanswered enqueue marks nothing where there is no semaphore.
+    let own = Session::new();
+    let withdrawal = ReleaseBy::Withdrawal {
+        session: &own,
+        pending: Some(7),
+    };
+    let withdrawn = lease_release(&mut conn, &k, "nobody", CHANNEL, withdrawal)
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawn.outcome, Release::NotHeld);
     let left: usize = conn.exists(&k.all[..]).await.expect("exists");
     assert_eq!(left, 0, "no key written");
 }
@@ -690,4 +700,430 @@ async fn status_lists_holders_in_token_order_whatever_their_lease_ends() {
     let status = lease_status(&mut conn, &k).await.expect("status");
     let order: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
     assert_eq!(order, vec!["long", "short"], "by token, not by lease end");
+}
+
+/// A holder's release of `id` by a call of session `own`, answered before the next: the
+/// session's low mark then passes the marks of its earlier releases, so a release of a
+/// single unit with nobody queued takes the fast path (the test session's low mark never
+/// moves, so its records keep every mark and its releases take the general path).
+async fn release_in(
+    conn: &mut MultiplexedConnection,
+    id: &str,
+    own: &std::sync::Arc<Session>,
+) -> Result<Release> {
+    let seq = own.open();
+    let by = ReleaseBy::Holder {
+        session: own,
+        seq: seq.n(),
+    };
+    lease_release(conn, &keys(), id, "t:wake:another", by)
+        .await
+        .map(|r| r.outcome)
+}
+
+/// A poll of `id` with 30 s leases.
+async fn poll(conn: &mut MultiplexedConnection, id: &str) -> Acquire {
+    lease_poll(
+        conn,
+        &keys(),
+        id,
+        Duration::from_secs(30),
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("poll")
+}
+
+#[tokio::test]
+async fn a_refresh_that_finds_its_lease_entry_gone_restores_everyones() {
+    // (Kills lease_refresh.lua's check() dropped: see the same for a poll above.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b", "c"] {
+        granted(acquire(&mut conn, req(id, 3, 1, false)).await);
+    }
+    let () = conn.del(&k.all[0]).await.expect("del");
+    assert!(
+        lease_refresh(&mut conn, &k, "a", Duration::from_secs(30))
+            .await
+            .expect("refresh")
+    );
+    for id in ["a", "b", "c"] {
+        assert!(
+            lease_score(&mut conn, id).await.is_some(),
+            "{id} has its lease entry again"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_lease_batch_with_an_unknown_operation_is_refused_whole_and_applies_nothing() {
+    // (Kills lease_batch.lua taking any operation that is not an acquire for a release.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let reply: redis::RedisResult<Value> = LEASE_BATCH
+        .script()
+        .key(&k.all[..])
+        .arg(CHANNEL)
+        .arg(session().id())
+        .arg(Hex(session().low()))
+        .arg("r")
+        .arg("a")
+        .arg(Hex(number("batch release a")))
+        .arg("z")
+        .arg("a")
+        .arg(Hex(number("batch z")))
+        .invoke_async(&mut conn)
+        .await;
+    assert!(
+        reply.is_err(),
+        "an unknown operation is an error: {reply:?}"
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.holders.len(), 1, "a is still held: nothing applied");
+}
+
+#[tokio::test]
+async fn a_waiter_too_big_for_a_shrunk_capacity_behind_one_that_fills_it_goes_once_a_unit_is_free()
+{
+    // A grant that fills the capacity stops the walk of the queue: what is behind waits,
+    // even a waiter that can never fit, until a unit is free. (Kills promote() walking on
+    // after the capacity is full again.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 3, 3, true)).await);
+    for (id, units) in [("w", 2), ("big", 3)] {
+        assert!(matches!(
+            acquire(&mut conn, req(id, 3, units, true)).await,
+            Acquire::Queued { .. }
+        ));
+    }
+    assert_eq!(
+        lease_set_capacity(&mut conn, &k, 2).await.expect("shrink"),
+        Some(3)
+    );
+    release(&mut conn, &k, "a").await.expect("release");
+    assert!(matches!(
+        poll(&mut conn, "w").await,
+        Acquire::Granted { .. }
+    ));
+    assert!(
+        matches!(
+            poll(&mut conn, "big").await,
+            Acquire::Queued { position: 0, .. }
+        ),
+        "full again: big waits for a free unit"
+    );
+    release(&mut conn, &k, "w").await.expect("release");
+    assert_eq!(poll(&mut conn, "big").await, Acquire::Gone, "then it goes");
+}
+
+#[tokio::test]
+async fn session_records_are_pruned_in_the_millisecond_they_fall_due() {
+    // The first record's prune falls due PRUNE_LAG_MS after its expiry (tnext): a call in
+    // that very millisecond prunes. (Kills prune() reading the time 5 ms early.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    let k = keys();
+    {
+        let mut conn = conn.clone();
+        granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    }
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let (mut conn, k) = (conn.clone(), k.clone());
+        async move {
+            let name = format!("s:due{n}");
+            bury_at(&mut conn, &name, 1_000).await;
+            let t0 = server_millis(&mut conn).await;
+            let () = conn
+                .hset(&k.all[2], "tnext", t0 - 2_000)
+                .await
+                .expect("hset");
+            lease_status(&mut conn, &k).await.expect("status");
+            let t1 = server_millis(&mut conn).await;
+            if t1 - t0 >= 4 {
+                return false;
+            }
+            assert_eq!(
+                lease_score(&mut conn, &name).await,
+                None,
+                "due at {t0}, the call ran within [{t0}, {t1}]"
+            );
+            true
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_waiter_whose_waiter_lease_ended_is_dropped_by_the_next_call() {
+    // (Kills settle() dropping the lease entry of an expired waiter but not the waiter: the
+    // next release would grant the unit to it.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    let short = Request {
+        waiter_lease: Duration::from_millis(50),
+        ..req("w", 1, 1, true)
+    };
+    assert!(matches!(
+        acquire(&mut conn, short).await,
+        Acquire::Queued { .. }
+    ));
+    assert!(matches!(
+        acquire(&mut conn, req("x", 1, 1, true)).await,
+        Acquire::Queued { position: 1, .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    // a's release settles first: w is gone, so x is the one granted.
+    release(&mut conn, &k, "a").await.expect("release");
+    assert!(matches!(
+        poll(&mut conn, "x").await,
+        Acquire::Granted { .. }
+    ));
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert!(status.waiters.is_empty(), "{:?}", status.waiters);
+    let (qlen, record): (String, Option<String>) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg(&["qlen", "r:w"])
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    assert_eq!((qlen.as_str(), record), ("0", None));
+}
+
+#[tokio::test]
+async fn a_head_waiter_queued_right_after_a_repair_is_told_a_third_of_its_waiter_lease() {
+    // A repair leaves "when the first lease ends" unknown (next 0) until the new waiter's own
+    // entry sets it: the head waiter queued in the same call is told to look again after a
+    // third of its waiter lease, not at once.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, true)).await);
+    // Counters that disagree with the records (one holder counted twice): the check of a
+    // request that finds no room repairs them.
+    let () = conn.hset(&k.all[2], "nh", "2").await.expect("hset");
+    let reply = acquire(&mut conn, req("w", 1, 1, true)).await;
+    let Acquire::Queued {
+        position: 0,
+        recheck,
+    } = reply
+    else {
+        panic!("w should head the queue: {reply:?}");
+    };
+    assert_eq!(recheck, Duration::from_secs(10), "a third of 30 s");
+    let nh: String = conn.hget(&k.all[2], "nh").await.expect("hget");
+    assert_eq!(nh, "1", "repaired");
+}
+
+#[tokio::test]
+async fn a_repair_gives_a_session_record_without_its_index_entry_one() {
+    // (Kills repair() dropping the index entry it makes for a session record that lost its
+    // own: the record would never be pruned.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    release(&mut conn, &k, "a").await.expect("release");
+    let own = format!("s:{}", session().id());
+    assert!(lease_score(&mut conn, &own).await.is_some());
+    let () = conn.zrem(&k.all[0], &own).await.expect("zrem");
+    let () = conn.hset(&k.all[2], "nh", "3").await.expect("hset");
+    granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    let before = server_millis(&mut conn).await;
+    let expiry = lease_score(&mut conn, &own)
+        .await
+        .expect("the index entry is back");
+    assert!(
+        -expiry >= before,
+        "it expires in the future: {} vs {before}",
+        -expiry
+    );
+}
+
+#[tokio::test]
+async fn a_request_finding_no_room_by_the_counters_checks_them_against_the_records() {
+    // Counters saying full while the slot bitmap and records hold less: the request that
+    // finds no room checks them, repairs, and is granted. (Kills the check skipped when
+    // nobody waits.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let () = conn.hset(&k.all[2], "used", "2").await.expect("hset");
+    let (_, slots) = granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    assert_eq!(slots, vec![1]);
+}
+
+#[tokio::test]
+async fn counters_that_disagree_keep_a_request_off_the_fast_path() {
+    // Units in use 0 while a holder is counted: the fast path declines (the general path
+    // repairs first), so the new grant never takes a held slot. (Kills quiet() admitting
+    // counters that disagree.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let (_, held) = granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    assert_eq!(held, vec![0]);
+    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    let (_, slots) = granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    assert_eq!(slots, vec![1], "slot 0 is a's");
+}
+
+#[tokio::test]
+async fn a_fast_grant_with_a_shorter_lease_counts_its_unit() {
+    // A grant whose lease ends before every other (it writes the new first end too) counts
+    // its unit and its holder like any other. (Kills that write counting no unit.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 3, 1, false)).await);
+    let short = Request {
+        lease: Duration::from_secs(5),
+        ..req("b", 3, 1, false)
+    };
+    granted(acquire(&mut conn, short).await);
+    let (used, nh): (String, String) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg(&["used", "nh"])
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    assert_eq!((used.as_str(), nh.as_str()), ("2", "2"));
+}
+
+#[tokio::test]
+async fn a_fast_release_meeting_a_foreign_leases_key_gives_the_slot_back() {
+    // The fast release clears the slot's bit before it touches leases: a foreign value there
+    // stops it, and the bit is set again before the error goes out. (Kills the error raised
+    // before the bit is restored.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    // (A first release makes the session's record: the next needs no renewal and takes the
+    // fast path.)
+    let own = Session::new();
+    granted(acquire(&mut conn, req("first", 2, 1, false)).await);
+    release_in(&mut conn, "first", &own).await.expect("release");
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let saved: Vec<u8> = redis::cmd("DUMP")
+        .arg(&k.all[0])
+        .query_async(&mut conn)
+        .await
+        .expect("dump");
+    let () = conn.del(&k.all[0]).await.expect("del");
+    let () = conn.hset(&k.all[0], "x", "y").await.expect("hset");
+    match release_in(&mut conn, "a", &own).await {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[0]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let bit: u8 = conn.getbit(&k.all[3], 0).await.expect("getbit");
+    assert_eq!(bit, 1, "a's slot is still taken");
+    let () = conn.del(&k.all[0]).await.expect("del");
+    let () = redis::cmd("RESTORE")
+        .arg(&k.all[0])
+        .arg(0)
+        .arg(saved)
+        .query_async(&mut conn)
+        .await
+        .expect("restore");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 1);
+}
+
+#[tokio::test]
+async fn a_release_of_a_holder_of_several_units_takes_the_general_path() {
+    // The fast release serves single units only; any other holder's release, by a session
+    // whose record needs no renewal, goes to the general path. (Kills the fast release going
+    // on without a slot.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let own = Session::new();
+    granted(acquire(&mut conn, req("first", 3, 1, false)).await);
+    release_in(&mut conn, "first", &own).await.expect("release");
+    granted(acquire(&mut conn, req("big", 3, 2, false)).await);
+    assert_eq!(
+        release_in(&mut conn, "big", &own).await.expect("release"),
+        Release::Released
+    );
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 0);
+}
+
+#[tokio::test]
+async fn a_session_record_is_renewed_in_the_very_millisecond_its_renewal_falls_due() {
+    // A record is renewed once it was renewed SESSION_RENEW_MS ago or more: a record whose
+    // expiry is planted (in the same MULTI as the release) to fall due in the release's own
+    // millisecond is renewed. (Kills the renewal test `<=` read as `<`.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let _: String = LEASE_RELEASE
+        .script()
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let plant = redis::Script::new(
+        r"local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        redis.call('HSET', KEYS[1], ARGV[1], string.format('%x|%x|0|', tonumber(ARGV[2], 16), now + 540000))
+        return now",
+    );
+    let _: String = plant
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let (sid, field) = ("edge", "s:edge");
+    for round in 1..=200u64 {
+        let id = format!("a{round}");
+        let seq = 2 * round;
+        granted(raw_acquire(&mut conn, &id, 4, seq - 1, sid, seq - 1).await);
+        let (planted, _): (i64, Value) = within(
+            LIMIT,
+            "plant and release",
+            redis::pipe()
+                .atomic()
+                .invoke_script(plant.key(&k.all[2]).arg(field).arg(Hex(seq).to_string()))
+                .invoke_script(
+                    LEASE_RELEASE
+                        .script()
+                        .key(&k.all[..])
+                        .arg(&id)
+                        .arg("t:wake:another")
+                        .arg(Hex(seq))
+                        .arg(sid)
+                        .arg(Hex(seq))
+                        .arg("r"),
+                )
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("exec");
+        let record: String = conn.hget(&k.all[2], field).await.expect("hget");
+        let expiry = record
+            .split('|')
+            .nth(1)
+            .and_then(|e| i64::from_str_radix(e, 16).ok())
+            .expect("an expiry");
+        assert_ne!(
+            expiry,
+            planted + 540_000,
+            "a record due for renewal was not renewed: {record}"
+        );
+        if expiry - 600_000 == planted {
+            return; // renewed in the millisecond it fell due
+        }
+    }
+    panic!("no release ran in the millisecond of its plant in 200 rounds");
 }
