@@ -14,7 +14,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::script::acks::Acked;
-use crate::script::library::{PERMIT_ACQUIRE, PERMIT_BATCH};
+use crate::script::library::{PERMIT_ACQUIRE, PERMIT_BATCH, PERMIT_POLL};
 use crate::script::permit::{
     self as script, Addition, Caller, PermitAcquire, PermitOp, Withdrawal, permit_batch,
     permits_granted, withdrawn,
@@ -862,4 +862,350 @@ async fn a_grant_on_a_count_redis_cannot_add_to_reports_it_as_foreign() {
     .await
     .map(drop);
     assert_wrong_type(vec![("general", general), ("fast", fast)], &k.all[0], 0);
+}
+
+#[tokio::test]
+async fn a_batch_ending_in_a_lone_unknown_operation_is_refused_whole_and_writes_nothing() {
+    // An unknown kind is refused wherever it stands, even as the very last argument (with
+    // none of its own after it): before anything is applied or written, the new session's
+    // index entry included. (Kills permit_batch.lua:15:le->lt: the last argument left
+    // unchecked, then read as a check-in.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 1)
+            .await
+            .expect("set")
+    );
+    let client = Session::new();
+    let seq = client.open();
+    let call = PERMIT_BATCH
+        .key(&k.all[..])
+        .arg(CHANNEL)
+        .arg(client.id())
+        .arg(Hex(client.low()))
+        .arg("m")
+        .arg("r")
+        .arg(1)
+        .arg(Hex(seq.n()))
+        .arg("z");
+    let reply: redis::RedisResult<Value> =
+        within(LIMIT, "permit_batch", call.invoke_async(&mut conn)).await;
+    let err = reply.expect_err("an unknown operation is refused");
+    assert!(
+        err.to_string().contains("unknown operation z"),
+        "refused for another reason: {err}"
+    );
+    assert_eq!(
+        available(&mut conn).await,
+        1,
+        "the addition before it is not applied"
+    );
+    let name = format!("s:{}", client.id());
+    assert_eq!(
+        fields(&mut conn, &[name.as_str()]).await,
+        [None],
+        "no session record"
+    );
+    let indexed: Option<f64> = conn.zscore(&k.all[5], &name).await.expect("ZSCORE");
+    assert_eq!(indexed, None, "no entry in the sessions' index");
+}
+
+#[tokio::test]
+async fn a_batch_keeps_the_idle_bookkeeping_past_the_longest_waiter_lease_it_set() {
+    // A batch queues a request with a waiter lease longer than a session record lives, then
+    // withdraws it, which makes the client's session record: idle at the end, the keys are
+    // kept an idle while past the latest deadline the batch set, the lease's end, not only
+    // past the session record's expiry. (Kills permit_prelude.lua:92:if->true: the record's
+    // expiry, renewed after the lease was set, taken as the latest deadline.)
+    const LEASE: Duration = Duration::from_secs(20 * 60);
+    const KEEP_IDLE_MS: i64 = 60_000;
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let client = Session::new();
+    let seq = client.open();
+    let before = server_millis(&mut conn).await;
+    let ops = [
+        PermitOp::acquire("x", 1, true, LEASE, seq.n()),
+        PermitOp::withdraw("x", Some(seq.n())),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, &client, &ops),
+    )
+    .await
+    .expect("permit_batch");
+    drop(seq);
+    let mut replies = replies.into_iter();
+    let mut next = || Acked {
+        reply: replies.next().expect("a reply per operation"),
+        unconfirmed: None,
+    };
+    assert!(matches!(
+        permits_granted("permit_acquire", next()).expect("acquire"),
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(withdrawn(next()).expect("withdraw"), Withdrawal::Withdrawn);
+    let lease_end = before + i64::try_from(LEASE.as_millis()).expect("ms");
+    for key in [&k.all[3], &k.all[5]] {
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("PEXPIRETIME");
+        assert!(
+            expiry >= lease_end + KEEP_IDLE_MS,
+            "{key} expires at {expiry}, before an idle while past the lease's end {lease_end}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bookkeeping_rebuilt_after_the_records_were_lost_expires_once_nothing_waits() {
+    // The records vanish under a live semaphore (its keys without TTL); the waiter left in the
+    // queue has no record and its lease ends. The next call, which marks nothing (no session
+    // expiry, no deadline), rebuilds the counters, drops the waiter and, idle then, gives the
+    // records it writes back and the ticket counter the idle TTL: they do not stay forever.
+    // (Kills permit_prelude.lua:342:if->false and :342:eq->ne#2: no deadline taken then.)
+    const KEEP_IDLE_MS: i64 = 60_000;
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    assert!(matches!(
+        acquire(&mut conn, "x", 1, true, Duration::from_millis(100)).await,
+        PermitAcquire::Queued { .. }
+    ));
+    let queued = Instant::now();
+    assert_eq!(pttl(&mut conn, &k.all[4]).await, -1, "live: no TTL");
+    let () = conn.del(&k.all[3]).await.expect("DEL");
+    sleep_until(queued + Duration::from_millis(300)).await;
+    let state = script::permit_available(&mut conn, &k)
+        .await
+        .expect("available");
+    assert_eq!(state.waiters, 0, "x's lease ended");
+    for key in [&k.all[3], &k.all[4]] {
+        let ttl = pttl(&mut conn, key).await;
+        assert!(
+            ttl > 0 && ttl <= KEEP_IDLE_MS,
+            "{key} kept an idle while, no longer: {ttl}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn records_without_their_keep_field_are_taken_as_no_bookkeeping_even_by_an_uncontended_grant()
+{
+    // Records that lack `keep` (the field every write of them sets) hold no bookkeeping a call
+    // may rely on: an uncontended grant does not take the fast path on them, but the general
+    // one, which sets keep and gives the keys the idle TTL. (Kills permit_prelude.lua:528:and->or:
+    // quiet() asking for keep only when prune or wide is missing too.)
+    const KEEP_IDLE_MS: i64 = 60_000;
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let client = Session::new();
+    let seq = client.open();
+    let now = server_millis(&mut conn).await;
+    let own = format!("s:{}", client.id());
+    let record = format!("{:x}|{:x}|0|", seq.n(), now + 600_000);
+    let () = conn.set(&k.all[0], 5).await.expect("SET");
+    let () = conn
+        .hset_multiple(
+            &k.all[3],
+            &[
+                ("prune", (now + 610_000).to_string()),
+                ("wide", "-".to_owned()),
+                ("layout", "2".to_owned()),
+                (own.as_str(), record),
+            ],
+        )
+        .await
+        .expect("HSET");
+    assert_eq!(
+        script::permit_acquire(
+            &mut conn,
+            &k,
+            "a",
+            1,
+            false,
+            LONG,
+            CHANNEL,
+            Caller::new(&client, seq.n())
+        )
+        .await
+        .expect("acquire"),
+        PermitAcquire::Granted
+    );
+    drop(seq);
+    assert_eq!(available(&mut conn).await, 4);
+    let keep = fields(&mut conn, &["keep"]).await;
+    assert!(keep[0].is_some(), "keep set: {keep:?}");
+    let ttl = pttl(&mut conn, &k.all[3]).await;
+    assert!(
+        ttl > 0 && ttl <= KEEP_IDLE_MS,
+        "the records kept an idle while: {ttl}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_is_dropped_in_the_very_millisecond_its_lease_ends() {
+    // A waiter lease ends at its millisecond: a check-in in that millisecond finds the waiter
+    // gone. Set by a script in the same MULTI as the check-in, the lease's end (and wnext) is
+    // the check-in's own millisecond or one just before it. (Kills
+    // permit_prelude.lua:293:ge->gt in nearly every round; the real code passes whatever the
+    // times.)
+    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
+        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
+        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
+        redis.call('HSET', KEYS[2], 'wnext', now) \
+        return now";
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    for round in 0..20 {
+        let id = format!("w{round}");
+        assert!(
+            matches!(
+                acquire(&mut conn, &id, 1, true, LONG).await,
+                PermitAcquire::Queued { position: 0, .. }
+            ),
+            "round {round}"
+        );
+        let (_, reply): (String, Vec<String>) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(LEASE_ENDS_NOW)
+                .arg(2)
+                .arg(&k.all[2])
+                .arg(&k.all[3])
+                .arg(&id)
+                .cmd("FCALL")
+                .arg(PERMIT_POLL.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(&id)
+                .arg(LONG.as_millis().to_string())
+                .arg(Hex(number(&format!("poll {id}"))))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        assert_eq!(reply, ["GONE"], "round {round}");
+        assert_eq!(
+            fields(&mut conn, &[format!("r:{id}").as_str()]).await,
+            [None],
+            "round {round}: the record"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_waiter_is_dropped_at_the_end_of_its_lease_after_an_earlier_waiter_was() {
+    // A waiter whose lease ended is taken out of the waiters, not only out of the queue and
+    // the records: later calls then still know who waits, and drop the next one at the end
+    // of its own lease. (Kills permit_prelude.lua:296:drop: the dead waiter left in the
+    // waiters, swept again by the next call, which then counts no waiter left.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    assert!(matches!(
+        acquire(&mut conn, "a", 1, true, Duration::from_millis(200)).await,
+        PermitAcquire::Queued { .. }
+    ));
+    assert!(matches!(
+        acquire(&mut conn, "b", 1, true, Duration::from_secs(3)).await,
+        PermitAcquire::Queued { .. }
+    ));
+    let queued = Instant::now();
+    sleep_until(queued + Duration::from_millis(300)).await;
+    for call in 0..2 {
+        let state = script::permit_available(&mut conn, &k)
+            .await
+            .expect("available");
+        assert_eq!(state.waiters, 1, "call {call}: a's lease ended, b waits");
+    }
+    sleep_until(queued + Duration::from_millis(3_300)).await;
+    let state = script::permit_available(&mut conn, &k)
+        .await
+        .expect("available");
+    assert_eq!(state.waiters, 0, "b's lease ended");
+    assert_eq!(poll(&mut conn, "b").await, PermitAcquire::Gone);
+}
+
+#[tokio::test]
+async fn an_uncontended_grant_and_release_of_a_client_whose_calls_are_answered_apply_once() {
+    // A client whose earlier calls are all answered (its low mark is the call's own number)
+    // takes and gives back permits by the fast paths while nobody waits: each applied once,
+    // and a resend answers as the call did. (Kills permit_prelude.lua:586:if->false: every
+    // fast addition taken back and answered out of range.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let client = Session::new();
+    let seq = client.open();
+    assert!(
+        script::permit_try_set(&mut conn, &k, "s", 3, Caller::new(&client, seq.n()))
+            .await
+            .expect("set")
+    );
+    drop(seq);
+    let seq = client.open();
+    let n = seq.n();
+    let take = async |conn: &mut redis::aio::MultiplexedConnection| {
+        script::permit_acquire(
+            conn,
+            &k,
+            "a",
+            2,
+            false,
+            LONG,
+            CHANNEL,
+            Caller::new(&client, n),
+        )
+        .await
+        .expect("acquire")
+    };
+    assert_eq!(take(&mut conn).await, PermitAcquire::Granted);
+    assert_eq!(take(&mut conn).await, PermitAcquire::Granted, "resent");
+    drop(seq);
+    assert_eq!(available(&mut conn).await, 1, "taken once");
+    let seq = client.open();
+    let n = seq.n();
+    let give = async |conn: &mut redis::aio::MultiplexedConnection| {
+        script::permit_add(conn, &k, "r", 2, Caller::new(&client, n))
+            .await
+            .expect("add")
+    };
+    assert_eq!(give(&mut conn).await, Addition::Applied(3));
+    assert_eq!(give(&mut conn).await, Addition::Repeated(3), "resent");
+    drop(seq);
+    assert_eq!(available(&mut conn).await, 3, "given back once");
 }
