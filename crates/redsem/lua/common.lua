@@ -165,10 +165,12 @@ local function digits(value)
 end
 
 -- The integer stored at `key` (nil if absent), within +-MAX_INT; with `natural`, not below
--- 0. Any other value there is foreign.
+-- 0. Any other value there is foreign, also one Redis itself would not count with (INCRBY,
+-- DECR: a leading zero, "-0", a sign "+").
 local function read_integer(key, natural)
   local raw = call(key, 'GET', key)
-  if raw and (not string.match(raw, natural and '^%d+$' or '^-?%d+$') or math.abs(tonumber(raw)) > MAX_INT) then
+  if raw and raw ~= '0' and (not string.match(raw, natural and '^[1-9]%d*$' or '^%-?[1-9]%d*$')
+    or math.abs(tonumber(raw)) > MAX_INT) then
     error({ key = key })
   end
   return tonumber(raw)

@@ -558,3 +558,16 @@ async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
     }
     panic!("no call pruned in 2,000 rounds");
 }
+
+#[tokio::test]
+async fn a_count_redis_cannot_count_down_is_reported_as_foreign_and_left_alone() {
+    // "007" reads as 7 to Lua but DECR refuses it: the latch takes it for a foreign value.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    let () = conn.set(&k.all[0], "007").await.expect("set");
+    let result = latch_count_down(&mut conn, &k, caller("c")).await.map(drop);
+    assert_wrong_type(vec![("count_down", result)], &k.all[0], 0);
+    let count: String = conn.get(&k.all[0]).await.expect("get");
+    assert_eq!(count, "007", "left alone");
+}

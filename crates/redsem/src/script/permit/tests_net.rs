@@ -820,13 +820,12 @@ async fn an_addition_to_a_count_redis_cannot_add_to_reports_it_as_foreign_and_ch
 }
 
 #[tokio::test]
-#[ignore = "exposes bug: read_integer() (common.lua) takes \"007\" or \"-0\" as a count, which \
-            INCRBY refuses: a grant then fails with Redis's own error, not WRONGTYPE"]
 async fn a_grant_on_a_count_redis_cannot_add_to_reports_it_as_foreign() {
     // Every script reports a foreign value at one of its keys as WRONGTYPE. A count of "007"
-    // (or "-0") passes read_integer()'s pattern, so a grant takes 7 and fails at its INCRBY
-    // with Redis's "value is not an integer", by the general path (the test session keeps
-    // other marks) and by the fast path (a client whose earlier calls are answered).
+    // (or "-0") is one INCRBY refuses: read_integer() takes it for foreign, so a grant reports
+    // it, by the general path (the test session keeps other marks) and by the fast path (a
+    // client whose earlier calls are answered), instead of taking 7 and failing at its INCRBY
+    // with Redis's "value is not an integer" (found by the mutation runs, fixed).
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
