@@ -14,7 +14,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::script::acks::Acked;
-use crate::script::library::{PERMIT_ACQUIRE, PERMIT_BATCH, PERMIT_POLL};
+use crate::script::library::{PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_BATCH, PERMIT_POLL};
 use crate::script::permit::{
     self as script, Addition, Caller, PermitAcquire, PermitOp, Withdrawal, permit_batch,
     permits_granted, withdrawn,
@@ -1207,4 +1207,78 @@ async fn an_uncontended_grant_and_release_of_a_client_whose_calls_are_answered_a
     assert_eq!(give(&mut conn).await, Addition::Repeated(3), "resent");
     drop(seq);
     assert_eq!(available(&mut conn).await, 3, "given back once");
+}
+
+#[tokio::test]
+async fn an_addition_in_the_millisecond_a_granted_waiter_expires_counts_its_grant_given_back() {
+    // A waiter granted but never collected gives its permits back when its lease ends. An
+    // addition made in that very millisecond reads the count first (the give-back needs it),
+    // so it answers the count with both the permit given back and its own. Set by a script
+    // in the same MULTI as the addition, the lease's end (and wnext) is the addition's own
+    // millisecond or one just before it. (Kills permit_prelude.lua:244:ge->gt, which leaves
+    // the count unread in that millisecond.)
+    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
+        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
+        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
+        redis.call('HSET', KEYS[2], 'wnext', now) \
+        return now";
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    for round in 0..20 {
+        let id = format!("w{round}");
+        assert!(
+            matches!(
+                acquire(&mut conn, &id, 1, true, LONG).await,
+                PermitAcquire::Queued { position: 0, .. }
+            ),
+            "round {round}"
+        );
+        assert_eq!(
+            add(&mut conn, &format!("grant {id}"), 1).await,
+            Addition::Applied(0),
+            "round {round}: {id} granted, not collected"
+        );
+        let (_, reply): (String, (String, i64)) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(LEASE_ENDS_NOW)
+                .arg(2)
+                .arg(&k.all[2])
+                .arg(&k.all[3])
+                .arg(&id)
+                .cmd("FCALL")
+                .arg(PERMIT_ADD.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg("r")
+                .arg(1)
+                .arg(Hex(number(&format!("add {id}"))))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        assert_eq!(
+            reply,
+            ("ADDED".to_owned(), 2),
+            "round {round}: the grant given back and the addition"
+        );
+        let count: i64 = conn.get(&k.all[0]).await.expect("GET");
+        assert_eq!(count, 2, "round {round}");
+        // Back to none available for the next round.
+        assert_eq!(
+            add(&mut conn, &format!("take {id}"), -2).await,
+            Addition::Applied(0)
+        );
+    }
 }

@@ -1127,3 +1127,37 @@ async fn a_session_record_is_renewed_in_the_very_millisecond_its_renewal_falls_d
     }
     panic!("no release ran in the millisecond of its plant in 200 rounds");
 }
+
+#[tokio::test]
+async fn a_lease_batch_marks_its_releases_in_its_own_sessions_record() {
+    // (Kills lease_batch.lua naming every batch's session record "s:", shared by all.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["a", "b"] {
+        granted(acquire(&mut conn, req(id, 2, 1, false)).await);
+    }
+    let ops = [
+        BatchOp::release("a", by("batch release a")),
+        BatchOp::release("b", by("batch release b")),
+    ];
+    within(
+        LIMIT,
+        "batch",
+        lease_batch(&mut conn, &k, "t:wake:another", session(), &ops),
+    )
+    .await
+    .expect("batch");
+    let own: String = conn
+        .hget(&k.all[2], format!("s:{}", session().id()))
+        .await
+        .expect("the session's record");
+    for name in ["batch release a", "batch release b"] {
+        assert!(
+            own.contains(&format!(",{}=R", Hex(number(name)))),
+            "{name} is marked: {own}"
+        );
+    }
+    let shared: bool = conn.hexists(&k.all[2], "s:").await.expect("hexists");
+    assert!(!shared);
+}
