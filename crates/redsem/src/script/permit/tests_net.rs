@@ -1282,3 +1282,192 @@ async fn an_addition_in_the_millisecond_a_granted_waiter_expires_counts_its_gran
         );
     }
 }
+
+#[tokio::test]
+async fn the_last_waiter_leaving_keeps_the_bookkeeping_an_idle_while_past_every_session_record() {
+    // While someone waits, keep follows the waiters' leases (here 20 minutes); once the last
+    // one leaves, the bookkeeping is kept an idle while (60 s) past the latest session
+    // record's expiry (600 s after its renewal), no longer, and every key gets that TTL.
+    // (Kills permit_prelude.lua:359:drop, which leaves keep, and the TTL, at the gone
+    // waiter's lease.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let start = server_millis(&mut conn).await;
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    assert!(matches!(
+        acquire(&mut conn, "w", 1, true, Duration::from_secs(1200)).await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(
+        super::permit_withdraw(&mut conn, &k, "w")
+            .await
+            .expect("withdraw"),
+        Withdrawal::Withdrawn
+    );
+    let now = server_millis(&mut conn).await;
+    let keep: i64 = fields(&mut conn, &["keep"]).await[0]
+        .as_deref()
+        .expect("keep")
+        .parse()
+        .expect("a number");
+    assert!(
+        (start + 600_000 + 60_000..=now + 600_000 + 60_000).contains(&keep),
+        "keep {keep}, from {start} to {now}"
+    );
+    let ttl = pttl(&mut conn, &k.all[3]).await;
+    assert!(
+        (600_000 + 60_000 - 10_000..=600_000 + 60_000).contains(&ttl),
+        "TTL {ttl}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_withdrawal_naming_a_call_its_low_mark_passed_gives_nothing_back() {
+    // A batch whose low mark has passed a call (its answer arrived: the permits it took are
+    // the client's) and that withdraws naming that call gives nothing back, even while the
+    // call's mark is still among the session's marks read by the batch's first operation (a
+    // later mark kept them). (Kills permit_prelude.lua:484:if->true, which gives them back.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let batch = |low: &str, ops: &[&str]| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(PERMIT_BATCH.function())
+            .arg(k.all.len())
+            .arg(&k.all[..])
+            .arg(CHANNEL)
+            .arg("c")
+            .arg(low)
+            .arg(ops);
+        cmd
+    };
+    // (Set by a call of another session, which loads the library.)
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 3)
+            .await
+            .expect("set")
+    );
+    // Call 2 takes 2 permits; call 4 is made while 2 is unanswered (its mark kept).
+    let granted: Vec<Vec<Vec<String>>> = batch("2", &["a", "a", "2", "try", "30000", "2"])
+        .query_async(&mut conn)
+        .await
+        .expect("acquire");
+    assert_eq!(granted, vec![vec![vec!["GRANTED".to_owned()]]]);
+    let added: Vec<Vec<Vec<String>>> = batch("2", &["m", "x", "0", "4"])
+        .query_async(&mut conn)
+        .await
+        .expect("add");
+    assert_eq!(added, vec![vec![vec!["ADDED".to_owned(), "1".to_owned()]]]);
+    // Call 2 answered (low mark 4): a batch adds (call 5), then withdraws naming call 2.
+    let replies: Vec<Vec<Vec<String>>> = batch("4", &["m", "y", "0", "5", "w", "a", "2"])
+        .query_async(&mut conn)
+        .await
+        .expect("batch");
+    assert_eq!(
+        replies,
+        vec![vec![
+            vec!["ADDED".to_owned(), "1".to_owned()],
+            vec!["UNKNOWN".to_owned()]
+        ]]
+    );
+    let count: i64 = conn.get(&k.all[0]).await.expect("GET");
+    assert_eq!(count, 1, "the permits stay taken");
+}
+
+#[tokio::test]
+async fn a_withdrawn_waiter_leaves_no_record_and_a_second_withdrawal_finds_nothing() {
+    // (Kills permit_prelude.lua:495:drop, which leaves the waiting record behind: a second
+    // withdrawal then finds it and answers withdrawn again.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    assert!(matches!(
+        acquire(&mut conn, "w", 1, true, LONG).await,
+        PermitAcquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(
+        super::permit_withdraw(&mut conn, &k, "w")
+            .await
+            .expect("withdraw"),
+        Withdrawal::Withdrawn
+    );
+    assert_eq!(fields(&mut conn, &["r:w"]).await, vec![None], "no record");
+    assert_eq!(
+        super::permit_withdraw(&mut conn, &k, "w")
+            .await
+            .expect("withdraw again"),
+        Withdrawal::Unknown
+    );
+}
+
+#[tokio::test]
+async fn an_uncontended_addition_beyond_the_range_changes_nothing_and_is_not_marked() {
+    // The fast addition takes back an addition that leaves +-(2^53 - 1) and answers the
+    // count as it was. (Kills permit_prelude.lua:586:if->true, which keeps it.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let client = Session::new();
+    let seq = client.open();
+    assert!(
+        script::permit_try_set(&mut conn, &k, "s", 0, Caller::new(&client, seq.n()))
+            .await
+            .expect("set")
+    );
+    drop(seq);
+    let seq = client.open();
+    assert_eq!(
+        script::permit_add(&mut conn, &k, "r", MAX, Caller::new(&client, seq.n()))
+            .await
+            .expect("add"),
+        Addition::Applied(MAX)
+    );
+    drop(seq);
+    let seq = client.open();
+    assert_eq!(
+        script::permit_add(&mut conn, &k, "r", 1, Caller::new(&client, seq.n()))
+            .await
+            .expect("add"),
+        Addition::OutOfRange(MAX)
+    );
+    drop(seq);
+    assert_eq!(available(&mut conn).await, MAX);
+    let count: i64 = conn.get(&k.all[0]).await.expect("GET");
+    assert_eq!(count, MAX);
+}
+
+#[tokio::test]
+async fn setting_a_count_already_set_answers_the_count_there() {
+    // (Kills permit_try_set.lua:17:or->and, which answers 0.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 5)
+            .await
+            .expect("set")
+    );
+    let reply: (String, i64) = redis::cmd("FCALL")
+        .arg(crate::script::library::PERMIT_TRY_SET.function())
+        .arg(k.all.len())
+        .arg(&k.all[..])
+        .arg("s2")
+        .arg(7)
+        .arg(Hex(number("s2")))
+        .arg(session().id())
+        .arg(Hex(session().low()))
+        .query_async(&mut conn)
+        .await
+        .expect("FCALL");
+    assert_eq!(reply, ("EXISTS".to_owned(), 5));
+}
