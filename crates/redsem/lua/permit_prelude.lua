@@ -441,12 +441,15 @@ local function add_op(digits, seq)
   if S.unread and math.abs(delta) <= MAX_INT then
     -- Nobody waits and no grant is given back: add first, look after.
     local count = call(COUNT, 'INCRBY', COUNT, digits)
-    if math.abs(count) <= MAX_INT then
+    if math.abs(count) <= MAX_INT and math.abs(count - delta) <= MAX_INT then
       S.count, S.unread = count, false
       mark(seq, 'A')
       return { 'ADDED', count }
     end
     S.count, S.unread = redis.call('DECRBY', COUNT, digits), false
+    if math.abs(S.count) > MAX_INT then
+      error({ key = COUNT }) -- beyond +-MAX_INT before the call: not a count of ours
+    end
   elseif S.unread then
     read_count()
   end
@@ -583,11 +586,15 @@ local function fast_add(A)
     return nil
   end
   local count = call(COUNT, 'INCRBY', COUNT, A[2])
-  if math.abs(count) <= MAX_INT then
+  if math.abs(count) <= MAX_INT and math.abs(count - delta) <= MAX_INT then
     rcall('HSET', RECORDS, S.sess, session)
     return { 'ADDED', count }
   end
-  -- Out of range: taken back, and the call not marked (nothing changed).
+  -- Out of range: taken back, and the call not marked (nothing changed). A count beyond
+  -- +-MAX_INT before the call is not one of ours: reported as foreign, as a read reports it.
   count = redis.call('DECRBY', COUNT, A[2])
+  if math.abs(count) > MAX_INT then
+    error({ key = COUNT })
+  end
   return { 'RANGE', count }
 end

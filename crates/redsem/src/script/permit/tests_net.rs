@@ -1473,13 +1473,12 @@ async fn setting_a_count_already_set_answers_the_count_there() {
 }
 
 #[tokio::test]
-#[ignore = "exposes bug: an addition that does not read the count first (nobody waits) adds to a count beyond +-(2^53 - 1), which read_integer() takes as foreign (every call that reads the count answers WRONGTYPE): it answers ADDED (or RANGE) and writes next to the foreign value"]
 async fn an_addition_to_a_count_beyond_the_range_reports_it_as_foreign_and_changes_nothing() {
     // A count of 2^53 + 1 is foreign: the calls that read it report it (WRONGTYPE). An
-    // addition with nobody waiting adds by INCRBY without reading the count: it should report
-    // it the same, not bring it back into the range. (Would kill
-    // permit_prelude.lua:441:le->lt, which reads the count first for a delta of exactly
-    // 2^53 - 1: today that delta answers RANGE on this count, and the mutant WRONGTYPE.)
+    // addition with nobody waiting adds by INCRBY without reading the count: it reports it the
+    // same, takes its INCRBY back and never brings the count into the range, on the general
+    // path (the test session) and on the fast one (a client whose calls are answered), for a
+    // small delta and for one that leaves the range. (Found by the mutation runs, fixed.)
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
@@ -1488,12 +1487,27 @@ async fn an_addition_to_a_count_beyond_the_range_reports_it_as_foreign_and_chang
             .await
             .expect("set")
     );
+    // (The client's first call makes its session record, so its next ones take the fast path.)
+    let client = Session::new();
+    let first = client.open();
+    let made = script::permit_add(&mut conn, &k, "r", 1, Caller::new(&client, first.n()))
+        .await
+        .expect("add");
+    assert_eq!(made, Addition::Applied(1));
+    drop(first);
     let beyond = "9007199254740993";
     let () = conn.set(&k.all[0], beyond).await.expect("SET");
     let read = script::permit_available(&mut conn, &k).await.map(drop);
     assert_wrong_type(vec![("available", read)], &k.all[0], 0);
     let added = super::permit_add(&mut conn, &k, "r", -2).await.map(drop);
     assert_wrong_type(vec![("add", added)], &k.all[0], 0);
+    for delta in [-2, MAX, -MAX] {
+        let seq = client.open();
+        let fast = script::permit_add(&mut conn, &k, "r", delta, Caller::new(&client, seq.n()))
+            .await
+            .map(drop);
+        assert_wrong_type(vec![("add, fast", fast)], &k.all[0], 0);
+    }
     let count: String = conn.get(&k.all[0]).await.expect("GET");
     assert_eq!(count, beyond, "the count untouched");
 }
