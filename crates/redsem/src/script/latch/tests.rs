@@ -571,3 +571,26 @@ async fn a_count_redis_cannot_count_down_is_reported_as_foreign_and_left_alone()
     let count: String = conn.get(&k.all[0]).await.expect("get");
     assert_eq!(count, "007", "left alone");
 }
+
+#[tokio::test]
+async fn a_count_down_that_does_not_open_the_latch_leaves_a_foreign_done_key_to_the_one_that_does()
+{
+    // The done key is read (type-checked) only by a count-down that may write it: the last.
+    // Earlier ones count down past a foreign value there. (Kills the done key read by every
+    // count-down.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 3, caller("s"))
+            .await
+            .expect("set")
+    );
+    let () = conn.rpush(&k.all[1], "foreign").await.expect("rpush");
+    assert_eq!(
+        latch_count_down(&mut conn, &k, caller("c1"))
+            .await
+            .expect("down"),
+        CountDown::Counted(2)
+    );
+}

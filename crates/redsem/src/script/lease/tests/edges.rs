@@ -5,6 +5,7 @@
 //! times the scripts report.
 
 use super::*;
+use crate::script::test_support::pttl;
 use crate::session::Hex;
 
 /// A raw `lease_acquire` (try mode, one unit of capacity `cap`) in session `sid`, numbered
@@ -1160,4 +1161,154 @@ async fn a_lease_batch_marks_its_releases_in_its_own_sessions_record() {
     }
     let shared: bool = conn.hexists(&k.all[2], "s:").await.expect("hexists");
     assert!(!shared);
+}
+
+#[tokio::test]
+async fn a_status_with_no_state_reports_a_foreign_slot_bitmap() {
+    // With no state, the leftovers of a lost one are cleared, but a foreign value at the
+    // bitmap's key is reported, never deleted. (Kills that check dropped.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let () = conn.hset(&k.all[3], "x", "y").await.expect("hset");
+    match lease_status(&mut conn, &k).await {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[3]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let value: String = conn.hget(&k.all[3], "x").await.expect("hget");
+    assert_eq!(value, "y");
+}
+
+#[tokio::test]
+async fn leftover_entries_of_a_lost_state_without_a_bitmap_are_cleared_too() {
+    // (Kills the leftovers cleared only when a bitmap is left as well.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let () = conn.zadd(&k.all[0], "ghost", 1).await.expect("zadd");
+    let () = conn.zadd(&k.all[1], "ghost", 1).await.expect("zadd");
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    assert_eq!(lease_score(&mut conn, "ghost").await, None);
+    let queued: usize = conn.zcard(&k.all[1]).await.expect("zcard");
+    assert_eq!(queued, 0);
+}
+
+#[tokio::test]
+async fn a_label_leaves_no_field_once_nobody_holds_or_awaits_it() {
+    // (Kills label_add() keeping a count of 0: a field per label ever used.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let labelled = Request {
+        label: "host-a",
+        ..req("a", 2, 1, false)
+    };
+    granted(acquire(&mut conn, labelled).await);
+    release(&mut conn, &k, "a").await.expect("release");
+    let left: bool = conn
+        .hexists(&k.all[2], "label:host-a")
+        .await
+        .expect("hexists");
+    assert!(!left);
+}
+
+#[tokio::test]
+async fn a_grant_into_holes_two_apart_sets_exactly_their_bits() {
+    // Slots 1 and 3 free between held ones: a grant of two takes exactly those, and its
+    // release frees exactly those. (Kills the run detection of set_slots() taking slots two
+    // apart for one run.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for id in ["s0", "s1", "s2", "s3", "s4"] {
+        granted(acquire(&mut conn, req(id, 6, 1, false)).await);
+    }
+    for id in ["s1", "s3"] {
+        release(&mut conn, &k, id).await.expect("release");
+    }
+    let (_, slots) = granted(acquire(&mut conn, req("pair", 6, 2, false)).await);
+    assert_eq!(slots, vec![1, 3]);
+    let bits: Vec<u8> = {
+        let mut b = Vec::new();
+        for slot in 0..6 {
+            b.push(conn.getbit(&k.all[3], slot).await.expect("getbit"));
+        }
+        b
+    };
+    assert_eq!(bits, vec![1, 1, 1, 1, 1, 0], "slots 0-4 held, 5 free");
+    // Its release clears exactly those two, not the one between them.
+    release(&mut conn, &k, "pair").await.expect("release");
+    let mut bits = Vec::new();
+    for slot in 0..6 {
+        let bit: u8 = conn.getbit(&k.all[3], slot).await.expect("getbit");
+        bits.push(bit);
+    }
+    assert_eq!(bits, vec![1, 0, 1, 0, 1, 0], "slots 0, 2 and 4 still held");
+}
+
+#[tokio::test]
+async fn a_repair_reports_a_foreign_bitmap_and_rebuilds_a_bitmap_of_ours() {
+    // (Kills repair()'s type check of the bitmap inverted either way: a foreign value
+    // deleted, or our own bitmap refused.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    // Counters that disagree (units 0, one holder): the next call repairs.
+    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(status.in_use, 1, "repaired from the records");
+    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    let () = conn.del(&k.all[3]).await.expect("del");
+    let () = conn.hset(&k.all[3], "x", "y").await.expect("hset");
+    match lease_status(&mut conn, &k).await {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[3]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let value: String = conn.hget(&k.all[3], "x").await.expect("hget");
+    assert_eq!(value, "y", "left alone");
+}
+
+#[tokio::test]
+async fn a_repair_takes_the_ttl_an_older_version_left_off_the_live_keys() {
+    // (Kills repair()'s persist() dropped: a live key with a TTL could expire or be evicted.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let () = conn.pexpire(&k.all[0], 600_000).await.expect("pexpire");
+    let () = conn.hset(&k.all[2], "used", "0").await.expect("hset");
+    lease_status(&mut conn, &k).await.expect("status");
+    assert_eq!(pttl(&mut conn, &k.all[0]).await, -1);
+}
+
+#[tokio::test]
+async fn a_fast_grant_ends_a_lease_after_its_redis_time() {
+    // The second grant on a semaphore takes the fast path (the first makes the state): its
+    // lease too ends `lease` ms after the call's Redis time. (Kills fast_acquire()'s lease
+    // end read 5 ms early.)
+    let server = RedisServer::start();
+    let conn = connect(&server).await;
+    {
+        let mut conn = conn.clone();
+        granted(acquire(&mut conn, req("first", 1_000, 1, false)).await);
+    }
+    let mut n = 0;
+    within_3_ms(|| {
+        n += 1;
+        let mut conn = conn.clone();
+        async move {
+            let id = format!("f{n}");
+            let t0 = server_millis(&mut conn).await;
+            granted(acquire(&mut conn, req(&id, 1_000, 1, false)).await);
+            let t1 = server_millis(&mut conn).await;
+            let ends = lease_score(&mut conn, &id).await.expect("granted");
+            assert!(
+                (t0 + 30_000..=t1 + 30_000).contains(&ends),
+                "the grant ends at {ends}, a lease from [{t0}, {t1}]"
+            );
+            t1 - t0 < 3
+        }
+    })
+    .await;
 }
