@@ -1312,3 +1312,64 @@ async fn a_fast_grant_ends_a_lease_after_its_redis_time() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first() {
+    // A holder whose lease ends in the request's own millisecond is gone for that request:
+    // neither the fast path (which would not settle it) nor the settle may keep it, so the
+    // new grant takes its slot. Set by a script in the same MULTI as the request, the lease's
+    // end (and `next`) is the request's millisecond or one just before it. (Kills quiet()
+    // taking a lease that ends now for a live one, and settle() reading the time 5 ms early.)
+    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
+        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
+        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
+        redis.call('HSET', KEYS[2], 'next', now) \
+        return now";
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    for round in 0..20 {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        let (_, held) = granted(acquire(&mut conn, req(&a, 2, 1, false)).await);
+        assert_eq!(held, vec![0]);
+        let r = req(&b, 2, 1, false);
+        let (_, reply): (String, Value) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(LEASE_ENDS_NOW)
+                .arg(2)
+                .arg(&k.all[0])
+                .arg(&k.all[2])
+                .arg(&a)
+                .cmd("FCALL")
+                .arg(LEASE_ACQUIRE.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(r.id)
+                .arg(r.capacity)
+                .arg(r.units)
+                .arg(millis(r.lease))
+                .arg("")
+                .arg("0")
+                .arg("try")
+                .arg(millis(r.waiter_lease))
+                .arg(CHANNEL)
+                .arg(Hex(r.seq))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        let (_, slots) = granted(decode_acquire("lease_acquire", reply).expect("decode"));
+        assert_eq!(
+            slots,
+            vec![0],
+            "round {round}: {a}'s lease had ended, its slot is free"
+        );
+    }
+}
