@@ -594,3 +594,28 @@ async fn a_count_down_that_does_not_open_the_latch_leaves_a_foreign_done_key_to_
         CountDown::Counted(2)
     );
 }
+
+#[tokio::test]
+async fn a_latch_set_again_after_it_opened_clears_its_done_marker() {
+    // (Kills try_set leaving the done marker of the previous opening.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1, caller("s1"))
+            .await
+            .expect("set")
+    );
+    latch_count_down(&mut conn, &k, caller("c1"))
+        .await
+        .expect("down");
+    let done: Option<String> = conn.get(&k.all[1]).await.expect("get");
+    assert_eq!(done.as_deref(), Some("1"));
+    assert!(
+        latch_try_set(&mut conn, &k, 2, caller("s2"))
+            .await
+            .expect("set")
+    );
+    let done: Option<String> = conn.get(&k.all[1]).await.expect("get");
+    assert_eq!(done, None, "counting again: no done marker");
+}

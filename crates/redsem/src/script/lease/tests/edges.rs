@@ -1373,3 +1373,67 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
         );
     }
 }
+
+#[tokio::test]
+async fn a_fast_grant_with_a_longer_lease_leaves_the_first_lease_end_where_it_was() {
+    // `next` says when the first lease ends; a grant whose lease ends later must not move it,
+    // or an ended lease would be settled only at the later end. (Kills fast_acquire()
+    // writing `next` for every grant.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let short = Request {
+        lease: Duration::from_millis(100),
+        ..req("short", 3, 1, false)
+    };
+    granted(acquire(&mut conn, short).await);
+    granted(acquire(&mut conn, req("long", 3, 1, false)).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let ids: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(ids, vec!["long"], "short's lease ended: settled");
+    assert_eq!(status.in_use, 1);
+}
+
+#[tokio::test]
+async fn a_fast_release_counts_its_holder_out() {
+    // (Kills fast_release() leaving the holder count as it was.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let own = Session::new();
+    granted(acquire(&mut conn, req("first", 2, 1, false)).await);
+    release_in(&mut conn, "first", &own).await.expect("release");
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    granted(acquire(&mut conn, req("b", 2, 1, false)).await);
+    release_in(&mut conn, "a", &own).await.expect("release");
+    let (used, nh): (String, String) = redis::cmd("HMGET")
+        .arg(&k.all[2])
+        .arg(&["used", "nh"])
+        .query_async(&mut conn)
+        .await
+        .expect("hmget");
+    assert_eq!((used.as_str(), nh.as_str()), ("1", "1"));
+}
+
+#[tokio::test]
+async fn the_first_session_record_sets_when_records_are_next_looked_at() {
+    // tnext, 0 while there are no session records, becomes the first one's expiry, so that
+    // records are pruned once expired. (Kills mark() leaving tnext at 0.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let tnext: Option<String> = conn.hget(&k.all[2], "tnext").await.expect("hget");
+    assert!(
+        matches!(tnext.as_deref(), None | Some("0")),
+        "no session record yet: {tnext:?}"
+    );
+    let before = server_millis(&mut conn).await;
+    release(&mut conn, &k, "a").await.expect("release");
+    let tnext: i64 = conn.hget(&k.all[2], "tnext").await.expect("hget");
+    assert!(
+        tnext >= before + 600_000,
+        "tnext {tnext} is the record's expiry, 10 min after {before}"
+    );
+}
