@@ -169,3 +169,29 @@ pub(super) fn assert_wrong_type(results: Vec<(&str, Result<()>)>, key: &str, i: 
         }
     }
 }
+
+/// A script that writes the Redis time (ms) as the score of member `ARGV[1]` in the zset
+/// `KEYS[1]` and as the field `ARGV[2]` of the hash `KEYS[2]` (a lease end and the hint that
+/// says when the first one falls due).
+const PLANT_NOW: &str = "local t = redis.call('TIME') \
+    local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
+    redis.call('ZADD', KEYS[1], now, ARGV[1]) \
+    redis.call('HSET', KEYS[2], ARGV[2], now) \
+    return now";
+
+/// A MULTI that first makes `member`'s end in `zset` and the field `field` of `hash` the Redis
+/// time: the call added after it then runs in that millisecond or one just after, which is
+/// how a test reaches a boundary of "now" (`<=` against `<`, a time read 5 ms off). The
+/// first reply is the time planted.
+pub(super) fn plant_now(zset: &str, member: &str, hash: &str, field: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVAL")
+        .arg(PLANT_NOW)
+        .arg(2)
+        .arg(zset)
+        .arg(hash)
+        .arg(member)
+        .arg(field);
+    pipe
+}

@@ -19,6 +19,7 @@ use crate::script::permit::{
     self as script, Addition, Caller, PermitAcquire, PermitOp, Withdrawal, permit_batch,
     permits_granted, withdrawn,
 };
+use crate::script::test_support::plant_now;
 use crate::session::{Hex, Session};
 
 const MAX: i64 = (1 << 53) - 1;
@@ -1066,11 +1067,6 @@ async fn a_waiter_is_dropped_in_the_very_millisecond_its_lease_ends() {
     // the check-in's own millisecond or one just before it. (Kills
     // permit_prelude.lua:293:ge->gt in nearly every round; the real code passes whatever the
     // times.)
-    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
-        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
-        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
-        redis.call('HSET', KEYS[2], 'wnext', now) \
-        return now";
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
@@ -1091,14 +1087,7 @@ async fn a_waiter_is_dropped_in_the_very_millisecond_its_lease_ends() {
         let (_, reply): (String, Vec<String>) = within(
             LIMIT,
             "MULTI",
-            redis::pipe()
-                .atomic()
-                .cmd("EVAL")
-                .arg(LEASE_ENDS_NOW)
-                .arg(2)
-                .arg(&k.all[2])
-                .arg(&k.all[3])
-                .arg(&id)
+            plant_now(&k.all[2], &id, &k.all[3], "wnext")
                 .cmd("FCALL")
                 .arg(PERMIT_POLL.function())
                 .arg(k.all.len())
@@ -1217,11 +1206,6 @@ async fn an_addition_in_the_millisecond_a_granted_waiter_expires_counts_its_gran
     // in the same MULTI as the addition, the lease's end (and wnext) is the addition's own
     // millisecond or one just before it. (Kills permit_prelude.lua:244:ge->gt, which leaves
     // the count unread in that millisecond.)
-    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
-        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
-        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
-        redis.call('HSET', KEYS[2], 'wnext', now) \
-        return now";
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = pk();
@@ -1247,14 +1231,7 @@ async fn an_addition_in_the_millisecond_a_granted_waiter_expires_counts_its_gran
         let (_, reply): (String, (String, i64)) = within(
             LIMIT,
             "MULTI",
-            redis::pipe()
-                .atomic()
-                .cmd("EVAL")
-                .arg(LEASE_ENDS_NOW)
-                .arg(2)
-                .arg(&k.all[2])
-                .arg(&k.all[3])
-                .arg(&id)
+            plant_now(&k.all[2], &id, &k.all[3], "wnext")
                 .cmd("FCALL")
                 .arg(PERMIT_ADD.function())
                 .arg(k.all.len())

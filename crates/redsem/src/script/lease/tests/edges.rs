@@ -5,7 +5,7 @@
 //! times the scripts report.
 
 use super::*;
-use crate::script::test_support::pttl;
+use crate::script::test_support::{plant_now, pttl};
 use crate::session::Hex;
 
 /// A raw `lease_acquire` (try mode, one unit of capacity `cap`) in session `sid`, numbered
@@ -1320,11 +1320,6 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
     // new grant takes its slot. Set by a script in the same MULTI as the request, the lease's
     // end (and `next`) is the request's millisecond or one just before it. (Kills quiet()
     // taking a lease that ends now for a live one, and settle() reading the time 5 ms early.)
-    const LEASE_ENDS_NOW: &str = "local t = redis.call('TIME') \
-        local now = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000)) \
-        redis.call('ZADD', KEYS[1], now, ARGV[1]) \
-        redis.call('HSET', KEYS[2], 'next', now) \
-        return now";
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
@@ -1337,14 +1332,7 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
         let (_, reply): (String, Value) = within(
             LIMIT,
             "MULTI",
-            redis::pipe()
-                .atomic()
-                .cmd("EVAL")
-                .arg(LEASE_ENDS_NOW)
-                .arg(2)
-                .arg(&k.all[0])
-                .arg(&k.all[2])
-                .arg(&a)
+            plant_now(&k.all[0], &a, &k.all[2], "next")
                 .cmd("FCALL")
                 .arg(LEASE_ACQUIRE.function())
                 .arg(k.all.len())
