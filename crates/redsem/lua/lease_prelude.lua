@@ -929,7 +929,12 @@ local function fast_acquire(A, name)
     slot = call(SLOTS, 'BITPOS', SLOTS, '0')
   end
   call(SLOTS, 'SETBIT', SLOTS, digits(slot), '1')
-  call(LEASES, 'ZADD', LEASES, digits(ends), id)
+  local added = rpcall('ZADD', LEASES, digits(ends), id)
+  if type(added) == 'table' and added.err then
+    -- A foreign value at leases: the slot is free again, and nothing is changed.
+    rcall('SETBIT', SLOTS, digits(slot), '0')
+    error({ key = LEASES, cause = added })
+  end
   local tok = format('%d', token)
   local held = holder_record(tok, 1, lease, { slot }, '')
   if ends < next_end then

@@ -1015,13 +1015,7 @@ async fn a_fast_release_meeting_a_foreign_leases_key_gives_the_slot_back() {
     granted(acquire(&mut conn, req("first", 2, 1, false)).await);
     release_in(&mut conn, "first", &own).await.expect("release");
     granted(acquire(&mut conn, req("a", 2, 1, false)).await);
-    let saved: Vec<u8> = redis::cmd("DUMP")
-        .arg(&k.all[0])
-        .query_async(&mut conn)
-        .await
-        .expect("dump");
-    let () = conn.del(&k.all[0]).await.expect("del");
-    let () = conn.hset(&k.all[0], "x", "y").await.expect("hset");
+    let saved = replace_with_foreign(&mut conn, &k.all[0]).await;
     match release_in(&mut conn, "a", &own).await {
         Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[0]),
         other => panic!("expected WrongType, got {other:?}"),
@@ -1424,4 +1418,68 @@ async fn the_first_session_record_sets_when_records_are_next_looked_at() {
         tnext >= before + 600_000,
         "tnext {tnext} is the record's expiry, 10 min after {before}"
     );
+}
+
+/// A foreign value put at `key` in place of ours; ours, dumped, to put back.
+async fn replace_with_foreign(conn: &mut MultiplexedConnection, key: &str) -> Vec<u8> {
+    let saved: Vec<u8> = redis::cmd("DUMP")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("dump");
+    let () = conn.del(key).await.expect("del");
+    let () = conn.hset(key, "x", "y").await.expect("hset");
+    saved
+}
+
+#[tokio::test]
+async fn a_fast_grant_meeting_a_foreign_leases_key_leaves_the_slot_free() {
+    // The fast grant sets the slot's bit before it touches leases: a foreign value there
+    // stops it, and the bit is cleared again before the error goes out. (Was: the bit stayed
+    // set until a repair.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    let before: Vec<u8> = conn.get(&k.all[3]).await.expect("get");
+    replace_with_foreign(&mut conn, &k.all[0]).await;
+    match within(
+        LIMIT,
+        "acquire",
+        lease_acquire(&mut conn, &k, &req("b", 2, 1, false)),
+    )
+    .await
+    {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[0]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let after: Vec<u8> = conn.get(&k.all[3]).await.expect("get");
+    assert_eq!(after, before, "b's slot bit is not left set");
+    let used: String = conn.hget(&k.all[2], "used").await.expect("hget");
+    assert_eq!(used, "1");
+}
+
+#[tokio::test]
+async fn a_fast_grant_meeting_a_foreign_slot_bitmap_adds_no_lease() {
+    // On an idle semaphore the fast grant takes slot 0 without reading the bitmap: a foreign
+    // value there stops it before leases is written. (Kills the two writes swapped.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let own = Session::new();
+    granted(acquire(&mut conn, req("first", 2, 1, false)).await);
+    release_in(&mut conn, "first", &own).await.expect("release");
+    replace_with_foreign(&mut conn, &k.all[3]).await;
+    match within(
+        LIMIT,
+        "acquire",
+        lease_acquire(&mut conn, &k, &req("b", 2, 1, false)),
+    )
+    .await
+    {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[3]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let score: Option<f64> = conn.zscore(&k.all[0], "b").await.expect("zscore");
+    assert_eq!(score, None, "no lease entry for b");
 }
