@@ -1483,3 +1483,46 @@ async fn a_fast_grant_meeting_a_foreign_slot_bitmap_adds_no_lease() {
     let score: Option<f64> = conn.zscore(&k.all[0], "b").await.expect("zscore");
     assert_eq!(score, None, "no lease entry for b");
 }
+
+#[tokio::test]
+async fn a_withdrawal_meeting_a_foreign_queue_keeps_the_waiters_record() {
+    // A waiter's withdrawal removes its queue entry before its record: a foreign value at the
+    // queue stops it with both in place (the fields written back on such an error are only
+    // those changed before it). (Kills the two removals swapped.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    acquire(&mut conn, req("b", 1, 1, true)).await;
+    replace_with_foreign(&mut conn, &k.all[1]).await;
+    match release(&mut conn, &k, "b").await {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[1]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let kept: bool = conn.hexists(&k.all[2], "r:b").await.expect("hexists");
+    assert!(kept, "b's record is kept");
+}
+
+#[tokio::test]
+async fn a_grant_of_several_units_on_an_idle_semaphore_reports_a_foreign_bitmap() {
+    // With no unit in use a grant takes slots 0.. without searching the bitmap; its first
+    // write meets the foreign value and names the key. (Kills a search made anyway, whose
+    // raw error names no key.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let own = Session::new();
+    granted(acquire(&mut conn, req("first", 4, 1, false)).await);
+    release_in(&mut conn, "first", &own).await.expect("release");
+    replace_with_foreign(&mut conn, &k.all[3]).await;
+    match within(
+        LIMIT,
+        "acquire",
+        lease_acquire(&mut conn, &k, &req("big", 4, 2, false)),
+    )
+    .await
+    {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[3]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+}
