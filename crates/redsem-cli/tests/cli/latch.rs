@@ -67,8 +67,9 @@ fn await_returns_at_once_when_the_latch_was_never_set_or_has_opened() {
 fn awaiting_processes_return_when_other_processes_count_the_latch_down_to_zero() {
     let world = World::new();
     world.run(&["latch", "ready", "set", "3"]).success();
-    let mut forever = world.start(&["latch", "ready", "await"]);
-    let mut bounded = world.start(&["latch", "ready", "await", "--timeout", "30s"]);
+    // (--quiet: a wait over 300 ms, as on a loaded machine, would print its waiting line.)
+    let mut forever = world.start(&["latch", "ready", "await", "--quiet"]);
+    let mut bounded = world.start(&["latch", "ready", "await", "--timeout", "30s", "--quiet"]);
     world.wait_for_latch_listeners("ready", 2);
 
     world.run(&["latch", "ready", "count-down"]).success();

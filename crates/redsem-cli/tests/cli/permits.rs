@@ -126,7 +126,8 @@ fn a_waiting_acquire_of_4_returns_as_soon_as_4_are_free_and_not_before() {
     let world = World::new();
     world.run(&["permits", "gpu", "try-set", "5"]).success();
     world.run(&["permits", "gpu", "acquire", "3"]).success();
-    let mut waiter = world.start(&["permits", "gpu", "acquire", "4"]);
+    // (--quiet: a wait over 300 ms, as on a loaded machine, would print its waiting line.)
+    let mut waiter = world.start(&["permits", "gpu", "acquire", "4", "--quiet"]);
     world.wait_for_permit_waiters("gpu", 1);
     world.run(&["permits", "gpu", "release"]).success();
     assert_eq!(world.permit_waiters("gpu"), 1, "still waits with 3 free");
