@@ -1488,3 +1488,148 @@ async fn an_addition_to_a_count_beyond_the_range_reports_it_as_foreign_and_chang
     let count: String = conn.get(&k.all[0]).await.expect("GET");
     assert_eq!(count, beyond, "the count untouched");
 }
+
+#[tokio::test]
+async fn a_layout_1_takeover_forgets_the_records_it_read_and_keeps_the_callers_session() {
+    // An idle layout-1 state taken over: its records are dropped, also those the call read
+    // already (a batch reads its requests' records first; here a layout-1 record under the
+    // very id the new request uses: the request is new, not a check-in), and the caller's
+    // own session record is made as on layout 2.
+    // (Kills permit_prelude's takeover clearing no record, or clearing the call's other
+    // fields with them.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let () = conn.set(&k.all[0], 2).await.expect("set");
+    let () = conn
+        .hset_multiple(
+            &k.all[3],
+            &[
+                ("keep", "9999999999999"),
+                ("prune", "9999999999999"),
+                ("wide", "-"),
+                ("r:new", "c|1"),
+            ],
+        )
+        .await
+        .expect("hset");
+    // (A batch of two, not sent alone: it reads its requests' records with the others,
+    // before the takeover.)
+    let ops = [
+        PermitOp::acquire("new", 1, false, LONG, number("new")),
+        PermitOp::add("more", 1, number("more")),
+    ];
+    let (mut replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, session(), &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let reply = Acked {
+        reply: replies.remove(0),
+        unconfirmed: None,
+    };
+    assert_eq!(
+        permits_granted("permit_acquire", reply).expect("acquire"),
+        PermitAcquire::Granted
+    );
+    assert_eq!(available(&mut conn).await, 2, "the new request took one");
+    let own = format!("s:{}", session().id());
+    let [record, old] = <[Option<String>; 2]>::try_from(fields(&mut conn, &[&own, "r:new"]).await)
+        .expect("two fields");
+    assert!(record.is_some(), "the caller's session record is made");
+    assert_eq!(old, None, "the layout-1 record is dropped");
+}
+
+#[tokio::test]
+async fn calls_that_change_nothing_on_a_semaphore_never_set_create_no_key() {
+    // With no bookkeeping and nothing queued, a call finds nothing to settle and writes
+    // nothing: not even counters of zero. (Kills permit_prelude's load() rebuilding counters
+    // where nothing is queued.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert_eq!(available(&mut conn).await, 0);
+    assert_eq!(
+        acquire(&mut conn, "busy", 1, false, LONG).await,
+        PermitAcquire::Busy {
+            available: 0,
+            waiters: 0
+        }
+    );
+    assert_eq!(poll(&mut conn, "nobody").await, PermitAcquire::Gone);
+    let withdrawal = script::permit_withdraw(&mut conn, &k, "nobody", session(), None)
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawal, Withdrawal::Unknown);
+    let left: usize = conn.exists(&k.all[..]).await.expect("exists");
+    assert_eq!(left, 0, "no key written");
+}
+
+#[tokio::test]
+async fn pruning_a_due_session_record_leaves_the_index_entries_not_due() {
+    // The prune drops exactly the entries it found due: a record not due keeps its index
+    // entry, so it is pruned in its turn. (Kills permit_prelude's settle() removing one rank
+    // too few, which with one entry due removes every rank.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 4)
+            .await
+            .expect("set")
+    );
+    let now = server_millis(&mut conn).await;
+    let () = conn
+        .zadd(&k.all[5], "s:old", now - 1_000)
+        .await
+        .expect("zadd");
+    let () = conn.hset(&k.all[3], "s:old", "1|1|0|").await.expect("hset");
+    let () = conn
+        .zadd(&k.all[5], "s:later", now + 300_000)
+        .await
+        .expect("zadd");
+    let later = format!("1|{:x}|0|", now + 300_000);
+    let () = conn.hset(&k.all[3], "s:later", &later).await.expect("hset");
+    let () = conn
+        .hset(&k.all[3], "prune", now - 1_000)
+        .await
+        .expect("hset");
+    assert_eq!(
+        acquire(&mut conn, "a", 1, false, LONG).await,
+        PermitAcquire::Granted
+    );
+    let gone: Option<f64> = conn.zscore(&k.all[5], "s:old").await.expect("zscore");
+    let kept: Option<f64> = conn.zscore(&k.all[5], "s:later").await.expect("zscore");
+    assert_eq!(gone, None, "the due entry goes");
+    assert_eq!(kept, Some((now + 300_000) as f64), "the other stays");
+    assert_eq!(fields(&mut conn, &["s:later"]).await, [Some(later)]);
+}
+
+#[tokio::test]
+async fn lost_bookkeeping_is_rebuilt_from_a_queue_alone_and_from_waiters_alone() {
+    // With the records lost, either key of the queue left behind is counted back into the
+    // counters, the other's absence notwithstanding, so that what is left of the queue is
+    // cleared in turn: an entry without its record goes, a waiter lease is dropped when it
+    // ends. (Kills load() rebuilding only when both remain.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    acquire(&mut conn, "a", 1, true, LONG).await;
+    // The records and the waiter leases vanish; the queue remains.
+    let _: () = conn.del(&[&k.all[3], &k.all[2]]).await.expect("DEL");
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(1));
+    let queued: u64 = conn.zcard(&k.all[1]).await.expect("ZCARD");
+    assert_eq!(queued, 0, "the entry without a record is cleared");
+    // The records and the queue vanish; a waiter lease remains.
+    let _: () = conn.del(&k.all[..]).await.expect("DEL");
+    acquire(&mut conn, "b", 1, true, LONG).await;
+    let _: () = conn.del(&[&k.all[3], &k.all[1]]).await.expect("DEL");
+    assert_eq!(available(&mut conn).await, 0);
+    assert_eq!(
+        fields(&mut conn, &["wlen"]).await,
+        [Some("1".into())],
+        "counted back from the waiter leases"
+    );
+}

@@ -1526,3 +1526,179 @@ async fn a_grant_of_several_units_on_an_idle_semaphore_reports_a_foreign_bitmap(
         other => panic!("expected WrongType, got {other:?}"),
     }
 }
+
+/// Sets an idle state's deadline (`idle` and the TTL of KEYS[1]) to the Redis time plus
+/// ARGV[1] ms; answers the deadline.
+const PLANT_IDLE: &str = "local t = redis.call('TIME') \
+    local at = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1])) \
+    redis.call('HSET', KEYS[1], 'idle', at) \
+    redis.call('PEXPIREAT', KEYS[1], at) \
+    return at";
+
+#[tokio::test]
+async fn an_idle_deadline_exactly_a_margin_ahead_is_left_alone() {
+    // The TTL moves once the deadline is *less* than a minute (KEEP_MARGIN_MS) ahead. Set by
+    // a script in the same MULTI as a status, the deadline is a minute ahead of the status's
+    // millisecond, or less if a millisecond passed between them (then it moves, rightly): of
+    // 20 tries, most run in one millisecond and leave it alone. (Kills needs_idle_ttl()
+    // moving it at exactly a minute, which would move it every time.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    release(&mut conn, &k, "a").await.expect("release");
+    lease_tidy(&mut conn, &k).await.expect("tidy");
+    let mut left_alone = 0;
+    for _ in 0..20 {
+        let (planted, _): (String, Value) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(PLANT_IDLE)
+                .arg(1)
+                .arg(&k.all[2])
+                .arg(60_000)
+                .cmd("FCALL")
+                .arg(LEASE_STATUS.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        let idle: String = conn.hget(&k.all[2], "idle").await.expect("hget");
+        if idle == planted {
+            left_alone += 1;
+        }
+    }
+    assert!(left_alone > 0, "moved in all 20 tries");
+}
+
+/// Makes ARGV[1]'s score in KEYS[1] the Redis time plus ARGV[2] ms; answers that end.
+const PLANT_AHEAD: &str = "local t = redis.call('TIME') \
+    local at = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])) \
+    redis.call('ZADD', KEYS[1], at, ARGV[1]) \
+    return at";
+
+#[tokio::test]
+async fn an_unclaimed_grant_ends_when_the_waiters_place_would_have_even_a_moment_ahead() {
+    // A grant published to a waiter of another process lasts until its place in the queue
+    // would have ended and no longer. Planted by a script in the same MULTI as the release,
+    // the place ends one millisecond after the release's millisecond (then the grant ends
+    // there), or in it (then the place is gone, and nobody is granted: the round is not
+    // counted). (Kills promote()'s bound read 5 ms late, or two moments ahead.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let mut granted_rounds = 0;
+    for round in 0..20 {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        granted(acquire(&mut conn, req(&a, 1, 1, false)).await);
+        assert!(matches!(
+            acquire(&mut conn, req(&b, 1, 1, true)).await,
+            Acquire::Queued { .. }
+        ));
+        let (planted, _): (String, Value) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(PLANT_AHEAD)
+                .arg(1)
+                .arg(&k.all[0])
+                .arg(&b)
+                .arg(1)
+                .cmd("FCALL")
+                .arg(LEASE_RELEASE.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(&a)
+                .arg("t:wake:another")
+                .arg(Hex(number(&format!("release {a}"))))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .arg("r")
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        // (Read raw: a script call may run after the grant's end and settle it.)
+        let record: Option<String> = conn.hget(&k.all[2], format!("r:{b}")).await.expect("hget");
+        if record.as_deref().is_some_and(|r| r.starts_with("h|")) {
+            granted_rounds += 1;
+            let ends: f64 = conn.zscore(&k.all[0], &b).await.expect("zscore");
+            assert_eq!(
+                ends.to_string(),
+                planted,
+                "{b}'s grant ends where its place did"
+            );
+        }
+    }
+    assert!(
+        granted_rounds > 0,
+        "no round granted within the millisecond"
+    );
+}
+
+/// Buries the session record KEYS[2]'s field ARGV[1] (and its entry in KEYS[1]) 3 s past its
+/// expiry, and makes the first prune due (`tnext`) in this very millisecond.
+const PLANT_PRUNE_DUE: &str = "local t = redis.call('TIME') \
+    local now = t[1] * 1000 + math.floor(t[2] / 1000) \
+    redis.call('ZADD', KEYS[1], string.format('%d', 3000 - now), ARGV[1]) \
+    redis.call('HSET', KEYS[2], ARGV[1], string.format('1|%x|0|', now - 3000)) \
+    redis.call('HINCRBY', KEYS[2], 'nt', 1) \
+    redis.call('HSET', KEYS[2], 'tnext', string.format('%d', now - 2000)) \
+    return string.format('%d', now)";
+
+#[tokio::test]
+async fn a_grant_in_the_millisecond_a_prune_falls_due_prunes() {
+    // The prune falls due PRUNE_LAG_MS after `tnext`: a grant in that very millisecond leaves
+    // the fast path (which does not prune) for the general one. Planted by a script in the
+    // same MULTI, the due time is the grant's millisecond or one before it: pruned either
+    // way. (Kills quiet() taking "due now" for "not due".)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 64, 1, false)).await);
+    for round in 0..20 {
+        let (id, dead) = (format!("c{round}"), format!("s:dead{round}"));
+        let r = req(&id, 64, 1, false);
+        let (_, reply): (String, Value) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(PLANT_PRUNE_DUE)
+                .arg(2)
+                .arg(&k.all[0])
+                .arg(&k.all[2])
+                .arg(&dead)
+                .cmd("FCALL")
+                .arg(LEASE_ACQUIRE.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(r.id)
+                .arg(r.capacity)
+                .arg(r.units)
+                .arg(millis(r.lease))
+                .arg("")
+                .arg("0")
+                .arg("try")
+                .arg(millis(r.waiter_lease))
+                .arg(CHANNEL)
+                .arg(Hex(r.seq))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        granted(decode_acquire("lease_acquire", reply).expect("decode"));
+        assert_eq!(lease_score(&mut conn, &dead).await, None, "round {round}");
+    }
+}
