@@ -8,7 +8,8 @@
 -- ARGV[5] the session's low mark (see common.lua)
 -- Returns: {"ADDED", available}
 --        | {"REPEATED", available}   (this call was applied already)
---        | {"RANGE", available}      (the count would leave +-(2^53 - 1); nothing changed)
+--        | {"RANGE", available}      (the delta or the count would leave +-(2^53 - 1); nothing
+--                                     changed)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 -- (With nobody waiting, fast_add, in permit_prelude.lua.)
 S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])

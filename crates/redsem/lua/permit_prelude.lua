@@ -454,16 +454,12 @@ local function add_op(digits, seq)
     read_count()
   end
   local count = S.count or 0
-  if math.abs(count + delta) > MAX_INT then
+  -- (An addition beyond +-MAX_INT, which the client never sends, is not exact as a double:
+  -- refused, as a count it would leave.)
+  if math.abs(delta) > MAX_INT or math.abs(count + delta) > MAX_INT then
     return { 'RANGE', count } -- (nothing changes, so the call is not marked)
   end
-  if math.abs(delta) > MAX_INT then
-    -- Not exact as a double: let Redis add the digits.
-    redis.call('INCRBY', COUNT, digits)
-    S.count = count + delta
-  else
-    add(delta)
-  end
+  add(delta)
   mark(seq, 'A')
   promote()
   return { 'ADDED', S.count }

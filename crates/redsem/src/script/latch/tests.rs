@@ -619,3 +619,79 @@ async fn a_latch_set_again_after_it_opened_clears_its_done_marker() {
     let done: Option<String> = conn.get(&k.all[1]).await.expect("get");
     assert_eq!(done, None, "counting again: no done marker");
 }
+
+#[tokio::test]
+async fn a_call_prunes_only_in_a_millisecond_divisible_by_16() {
+    // About one call in 16 prunes, chosen by the time's low bits: a call in any other
+    // millisecond leaves a record past its expiry alone. Each round plants the record and
+    // reads the time on both sides of the count-down in one MULTI; a round whose two times
+    // agree tells the call's millisecond. (Kills the prune test inverted: 15 calls in 16.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+            .await
+            .expect("set")
+    );
+    let _: String = LATCH_COUNT_DOWN
+        .script()
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let plant = redis::Script::new(
+        r"local t = redis.call('TIME')
+        redis.call('ZADD', KEYS[1], 1, 's:old')
+        redis.call('HSET', KEYS[2], 's:old', '1|1|0|')
+        return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+    );
+    let clock = redis::Script::new(
+        r"local t = redis.call('TIME')
+        return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)",
+    );
+    let _: String = clock
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let _: String = plant
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let mut told = 0;
+    for round in 0..200 {
+        let seq = number(&format!("round {round}"));
+        let (before, _, after): (i64, Value, i64) = within(
+            LIMIT,
+            "plant, count down, read the time",
+            redis::pipe()
+                .atomic()
+                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]))
+                .invoke_script(
+                    LATCH_COUNT_DOWN
+                        .script()
+                        .key(&k.all[..])
+                        .arg(Hex(seq))
+                        .arg(session().id())
+                        .arg(Hex(session().low()))
+                        .arg(&k.channel),
+                )
+                .invoke_script(&clock.prepare_invoke())
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("exec");
+        if before != after || before % 16 == 0 {
+            continue;
+        }
+        told += 1;
+        let old: Option<f64> = conn.zscore(&k.all[2], "s:old").await.expect("zscore");
+        assert!(old.is_some(), "a call at {before} pruned");
+        if told == 10 {
+            return;
+        }
+    }
+    assert!(told > 0, "no round told its call's millisecond");
+}

@@ -1633,3 +1633,281 @@ async fn lost_bookkeeping_is_rebuilt_from_a_queue_alone_and_from_waiters_alone()
         "counted back from the waiter leases"
     );
 }
+
+#[tokio::test]
+async fn a_batch_stopped_halfway_by_a_foreign_key_keeps_the_marks_of_what_it_applied() {
+    // A batch applies its operations in order; one that meets a foreign value stops it,
+    // and what the operations before it changed stays, with their marks in the session
+    // record (written at the error, as at a normal end), so a resend of any of them is
+    // answered as applied, never applied twice. Two additions: the second keeps its mark in
+    // the batch's table of marks (several in one call), the first its own record text.
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    // The ticket counter (meta) holds a foreign value: queueing a waiter fails there.
+    let () = conn.set(&k.all[4], "foreign").await.expect("set");
+    let ops = [
+        PermitOp::add("one", 1, number("half one")),
+        PermitOp::add("two", 2, number("half two")),
+        PermitOp::acquire("y", 5, true, LONG, number("half y")),
+    ];
+    match within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, session(), &ops),
+    )
+    .await
+    {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[4]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    assert_eq!(available(&mut conn).await, 3, "both additions applied");
+    for (request, delta) in [("one", 1), ("two", 2)] {
+        let resent = script::permit_add(
+            &mut conn,
+            &k,
+            request,
+            delta,
+            Caller::new(session(), number(&format!("half {request}"))),
+        )
+        .await
+        .expect("add");
+        assert_eq!(resent, Addition::Repeated(3), "{request}");
+    }
+    assert_eq!(available(&mut conn).await, 3, "neither applied twice");
+}
+
+#[tokio::test]
+async fn a_call_at_the_low_mark_keeps_its_mark_through_the_calls_after_it() {
+    // The low mark is the lowest number still open: a call numbered at it may have been
+    // applied with its reply lost, so a later call (same low mark) keeps its mark, and its
+    // resend is answered as applied. (Kills session_put() dropping the marks at the low mark
+    // along with those below it.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let own = Session::new();
+    let first = own.open();
+    let add = |conn: &mut redis::aio::MultiplexedConnection, request: &'static str, seq: u64| {
+        let (mut conn, k, own) = (conn.clone(), k.clone(), &own);
+        async move {
+            script::permit_add(&mut conn, &k, request, 1, Caller::new(own, seq))
+                .await
+                .expect("add")
+        }
+    };
+    assert_eq!(
+        add(&mut conn, "first", first.n()).await,
+        Addition::Applied(1)
+    );
+    // (Its reply lost: the call stays open, the low mark stays at its number.)
+    let second = own.open();
+    assert_eq!(own.low(), first.n());
+    assert_eq!(
+        add(&mut conn, "second", second.n()).await,
+        Addition::Applied(2)
+    );
+    drop(second);
+    assert_eq!(
+        add(&mut conn, "first", first.n()).await,
+        Addition::Repeated(2),
+        "the resend finds its mark"
+    );
+    assert_eq!(available(&mut conn).await, 2);
+}
+
+#[tokio::test]
+async fn an_addition_beyond_the_range_is_refused_even_where_the_sum_would_fit() {
+    // The client never adds more than ±(2^53 − 1) at once; a raw call that does is refused,
+    // on the fast path and the general one alike: such a number is not exact as a double, so
+    // the script could not tell the count it would leave (-1 + 2^53 + 1 is 2^53, out of range,
+    // but reads as 2^53 - 1). (Kills fast_add() taking such an addition.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let own = Session::new();
+    let add = |conn: &mut redis::aio::MultiplexedConnection, request: &'static str, delta: i64| {
+        let (mut conn, k, own) = (conn.clone(), k.clone(), &own);
+        async move {
+            let seq = own.open();
+            script::permit_add(&mut conn, &k, request, delta, Caller::new(own, seq.n()))
+                .await
+                .expect("add")
+        }
+    };
+    // (The first call makes the session's record; the next ones take the fast path.)
+    assert_eq!(add(&mut conn, "down", -1).await, Addition::Applied(-1));
+    assert_eq!(
+        add(&mut conn, "big", MAX + 2).await,
+        Addition::OutOfRange(-1)
+    );
+    assert_eq!(add(&mut conn, "down", -4).await, Addition::Applied(-5));
+    assert_eq!(
+        add(&mut conn, "big", MAX + 4).await,
+        Addition::OutOfRange(-5)
+    );
+    // A batch adds on the general path.
+    let ops = [
+        PermitOp::add("big", MAX + 4, number("batch big")),
+        PermitOp::add("one", 1, number("batch one")),
+    ];
+    let (replies, _) = within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, session(), &ops),
+    )
+    .await
+    .expect("permit_batch");
+    let outcomes: Vec<Addition> = replies
+        .into_iter()
+        .map(|reply| {
+            script::added(Acked {
+                reply,
+                unconfirmed: None,
+            })
+            .expect("add")
+        })
+        .collect();
+    assert_eq!(outcomes, [Addition::OutOfRange(-5), Addition::Applied(-4)]);
+    assert_eq!(available(&mut conn).await, -4);
+}
+
+#[tokio::test]
+async fn a_new_session_record_leaves_an_earlier_prune_time_where_it_is() {
+    // `prune` says when the records are next looked at: a new record (due ten minutes on)
+    // sets it only where none is set, never pushing back an earlier one. (Kills mark()
+    // setting it for every new or renewed record.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 4)
+            .await
+            .expect("set")
+    );
+    let soon = server_millis(&mut conn).await + 1_000;
+    let () = conn.hset(&k.all[3], "prune", soon).await.expect("hset");
+    let own = Session::new();
+    let seq = own.open();
+    let added = script::permit_add(&mut conn, &k, "r", 1, Caller::new(&own, seq.n()))
+        .await
+        .expect("add");
+    assert_eq!(added, Addition::Applied(5));
+    assert_eq!(
+        fields(&mut conn, &["prune"]).await,
+        [Some(soon.to_string())]
+    );
+}
+
+#[tokio::test]
+async fn a_collected_grant_leaves_no_record() {
+    // A waiter's check-in collects its grant: the record goes (the call's mark answers a
+    // resend). (Kills check_in() keeping the record of a grant collected.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    assert!(matches!(
+        acquire(&mut conn, "w", 1, true, LONG).await,
+        PermitAcquire::Queued { .. }
+    ));
+    assert_eq!(add(&mut conn, "r", 1).await, Addition::Applied(0));
+    assert_eq!(poll(&mut conn, "w").await, PermitAcquire::Granted);
+    assert_eq!(fields(&mut conn, &["r:w"]).await, [None]);
+}
+
+#[tokio::test]
+async fn after_a_waiter_lease_ends_the_next_one_is_looked_at_when_it_ends() {
+    // Dropping the waiters whose lease ended sets `wnext` to the next waiter lease's end (not
+    // to now: that would run the expiry on every call). (Kills settle() taking every
+    // expiry batch for a full one.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    for (id, lease) in [("short", Duration::from_millis(20)), ("long", LONG)] {
+        assert!(matches!(
+            acquire(&mut conn, id, 1, true, lease).await,
+            PermitAcquire::Queued { .. }
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(available(&mut conn).await, 0);
+    let waiting: Vec<(String, i64)> = conn
+        .zrange_withscores(&k.all[2], 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(waiting.len(), 1, "the short one dropped: {waiting:?}");
+    assert_eq!(
+        fields(&mut conn, &["wnext"]).await,
+        [Some(waiting[0].1.to_string())]
+    );
+}
+
+#[tokio::test]
+async fn an_addition_meeting_a_foreign_session_index_is_marked_only_with_its_count() {
+    // A new session's first addition registers its record in the index (applied); a foreign
+    // value there fails the call after the addition was staged: what is written back on the
+    // error holds the count and the mark together, so the resend is answered as applied and
+    // adds nothing, and the mark never stands for an addition not made. (Kills the mark
+    // staged before the count.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let () = conn.del(&k.all[5]).await.expect("del");
+    let () = conn.set(&k.all[5], "foreign").await.expect("set");
+    let own = Session::new();
+    let (one, two) = (own.open(), own.open());
+    // (Two operations: a batch, which reads the count before it adds.)
+    let ops = [
+        PermitOp::add("one", 1, one.n()),
+        PermitOp::add("two", 2, two.n()),
+    ];
+    match within(
+        LIMIT,
+        "permit_batch",
+        permit_batch(&mut conn, &k, CHANNEL, &own, &ops),
+    )
+    .await
+    {
+        Err(Error::WrongType { key, .. }) => assert_eq!(key, k.all[5]),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    let count: i64 = conn.get(&k.all[0]).await.expect("get");
+    let resent = script::permit_add(&mut conn, &k, "one", 1, Caller::new(&own, one.n()))
+        .await
+        .expect("resend");
+    assert_eq!(
+        (count, resent),
+        (1, Addition::Repeated(1)),
+        "applied and marked together"
+    );
+}

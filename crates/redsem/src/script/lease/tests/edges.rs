@@ -349,6 +349,10 @@ async fn a_head_entry_without_its_record_waits_for_a_free_unit_to_be_cleared() {
         release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
     );
+    // The release cleared the entry and granted w2, and counted both out of the queue.
+    // (Kills promote() clearing an entry without counting it out: a later repair would.)
+    let qlen: String = conn.hget(&k.all[2], "qlen").await.expect("hget");
+    assert_eq!(qlen, "0");
     let polled = lease_poll(
         &mut conn,
         &k,
@@ -1576,10 +1580,12 @@ async fn an_idle_deadline_exactly_a_margin_ahead_is_left_alone() {
     assert!(left_alone > 0, "moved in all 20 tries");
 }
 
-/// Makes ARGV[1]'s score in KEYS[1] the Redis time plus ARGV[2] ms; answers that end.
+/// Makes ARGV[1]'s score in KEYS[1] (leases) the Redis time plus ARGV[2] ms, and the field
+/// `next` of KEYS[2] (the state: the first lease end) that end too; answers it.
 const PLANT_AHEAD: &str = "local t = redis.call('TIME') \
     local at = string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])) \
     redis.call('ZADD', KEYS[1], at, ARGV[1]) \
+    redis.call('HSET', KEYS[2], 'next', at) \
     return at";
 
 #[tokio::test]
@@ -1588,7 +1594,8 @@ async fn an_unclaimed_grant_ends_when_the_waiters_place_would_have_even_a_moment
     // would have ended and no longer. Planted by a script in the same MULTI as the release,
     // the place ends one millisecond after the release's millisecond (then the grant ends
     // there), or in it (then the place is gone, and nobody is granted: the round is not
-    // counted). (Kills promote()'s bound read 5 ms late, or two moments ahead.)
+    // counted); `next` is planted with it, as a check-in moving a place end earlier writes
+    // it. (Kills promote()'s bound read 5 ms late, or two moments ahead.)
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
     let k = keys();
@@ -1608,8 +1615,9 @@ async fn an_unclaimed_grant_ends_when_the_waiters_place_would_have_even_a_moment
                 .atomic()
                 .cmd("EVAL")
                 .arg(PLANT_AHEAD)
-                .arg(1)
+                .arg(2)
                 .arg(&k.all[0])
+                .arg(&k.all[2])
                 .arg(&b)
                 .arg(1)
                 .cmd("FCALL")
@@ -1701,4 +1709,20 @@ async fn a_grant_in_the_millisecond_a_prune_falls_due_prunes() {
         granted(decode_acquire("lease_acquire", reply).expect("decode"));
         assert_eq!(lease_score(&mut conn, &dead).await, None, "round {round}");
     }
+}
+
+#[tokio::test]
+async fn a_release_of_an_id_nobody_holds_is_answered_without_touching_leases() {
+    // An id with no record is not held: the answer needs no lease entry, so a foreign value
+    // at leases is met only by calls that change it. (Kills release_op() removing the entry
+    // of every id, held or not.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 2, 1, false)).await);
+    replace_with_foreign(&mut conn, &k.all[0]).await;
+    assert_eq!(
+        release(&mut conn, &k, "nobody").await.expect("release"),
+        Release::NotHeld
+    );
 }
