@@ -14,6 +14,7 @@ use crate::observe::{Attempt, Meter, op_span};
 use crate::permits::MAX_PERMITS;
 use crate::retry::retry_once;
 use crate::script::{self, RawLatchState};
+use crate::session::Caller;
 use crate::wait;
 
 /// How long an opened latch is reported as [`LatchState::Done`] (then as
@@ -212,7 +213,7 @@ impl CountDownLatch {
                 &mut inner.redsem.conn(),
                 &inner.keys,
                 count,
-                script::Caller::new(inner.redsem.session(), seq.n()),
+                Caller::new(inner.redsem.session(), seq.n()),
             )
             .await
         })
@@ -250,7 +251,7 @@ impl CountDownLatch {
             script::latch_count_down(
                 &mut inner.redsem.conn(),
                 &inner.keys,
-                script::Caller::new(inner.redsem.session(), seq.n()),
+                Caller::new(inner.redsem.session(), seq.n()),
             )
             .await
         })

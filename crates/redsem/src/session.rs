@@ -69,6 +69,20 @@ impl Session {
     }
 }
 
+/// Which call of which client session a script call is (see [`crate::session`]): its
+/// session, and its number in it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    pub(crate) session: &'a Session,
+    pub(crate) seq: u64,
+}
+
+impl<'a> Caller<'a> {
+    pub(crate) fn new(session: &'a Session, seq: u64) -> Self {
+        Caller { session, seq }
+    }
+}
+
 /// A session number as the scripts read it: hexadecimal text (`lua/common.lua`; Lua reads
 /// a hexadecimal number with `strtoul`, a decimal one with `strtod`, which costs several
 /// times as much on every call).

@@ -7,6 +7,7 @@ use crate::client::Redsem;
 use crate::error::{Error, Result};
 use crate::retry::retry_once;
 use crate::script::{self, Release, ReleaseBy};
+use crate::session::Caller;
 use crate::types::PermitId;
 use crate::wait::Queue;
 
@@ -19,10 +20,7 @@ impl SemInner {
     pub(crate) async fn release(&self, id: &str) -> Result<Release> {
         let session = self.redsem.session();
         let seq = session.open();
-        let by = ReleaseBy::Holder {
-            session,
-            seq: seq.n(),
-        };
+        let by = ReleaseBy::Holder(Caller::new(session, seq.n()));
         retry_once("release", || async {
             match &self.batcher {
                 Some(batcher) => {

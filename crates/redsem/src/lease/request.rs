@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::notify::wake::LeaseGrant;
 use crate::retry::retry_once;
 use crate::script::{self, Acquire, Request};
+use crate::session::Caller;
 use crate::wait::{self, Answer};
 
 /// One request for `units` of `sem`, as the waiting engine drives it.
@@ -66,8 +67,7 @@ impl wait::Request for LeaseRequest<'_> {
             wait,
             waiter_lease: options.waiter_lease,
             channel: &inner.redsem.shared.wake_channel,
-            session: inner.redsem.session(),
-            seq,
+            call: Caller::new(inner.redsem.session(), seq),
         };
         let send = || async {
             match &inner.batcher {

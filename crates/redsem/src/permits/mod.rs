@@ -15,6 +15,7 @@ use crate::keys::PermitKeys;
 use crate::observe::{Attempt, Meter, op_span};
 use crate::retry::retry_once;
 use crate::script::{self, Addition};
+use crate::session::Caller;
 use crate::types::PermitId;
 use crate::wait::{self, Patience};
 
@@ -181,7 +182,7 @@ impl PermitSemaphore {
                 &inner.keys,
                 request.as_str(),
                 permits,
-                script::Caller::new(inner.redsem.session(), seq.n()),
+                Caller::new(inner.redsem.session(), seq.n()),
             )
             .await
         })
@@ -465,7 +466,7 @@ impl PermitSemaphore {
                 &mut inner.redsem.conn(),
                 &inner.keys,
                 request.as_str(),
-                script::Caller::new(inner.redsem.session(), seq.n()),
+                Caller::new(inner.redsem.session(), seq.n()),
             )
             .await?;
             match unconfirmed {
@@ -537,7 +538,7 @@ impl PermitSemaphore {
                 }
                 None => {
                     let mut conn = inner.redsem.conn();
-                    let call = script::Caller::new(inner.redsem.session(), seq.n());
+                    let call = Caller::new(inner.redsem.session(), seq.n());
                     script::permit_add(&mut conn, &inner.keys, request.as_str(), delta, call).await
                 }
             }

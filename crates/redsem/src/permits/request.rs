@@ -8,6 +8,7 @@ use super::{PermitInner, PermitSemaphore};
 use crate::error::{Error, Result};
 use crate::retry::retry_once;
 use crate::script::{self, PermitAcquire};
+use crate::session::Caller;
 use crate::wait::{self, Answer};
 
 /// One request for `permits` of `sem`, as the waiting engine drives it.
@@ -61,7 +62,7 @@ impl wait::Request for PermitRequest<'_> {
                     let channel = &inner.redsem.shared.wake_channel;
                     let mut conn = inner.redsem.conn();
                     let (keys, permits) = (&inner.keys, self.permits);
-                    let call = script::Caller::new(inner.redsem.session(), seq);
+                    let call = Caller::new(inner.redsem.session(), seq);
                     script::permit_acquire(&mut conn, keys, id, permits, wait, lease, channel, call)
                         .await
                 }
@@ -84,7 +85,7 @@ impl wait::Request for PermitRequest<'_> {
                 }
                 None => {
                     let mut conn = inner.redsem.conn();
-                    let call = script::Caller::new(inner.redsem.session(), seq);
+                    let call = Caller::new(inner.redsem.session(), seq);
                     script::permit_poll(&mut conn, &inner.keys, id, lease, call).await
                 }
             }

@@ -4,11 +4,10 @@
 use redis::Value;
 
 use super::library::{LATCH_COUNT_DOWN, LATCH_DELETE, LATCH_STATE, LATCH_TRY_SET, Scripting};
-use super::permit::Caller;
 use super::reply::{Reply, confirmed, decode_deleted, decode_set};
 use crate::error::Result;
 use crate::keys::LatchKeys;
-use crate::session::Hex;
+use crate::session::{Caller, Hex};
 
 /// What `latch_count_down` answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

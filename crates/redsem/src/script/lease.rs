@@ -13,7 +13,7 @@ use super::library::{
 use super::reply::{Reply, confirmed, millis};
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
-use crate::session::{Hex, Session};
+use crate::session::{Caller, Hex, Session};
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,18 +87,16 @@ pub(crate) struct Request<'a> {
     pub(crate) wait: bool,
     pub(crate) waiter_lease: Duration,
     pub(crate) channel: &'a str,
-    /// The caller's session, and this call's number in it ([`crate::session`]).
-    pub(crate) session: &'a Session,
-    pub(crate) seq: u64,
+    /// This call: the caller's session and the call's number in it.
+    pub(crate) call: Caller<'a>,
 }
 
 /// Who releases an id, as `lease_release` takes it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum ReleaseBy<'a> {
-    /// A release of a permit, the call numbered `seq` in `session`: its resend answers as it
-    /// did, while a release of an id that another call released answers
-    /// [`Release::NotHeld`].
-    Holder { session: &'a Session, seq: u64 },
+    /// A release of a permit by this numbered call: its resend answers as it did, while a
+    /// release of an id that another call released answers [`Release::NotHeld`].
+    Holder(Caller<'a>),
     /// A withdrawal of a request (a cancelled acquire), with the number of its call that went
     /// unanswered (its enqueue or a check-in), if one did: a late copy of it is then refused.
     Withdrawal {
@@ -111,7 +109,7 @@ impl<'a> ReleaseBy<'a> {
     /// The session, the kind ("r" or "w") and the sequence number as the scripts take them.
     fn parts(self) -> (&'a Session, &'static str, u64) {
         match self {
-            ReleaseBy::Holder { session, seq } => (session, "r", seq),
+            ReleaseBy::Holder(call) => (call.session, "r", call.seq),
             ReleaseBy::Withdrawal { session, pending } => (session, "w", pending.unwrap_or(0)),
         }
     }
@@ -133,9 +131,9 @@ pub(crate) async fn lease_acquire(
         .arg(if req.wait { "wait" } else { "try" })
         .arg(millis(req.waiter_lease))
         .arg(req.channel)
-        .arg(Hex(req.seq))
-        .arg(req.session.id())
-        .arg(Hex(req.session.low()))
+        .arg(Hex(req.call.seq))
+        .arg(req.call.session.id())
+        .arg(Hex(req.call.session.low()))
         .invoke_acked(conn)
         .await?;
     lease_granted("lease_acquire", acked)
@@ -266,7 +264,7 @@ impl BatchOp {
                 b"try".to_vec()
             },
             millis(req.waiter_lease).to_string().into_bytes(),
-            Hex(req.seq).to_string().into_bytes(),
+            Hex(req.call.seq).to_string().into_bytes(),
         ];
         BatchOp { args, acked: true }
     }

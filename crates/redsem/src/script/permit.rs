@@ -13,21 +13,7 @@ use super::library::{
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
 use crate::error::{Error, Result};
 use crate::keys::PermitKeys;
-use crate::session::{Hex, Session};
-
-/// Which call of which client session a script call is (see [`crate::session`]): its
-/// session, and its number in it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Caller<'a> {
-    pub(crate) session: &'a Session,
-    pub(crate) seq: u64,
-}
-
-impl<'a> Caller<'a> {
-    pub(crate) fn new(session: &'a Session, seq: u64) -> Self {
-        Caller { session, seq }
-    }
-}
+use crate::session::{Caller, Hex, Session};
 
 /// What `permit_acquire` and `permit_poll` answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,10 +19,7 @@ fn keys() -> LeaseKeys {
 
 /// A holder's release numbered after `name` in the test session.
 fn by(name: &str) -> ReleaseBy<'static> {
-    ReleaseBy::Holder {
-        session: session(),
-        seq: number(name),
-    }
+    ReleaseBy::Holder(Caller::new(session(), number(name)))
 }
 
 fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Request<'a> {
@@ -36,8 +33,7 @@ fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Request<'a> {
         wait,
         waiter_lease: Duration::from_secs(30),
         channel: CHANNEL,
-        session: session(),
-        seq: number(id),
+        call: Caller::new(session(), number(id)),
     }
 }
 
@@ -256,10 +252,7 @@ async fn release_withdraws_waiters_and_reports_not_held() {
             .await
             .expect("release");
         assert_eq!(other.outcome, Release::NotHeld, "{id}");
-        let foreign = ReleaseBy::Holder {
-            session: &elsewhere,
-            seq: number(&format!("release {id}")),
-        };
+        let foreign = ReleaseBy::Holder(Caller::new(&elsewhere, number(&format!("release {id}"))));
         let other = lease_release(&mut conn, &k, id, "t:wake:another", foreign)
             .await
             .expect("release");
@@ -668,7 +661,7 @@ async fn queue_many(conn: &mut MultiplexedConnection, ids: &[String], cap: u32) 
                 .arg("wait")
                 .arg(millis(r.waiter_lease))
                 .arg(CHANNEL)
-                .arg(Hex(r.seq))
+                .arg(Hex(r.call.seq))
                 .arg(session().id())
                 .arg(Hex(session().low())),
         )
@@ -758,17 +751,13 @@ async fn a_resent_acquire_or_release_is_applied_once() {
     let own = Session::new();
     let enqueue = own.open();
     let c = Request {
-        session: &own,
-        seq: enqueue.n(),
+        call: Caller::new(&own, enqueue.n()),
         ..req("c", 2, 1, false)
     };
     granted(acquire(&mut conn, c).await);
     drop(enqueue);
     let seq = own.open();
-    let by = ReleaseBy::Holder {
-        session: &own,
-        seq: seq.n(),
-    };
+    let by = ReleaseBy::Holder(Caller::new(&own, seq.n()));
     let released = lease_release(&mut conn, &k, "c", "t:wake:another", by)
         .await
         .expect("release");
@@ -1037,10 +1026,7 @@ async fn releases_leave_one_session_record_which_goes_once_it_expired() {
     for (i, id) in ["a", "b", "c", "d"].into_iter().enumerate() {
         granted(acquire(&mut conn, req(id, 5, 1, false)).await);
         let seq = sessions[i % 2].open();
-        let by = ReleaseBy::Holder {
-            session: &sessions[i % 2],
-            seq: seq.n(),
-        };
+        let by = ReleaseBy::Holder(Caller::new(&sessions[i % 2], seq.n()));
         let released = lease_release(&mut conn, &k, id, "t:wake:another", by)
             .await
             .expect("release");
@@ -1099,10 +1085,7 @@ async fn a_session_record_keeps_the_marks_of_calls_in_flight_only() {
         let id = format!("p{i}");
         granted(acquire(&mut conn, req(&id, 2, 1, false)).await);
         let seq = own.open();
-        let by = ReleaseBy::Holder {
-            session: &own,
-            seq: seq.n(),
-        };
+        let by = ReleaseBy::Holder(Caller::new(&own, seq.n()));
         let released = lease_release(&mut conn, &k, &id, "t:wake:another", by)
             .await
             .expect("release");
@@ -1120,10 +1103,7 @@ async fn a_session_record_keeps_the_marks_of_calls_in_flight_only() {
     drop(pinned);
     granted(acquire(&mut conn, req("q", 2, 1, false)).await);
     let seq = own.open();
-    let by = ReleaseBy::Holder {
-        session: &own,
-        seq: seq.n(),
-    };
+    let by = ReleaseBy::Holder(Caller::new(&own, seq.n()));
     lease_release(&mut conn, &k, "q", "t:wake:another", by)
         .await
         .expect("release");
@@ -1138,10 +1118,7 @@ async fn a_session_record_keeps_the_marks_of_calls_in_flight_only() {
         "the low mark is the release in flight: {record}"
     );
     // A late copy of a release below the low mark changes nothing and is not held.
-    let stale = ReleaseBy::Holder {
-        session: &own,
-        seq: last.expect("released"),
-    };
+    let stale = ReleaseBy::Holder(Caller::new(&own, last.expect("released")));
     granted(acquire(&mut conn, req("r", 2, 1, false)).await);
     let late = lease_release(&mut conn, &k, "r", "t:wake:another", stale)
         .await
@@ -1554,8 +1531,7 @@ async fn a_late_copy_of_an_enqueue_withdrawn_unanswered_is_refused() {
     let own = Session::new();
     let enqueue = own.open();
     let w = Request {
-        session: &own,
-        seq: enqueue.n(),
+        call: Caller::new(&own, enqueue.n()),
         ..req("w", 1, 1, true)
     };
     // The enqueue arrived (its reply did not): w is queued. Then withdrawn naming it.
@@ -1575,8 +1551,7 @@ async fn a_late_copy_of_an_enqueue_withdrawn_unanswered_is_refused() {
     // The same when the enqueue never arrived before its withdrawal.
     let enqueue = own.open();
     let x = Request {
-        session: &own,
-        seq: enqueue.n(),
+        call: Caller::new(&own, enqueue.n()),
         ..req("x", 1, 1, true)
     };
     let withdrawal = ReleaseBy::Withdrawal {

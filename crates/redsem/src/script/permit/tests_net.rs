@@ -16,11 +16,11 @@ use crate::error::{Error, Result};
 use crate::script::acks::Acked;
 use crate::script::library::{PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_BATCH, PERMIT_POLL};
 use crate::script::permit::{
-    self as script, Addition, Caller, PermitAcquire, PermitOp, Withdrawal, permit_batch,
-    permits_granted, withdrawn,
+    self as script, Addition, PermitAcquire, PermitOp, Withdrawal, permit_batch, permits_granted,
+    withdrawn,
 };
 use crate::script::test_support::plant_now;
-use crate::session::{Hex, Session};
+use crate::session::{Caller, Hex, Session};
 
 const MAX: i64 = (1 << 53) - 1;
 

@@ -717,10 +717,7 @@ async fn release_in(
     own: &std::sync::Arc<Session>,
 ) -> Result<Release> {
     let seq = own.open();
-    let by = ReleaseBy::Holder {
-        session: own,
-        seq: seq.n(),
-    };
+    let by = ReleaseBy::Holder(Caller::new(own, seq.n()));
     lease_release(conn, &keys(), id, "t:wake:another", by)
         .await
         .map(|r| r.outcome)
@@ -1344,7 +1341,7 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
                 .arg("try")
                 .arg(millis(r.waiter_lease))
                 .arg(CHANNEL)
-                .arg(Hex(r.seq))
+                .arg(Hex(r.call.seq))
                 .arg(session().id())
                 .arg(Hex(session().low()))
                 .query_async(&mut conn),
@@ -1699,7 +1696,7 @@ async fn a_grant_in_the_millisecond_a_prune_falls_due_prunes() {
                 .arg("try")
                 .arg(millis(r.waiter_lease))
                 .arg(CHANNEL)
-                .arg(Hex(r.seq))
+                .arg(Hex(r.call.seq))
                 .arg(session().id())
                 .arg(Hex(session().low()))
                 .query_async(&mut conn),
