@@ -7,20 +7,37 @@
 //! `sent + delay + lease − 1 ms`, for a grant taken from a wake-up at most `sent + waiter lease
 //! − 1 ms` (`sent`: the first attempt of the last check-in), and a renewal sent at `sent`
 //! moves it to `sent + lease − 1 ms`.
+//!
+//! The client is one session (`session.rs`): an enqueue and a holder's release each take the
+//! next sequence number and keep it open until answered (a resend keeps the number); a
+//! withdrawal names the enqueue if that went unanswered, kept open until the withdrawal is
+//! answered. Every call carries the low mark, the lowest number still open. A check-in
+//! (`lease_poll`) takes no number here: the library numbers it too, but `lease_poll` reads no
+//! session and no copy of a call arrives late in this model, so its number would only hold
+//! the low mark (and the states would be a quarter more).
 
 use crate::{Bug, Config, Half, Op, ReqId};
 
 /// A request on its way to the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Req {
-    /// `lease_acquire` (`wait`: mode "wait").
-    Acquire { id: ReqId, units: u8, wait: bool },
+    /// `lease_acquire` (`wait`: mode "wait"), numbered `seq`, with the low mark `low`.
+    Acquire {
+        id: ReqId,
+        units: u8,
+        wait: bool,
+        seq: u8,
+        low: u8,
+    },
     /// `lease_poll`.
     Poll { id: ReqId },
     /// `lease_refresh`, sent at `sent` (the keepalive moves the validity from it).
     Refresh { id: ReqId, sent: Half },
-    /// `lease_release` by `attempt` (0: a withdrawal, which names none).
-    Release { id: ReqId, attempt: u8 },
+    /// `lease_release` "r": the holder's release, numbered `seq`, with the low mark `low`.
+    Release { id: ReqId, seq: u8, low: u8 },
+    /// `lease_release` "w": a withdrawal naming the call `pending` that went unanswered (0:
+    /// none), with the low mark `low`.
+    Withdraw { id: ReqId, pending: u8, low: u8 },
 }
 
 /// A script's answer, or the failure the client sees instead (the reply lost, the connection
@@ -96,9 +113,10 @@ pub enum Main {
     Idle,
     /// `lease_acquire` sent at `sent`; `last`: when the check-in loop began (its retries stay
     /// within a waiter lease of it), which is also its first attempt; `resent`: a try's one
-    /// resend was used.
+    /// resend was used; `seq`: the enqueue's number.
     Asking {
         id: ReqId,
+        seq: u8,
         wait: bool,
         last: Half,
         sent: Half,
@@ -120,29 +138,35 @@ pub enum Main {
         sent: Half,
     },
     /// A check-in failed; sent again at `at` (`retry::RETRY_EVERY` later); `first`: its first
-    /// attempt.
+    /// attempt; `seq`: its number (0 for a check-in: not numbered).
     Resend {
         id: ReqId,
+        seq: u8,
         poll: bool,
         last: Half,
         first: Half,
         at: Half,
     },
     Holding(Holding),
-    /// The holder's `lease_release` sent (`resent`: its one resend used).
+    /// The holder's `lease_release` numbered `seq` sent (`resent`: its one resend used);
+    /// `applied`: the server released the permit by it (a ghost, for the `release` property).
     Releasing {
         id: ReqId,
+        seq: u8,
         resent: bool,
+        applied: bool,
     },
     /// Every operation ran.
     Done,
 }
 
-/// A background withdrawal (`Withdraw` dropped armed): `lease_release` of `id` without an
-/// attempt, sent again every `RETRY_EVERY` while it fails.
+/// A background withdrawal (`Withdraw` dropped armed): `lease_release` "w" of `id`, naming
+/// its call `pending` that went unanswered (0: none; kept open until the withdrawal is
+/// answered), sent again every `RETRY_EVERY` while it fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Withdrawal {
     pub id: ReqId,
+    pub pending: u8,
     pub at: Half,
     pub sending: bool,
 }
@@ -154,6 +178,8 @@ pub struct Client {
     pub pc: u8,
     /// Request ids used so far.
     pub ids: u8,
+    /// The session's next sequence number (the first is 1).
+    pub next: u8,
     pub main: Main,
     pub withdrawals: Vec<Withdrawal>,
     pub net: Vec<Msg>,
@@ -177,6 +203,9 @@ pub(crate) struct Sights {
     pub(crate) polled: bool,
     pub(crate) requeued: bool,
     pub(crate) lost_after_stall: bool,
+    /// A holder's release that the server applied was answered `NOTHELD` (in the same state
+    /// epoch).
+    pub(crate) release_denied: bool,
 }
 
 /// The client `c` of `cfg` at time `now`.
@@ -201,6 +230,7 @@ impl Client {
         Client {
             pc: 0,
             ids: 0,
+            next: 1,
             main: Main::Idle,
             withdrawals: Vec::new(),
             net: Vec::new(),
@@ -210,6 +240,31 @@ impl Client {
             stalled_until: None,
             stalled_holding: false,
         }
+    }
+
+    /// Take the session's next sequence number.
+    fn open(&mut self) -> u8 {
+        let n = self.next;
+        self.next += 1;
+        n
+    }
+
+    /// The low mark: the lowest number still open (the task's call in flight or between its
+    /// attempts, a withdrawal's unanswered call), or the next one if none is.
+    pub fn low(&self) -> u8 {
+        let main = match self.main {
+            Main::Asking { seq, .. } | Main::Resend { seq, .. } | Main::Releasing { seq, .. }
+                if seq != 0 =>
+            {
+                seq
+            }
+            _ => self.next,
+        };
+        self.withdrawals
+            .iter()
+            .filter(|w| w.pending != 0)
+            .map(|w| w.pending)
+            .fold(main, u8::min)
     }
 
     pub fn stalled(&self) -> bool {
@@ -312,6 +367,7 @@ impl Client {
             }
             Main::Resend {
                 id,
+                seq,
                 poll,
                 last,
                 first,
@@ -330,19 +386,21 @@ impl Client {
                     if ctx.cfg.bug == Bug::NewsClearedOnResend {
                         self.mailbox = None;
                     }
-                    self.send_acquire(ctx, id, true, last, now_h, false);
+                    self.send_acquire(ctx, (id, seq), true, last, now_h, false);
                 }
             }
             Main::Holding(h) => {
-                // `LeasePermit::release`: the keepalive is cancelled first.
-                self.net.push(Msg::Req(Req::Release {
-                    id: h.id,
-                    attempt: 1,
-                }));
+                // `LeasePermit::release`: the keepalive is cancelled first; one call of the
+                // session.
+                let seq = self.open();
                 self.main = Main::Releasing {
                     id: h.id,
+                    seq,
                     resent: false,
+                    applied: false,
                 };
+                let low = self.low();
+                self.net.push(Msg::Req(Req::Release { id: h.id, seq, low }));
             }
             Main::Asking { .. } | Main::Polling { .. } | Main::Releasing { .. } | Main::Done => {}
         }
@@ -372,12 +430,14 @@ impl Client {
     /// Send the due background withdrawals.
     pub(crate) fn withdraw(&mut self, ctx: &Ctx<'_>) {
         let now_h = ctx.now_h();
+        let low = self.low();
         for w in &mut self.withdrawals {
             if !w.sending && now_h >= w.at {
                 w.sending = true;
-                self.net.push(Msg::Req(Req::Release {
+                self.net.push(Msg::Req(Req::Withdraw {
                     id: w.id,
-                    attempt: 0,
+                    pending: w.pending,
+                    low,
                 }));
             }
         }
@@ -393,7 +453,7 @@ impl Client {
             Req::Acquire { id, .. } => self.answered(ctx, id, false, reply, seen),
             Req::Poll { id } => self.answered(ctx, id, true, reply, seen),
             Req::Refresh { id, sent } => self.renewed(ctx, id, sent, reply),
-            Req::Release { id, attempt: 0 } => {
+            Req::Withdraw { id, .. } => {
                 if let Some(i) = self.withdrawals.iter().position(|w| w.id == id) {
                     if reply == Reply::Failed {
                         self.withdrawals[i].sending = false;
@@ -403,15 +463,32 @@ impl Client {
                     }
                 }
             }
-            Req::Release { id, attempt } => {
-                if let Main::Releasing { id: mine, resent } = self.main
+            Req::Release { id, .. } => {
+                if let Main::Releasing {
+                    id: mine,
+                    seq,
+                    resent,
+                    applied,
+                } = self.main
                     && mine == id
                 {
                     if reply == Reply::Failed && !resent {
-                        // `retry_once`: sent once more with the same attempt.
-                        self.net.push(Msg::Req(Req::Release { id, attempt }));
-                        self.main = Main::Releasing { id, resent: true };
+                        // `retry_once`: sent once more with the same number.
+                        let seq = if ctx.cfg.bug == Bug::ReleaseRenumbered {
+                            self.open()
+                        } else {
+                            seq
+                        };
+                        self.main = Main::Releasing {
+                            id,
+                            seq,
+                            resent: true,
+                            applied,
+                        };
+                        let low = self.low();
+                        self.net.push(Msg::Req(Req::Release { id, seq, low }));
                     } else {
+                        seen.release_denied |= applied && reply == Reply::NotHeld;
                         self.next_op();
                     }
                 }
@@ -422,20 +499,21 @@ impl Client {
     /// The answer to a check-in of `id` (an enqueue, or a poll).
     fn answered(&mut self, ctx: &Ctx<'_>, id: ReqId, poll: bool, reply: Reply, seen: &mut Sights) {
         let now_h = ctx.now_h();
-        let (wait, last, first, sent, resent) = match self.main {
+        let (seq, wait, last, first, sent, resent) = match self.main {
             Main::Asking {
                 id: mine,
+                seq,
                 wait,
                 last,
                 sent,
                 resent,
-            } if mine == id && !poll => (wait, last, last, sent, resent),
+            } if mine == id && !poll => (seq, wait, last, last, sent, resent),
             Main::Polling {
                 id: mine,
                 last,
                 first,
                 sent,
-            } if mine == id && poll => (true, last, first, sent, false),
+            } if mine == id && poll => (0, true, last, first, sent, false),
             _ => return,
         };
         match reply {
@@ -477,6 +555,7 @@ impl Client {
                 seen.requeued = true;
                 self.withdrawals.push(Withdrawal {
                     id,
+                    pending: 0,
                     at: now_h,
                     sending: false,
                 });
@@ -492,21 +571,22 @@ impl Client {
                 if now_h + ctx.cfg.retry_h() < last + ctx.cfg.waiter_lease_h() {
                     self.main = Main::Resend {
                         id,
+                        seq,
                         poll,
                         last,
                         first,
                         at: now_h + ctx.cfg.retry_h(),
                     };
                 } else {
-                    self.give_up(ctx, id);
+                    self.give_up(ctx, id, seq);
                 }
             }
             Reply::Failed if !resent => {
-                // A try: `retry_once`, at once, with the same id; its lease is counted from
-                // the first attempt.
-                self.send_acquire(ctx, id, false, last, sent, true);
+                // A try: `retry_once`, at once, with the same id and number; its lease is
+                // counted from the first attempt.
+                self.send_acquire(ctx, (id, seq), false, last, sent, true);
             }
-            Reply::Failed => self.give_up(ctx, id),
+            Reply::Failed => self.give_up(ctx, id, seq),
             // Busy (a try refused), a try answered GONE (a protocol error), or an answer that
             // fits no check-in: the operation ends.
             _ => self.next_op(),
@@ -542,33 +622,39 @@ impl Client {
         self.ids += 1;
         self.mailbox = None; // registered for the new id only
         self.enqueue_resent = false;
-        self.send_acquire(ctx, id, op.waits(), ctx.now_h(), ctx.now_h(), false);
+        let seq = self.open();
+        self.send_acquire(ctx, (id, seq), op.waits(), ctx.now_h(), ctx.now_h(), false);
     }
 
-    /// Send `lease_acquire` of `id` for the current operation (again, if `id` was sent before).
+    /// Send `lease_acquire` of `id` numbered `seq` for the current operation (again, if it was
+    /// sent before).
     fn send_acquire(
         &mut self,
         ctx: &Ctx<'_>,
-        id: ReqId,
+        (id, seq): (ReqId, u8),
         wait: bool,
         last: Half,
         sent: Half,
         resent: bool,
     ) {
-        self.net.push(Msg::Req(Req::Acquire {
-            id,
-            units: ctx.op(self).map_or(1, Op::units),
-            wait,
-        }));
         self.main = Main::Asking {
             id,
+            seq,
             wait,
             last,
             sent,
             resent,
         };
+        self.net.push(Msg::Req(Req::Acquire {
+            id,
+            units: ctx.op(self).map_or(1, Op::units),
+            wait,
+            seq,
+            low: self.low(),
+        }));
     }
 
+    /// A check-in: `lease_poll` of `id`.
     fn send_poll(&mut self, ctx: &Ctx<'_>, id: ReqId, last: Half) {
         self.net.push(Msg::Req(Req::Poll { id }));
         self.main = Main::Polling {
@@ -597,10 +683,12 @@ impl Client {
         self.main = Main::Holding(granted);
     }
 
-    /// The acquire failed (`Unavailable`): withdrawn in the background, the task goes on.
-    fn give_up(&mut self, ctx: &Ctx<'_>, id: ReqId) {
+    /// The acquire failed (`Unavailable`): withdrawn in the background, naming its enqueue
+    /// `seq` if that went unanswered (0: a check-in did); the task goes on.
+    fn give_up(&mut self, ctx: &Ctx<'_>, id: ReqId, seq: u8) {
         self.withdrawals.push(Withdrawal {
             id,
+            pending: seq,
             at: ctx.now_h(),
             sending: false,
         });

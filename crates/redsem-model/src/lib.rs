@@ -20,7 +20,7 @@ mod server;
 pub use client::{Client, Holding, Main, Msg, Reply, Req, Wake};
 pub use model::{Action, LeaseModel, State};
 pub use report::{Outcome, check, describe_path};
-pub use server::{Record, Server};
+pub use server::{Mark, Record, Server, Session};
 
 /// A request id: the client's number in the high three bits, its request count below.
 pub type ReqId = u8;
@@ -58,8 +58,9 @@ impl Op {
     }
 }
 
-/// A defect put back into the model: the four the soak was shown to find (docs/SOAK.md), and
-/// the stale wake-up this model found (docs/MODEL.md) with the halves of its fix taken out.
+/// A defect put back into the model: the four the soak was shown to find (docs/SOAK.md), the
+/// stale wake-up this model found (docs/MODEL.md) with the halves of its fix taken out, and two
+/// defects of the client sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Bug {
     /// The protocol as implemented.
@@ -88,10 +89,17 @@ pub enum Bug {
     /// first attempt of the last check-in, but taken even by a request whose enqueue was
     /// resent.
     WakeAfterResend,
+    /// The server drops the marks at the low mark too (`<= low`, not `< low`) when it writes a
+    /// session record: the mark of the call at the low mark, the one still open, goes at once,
+    /// and its resend is applied again (a release's resend answers `NOTHELD`).
+    MarkDroppedAtLow,
+    /// The client sends a release's resend (`retry_once`) under a new number: it finds no mark
+    /// and is applied again (answered `NOTHELD`).
+    ReleaseRenumbered,
 }
 
 impl Bug {
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 10] = [
         Bug::None,
         Bug::GrantSkipsQueue,
         Bug::ReleaseKeepsSlot,
@@ -100,6 +108,8 @@ impl Bug {
         Bug::StaleWakeUp,
         Bug::NewsClearedOnResend,
         Bug::WakeAfterResend,
+        Bug::MarkDroppedAtLow,
+        Bug::ReleaseRenumbered,
     ];
 
     /// The name used on the command line.
@@ -113,6 +123,8 @@ impl Bug {
             Bug::StaleWakeUp => "stale-wake-up",
             Bug::NewsClearedOnResend => "news-cleared-on-resend",
             Bug::WakeAfterResend => "wake-after-resend",
+            Bug::MarkDroppedAtLow => "mark-dropped-at-low",
+            Bug::ReleaseRenumbered => "release-renumbered",
         }
     }
 

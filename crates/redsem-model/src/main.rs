@@ -8,11 +8,14 @@ use redsem_model::{Bug, Config, Faults, LeaseModel, check, describe_path};
 const USAGE: &str = "usage: redsem-model [--clients N] [--capacity N] [--tries N] [--rounds N] [--horizon TICKS]
                     [--faults N] [--no-lose-reply] [--no-lose-wake] [--no-stall] [--no-restart]
                     [--state-loss] [--bug none|grant-skips-queue|release-keeps-slot|token-not-raised|no-clock-step|
-                           stale-wake-up|news-cleared-on-resend|wake-after-resend]
-                    [--watch capacity|slots|validity|tokens|fifo|return] [--threads N]";
+                           stale-wake-up|news-cleared-on-resend|wake-after-resend|
+                           mark-dropped-at-low|release-renumbered]
+                    [--watch capacity|slots|validity|tokens|fifo|release|return] [--threads N]";
 
 /// The prefixes of the `always` properties, for `--watch`.
-const PROPERTIES: [&str; 6] = ["capacity", "slots", "validity", "tokens", "fifo", "return"];
+const PROPERTIES: [&str; 7] = [
+    "capacity", "slots", "validity", "tokens", "fifo", "release", "return",
+];
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {

@@ -133,6 +133,14 @@ impl LeaseModel {
             state.clients[usize::from(client)].pubsub = Some(wake);
         }
         state.resent_answered |= fx.resent;
+        if let Some((client, seq)) = fx.released
+            && let Main::Releasing {
+                seq: mine, applied, ..
+            } = &mut state.clients[usize::from(client)].main
+            && *mine == seq
+        {
+            *applied = true;
+        }
     }
 
     /// Client `c` stalled (or the state was lost): its waiters are no longer judged by the FIFO
@@ -157,8 +165,11 @@ impl LeaseModel {
                 };
             }
             client.pubsub = None;
-            if let Main::Napping { recheck, .. } = &mut client.main {
-                *recheck = (*recheck).min(now_h);
+            match &mut client.main {
+                Main::Napping { recheck, .. } => *recheck = (*recheck).min(now_h),
+                // (A release's outcome is judged within a state epoch.)
+                Main::Releasing { applied, .. } if lost => *applied = false,
+                _ => {}
             }
         }
     }
@@ -307,12 +318,19 @@ impl Model for LeaseModel {
                 };
                 let server = &mut state.server;
                 let reply = match req {
-                    Req::Acquire { id, units, wait } => {
-                        server.acquire(&mut run, id, units, wait, c)
-                    }
+                    Req::Acquire {
+                        id,
+                        units,
+                        wait,
+                        seq,
+                        ..
+                    } => server.acquire(&mut run, id, units, wait, (c, seq)),
                     Req::Poll { id } => server.poll(&mut run, id),
                     Req::Refresh { id, .. } => server.refresh(&mut run, id),
-                    Req::Release { id, attempt } => server.release(&mut run, id, attempt),
+                    Req::Release { id, seq, low } => server.release(&mut run, id, (c, seq, low)),
+                    Req::Withdraw { id, pending, low } => {
+                        server.withdraw(&mut run, id, (c, pending, low))
+                    }
                 };
                 state.clients[usize::from(c)].net[i] = Msg::Rep(req, reply);
                 self.apply(&mut state, run.fx);
@@ -381,7 +399,7 @@ impl Model for LeaseModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        let always: [(&'static str, Condition); 6] = [
+        let always: [(&'static str, Condition); 7] = [
             ("capacity: units believed held <= capacity", capacity_kept),
             (
                 "slots: believed slots distinct and below capacity",
@@ -395,6 +413,10 @@ impl Model for LeaseModel {
                 s.tokens_in_order
             }),
             ("fifo: among waiters that never stalled", |_, s| s.fifo_kept),
+            (
+                "release: a release the server applied is not answered NOTHELD",
+                |_, s| !s.seen.release_denied,
+            ),
             ("return: idle once every client stopped", |_, s| {
                 !s.audited || s.server.idle()
             }),

@@ -7,7 +7,7 @@ use stateright::{Checker, Expectation, HasDiscoveries, Model, Path};
 
 use crate::client::{Client, Main, Msg, Reply, Req};
 use crate::model::{Action, LeaseModel, State};
-use crate::server::{Record, Server};
+use crate::server::{Mark, Record, Server};
 use crate::{Half, ReqId};
 
 /// What one exhaustive check found.
@@ -223,18 +223,35 @@ fn slots(bits: u8) -> String {
 
 fn request(req: Req) -> String {
     match req {
-        Req::Acquire { id: r, units, wait } => format!(
-            "lease_acquire({}, {units} unit{}, {})",
+        Req::Acquire {
+            id: r,
+            units,
+            wait,
+            seq,
+            low,
+        } => format!(
+            "lease_acquire({}, {units} unit{}, {}, seq {seq}, low {low})",
             id(r),
             if units == 1 { "" } else { "s" },
             if wait { "wait" } else { "try" }
         ),
         Req::Poll { id: r } => format!("lease_poll({})", id(r)),
         Req::Refresh { id: r, .. } => format!("lease_refresh({})", id(r)),
-        Req::Release { id: r, attempt } => format!(
-            "lease_release({}{})",
+        Req::Release { id: r, seq, low } => {
+            format!("lease_release({}, seq {seq}, low {low})", id(r))
+        }
+        Req::Withdraw {
+            id: r,
+            pending,
+            low,
+        } => format!(
+            "lease_release({}, withdrawal, {}low {low})",
             id(r),
-            if attempt == 0 { ", no attempt" } else { "" }
+            if pending == 0 {
+                String::new()
+            } else {
+                format!("unanswered seq {pending}, ")
+            }
         ),
     }
 }
@@ -314,8 +331,22 @@ fn server_summary(server: &Server) -> String {
             Record::Waiter { ends, .. } => {
                 let _ = write!(out, " {}=waiter(ends {ends})", id(r));
             }
-            Record::Tomb { .. } => {}
         }
+    }
+    for (c, session) in &server.sessions {
+        let marks: Vec<String> = session
+            .marks
+            .iter()
+            .map(|&(n, m)| {
+                let letter = match m {
+                    Mark::Released => 'R',
+                    Mark::Dequeued => 'D',
+                    Mark::Withdrawn => 'X',
+                };
+                format!("{n}={letter}")
+            })
+            .collect();
+        let _ = write!(out, " s:c{c}=low {} [{}]", session.low, marks.join(","));
     }
     if server.epoch > 0 {
         let _ = write!(out, " (state epoch {})", server.epoch);

@@ -1,14 +1,15 @@
 //! The server: the lease scripts as atomic steps on one semaphore's state
 //! (`crates/redsem/lua/lease_prelude.lua` and the operation files).
 //!
-//! Kept: the records (holder, waiter, tombstone), the queue in arrival order, lease and
+//! Kept: the records (holder, waiter), one session record per client (its low mark and its
+//! marks: `lua/common.lua`'s `session_put`, `session_stale`, `session_mark`), the queue in arrival order, lease and
 //! waiter-lease ends in whole ticks of the server's `TIME`, the slot bitmap, `used`, the last
 //! token and `max(last + 1, TIME in µs)`, settle (drop every holder and waiter whose end is not
 //! after now) and promote (grant the head while it fits, unclaimed until the waiter lease of its
 //! last check-in, and publish `id|token|slots|delay`). Left out: labels, capacity changes,
 //! `repair()` (the counters here never disagree, so it would never run), the `next`/`tnext`
-//! short cuts, tombstone pruning (a minute is past every horizon), the local hand-off to waiters
-//! of the releasing process (one task per client here), group commit.
+//! short cuts, the session records' expiry (ten minutes are past every horizon), the local
+//! hand-off to waiters of the releasing process (one task per client here), group commit.
 
 use std::collections::BTreeMap;
 
@@ -34,8 +35,53 @@ pub enum Record {
         client: u8,
         arrival: u8,
     },
-    /// Released (`withdrawn` false) or withdrawn, by the release attempt `attempt` (0: none).
-    Tomb { withdrawn: bool, attempt: u8 },
+}
+
+/// A call's mark in its session's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mark {
+    /// `R`: a holder's release; its resend answers `RELEASED`.
+    Released,
+    /// `D`: a release that withdrew a queued request; its resend answers `DEQUEUED`.
+    Dequeued,
+    /// `X`: an enqueue withdrawn before it was answered; a copy of it arriving later is `GONE`.
+    Withdrawn,
+}
+
+/// One client's session record (`s:<session>`): the highest low mark seen, and the marks of
+/// the calls at or above it, by sequence number (in order).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Session {
+    pub low: u8,
+    pub marks: Vec<(u8, Mark)>,
+}
+
+impl Session {
+    /// A call numbered below the low mark: a late copy of one the client has its answer to.
+    fn stale(&self, seq: u8) -> bool {
+        seq < self.low
+    }
+
+    fn mark(&self, seq: u8) -> Option<Mark> {
+        self.marks.iter().find(|&&(n, _)| n == seq).map(|&(_, m)| m)
+    }
+
+    /// `session_put`: raise the low mark to the caller's `low`, mark `seq`, and drop the marks
+    /// the low mark passed (with [`Bug::MarkDroppedAtLow`], the one at it too).
+    fn put(&mut self, cfg: &Config, low: u8, seq: u8, mark: Mark) {
+        self.low = self.low.max(low);
+        let at = self.marks.partition_point(|&(n, _)| n < seq);
+        match self.marks.get_mut(at) {
+            Some(slot) if slot.0 == seq => slot.1 = mark,
+            _ => self.marks.insert(at, (seq, mark)),
+        }
+        let low = self.low;
+        if cfg.bug == Bug::MarkDroppedAtLow {
+            self.marks.retain(|&(n, _)| n > low);
+        } else {
+            self.marks.retain(|&(n, _)| n >= low);
+        }
+    }
 }
 
 /// One semaphore's state on the server.
@@ -51,6 +97,8 @@ pub struct Server {
     /// Waiter ids, head first.
     pub queue: Vec<ReqId>,
     pub records: BTreeMap<ReqId, Record>,
+    /// Session records, by client (one is made at a client's first marked call).
+    pub sessions: BTreeMap<u8, Session>,
     /// Requests seen so far (a ghost, kept across a state loss: numbers arrivals).
     pub arrivals: u8,
     /// Grants made in this tick: the server's µs clock is `(tick + 1) * 1000` plus these (at
@@ -71,6 +119,8 @@ pub(crate) struct Effects {
     pub(crate) withdrawn: Vec<ReqId>,
     /// A request id seen before was answered as the first time (a resend after a lost reply).
     pub(crate) resent: bool,
+    /// A holder's release was applied: (client, its sequence number).
+    pub(crate) released: Option<(u8, u8)>,
 }
 
 /// One script run: the configuration, the server's tick, and what it did.
@@ -81,19 +131,25 @@ pub(crate) struct Run<'a> {
 }
 
 impl Server {
-    /// `lease_acquire` of a new or resent request `id` of `client` (`wait`: mode "wait").
+    /// `lease_acquire` of a new or resent request `id` of `client`, numbered `seq` in its
+    /// session (`wait`: mode "wait").
     pub(crate) fn acquire(
         &mut self,
         run: &mut Run<'_>,
         id: ReqId,
         units: u8,
         wait: bool,
-        client: u8,
+        (client, seq): (u8, u8),
     ) -> Reply {
         self.settle(run);
         let (now, cfg) = (run.now, run.cfg);
+        if let Some(session) = self.sessions.get(&client)
+            && (session.stale(seq) || session.mark(seq) == Some(Mark::Withdrawn))
+        {
+            // A late copy of an enqueue that was withdrawn, or answered long ago.
+            return Reply::Gone;
+        }
         match self.records.get_mut(&id) {
-            Some(Record::Tomb { .. }) => return Reply::Gone,
             Some(Record::Holder {
                 token, slots, ends, ..
             }) => {
@@ -167,7 +223,7 @@ impl Server {
                     recheck: self.recheck(run, id),
                 }
             }
-            Some(Record::Tomb { .. }) | None => Reply::Gone,
+            None => Reply::Gone,
         }
     }
 
@@ -183,50 +239,89 @@ impl Server {
         }
     }
 
-    /// `lease_release` by the release attempt `attempt` (0: none, as a withdrawal sends).
-    pub(crate) fn release(&mut self, run: &mut Run<'_>, id: ReqId, attempt: u8) -> Reply {
+    /// `lease_release` "r": the holder's release of `id`, numbered `seq` in `client`'s session,
+    /// whose low mark is `low` (`release_op`). Its resend finds the mark and answers as the
+    /// first; any other release of an id it does not hold finds no record and no mark.
+    pub(crate) fn release(
+        &mut self,
+        run: &mut Run<'_>,
+        id: ReqId,
+        (client, seq, low): (u8, u8, u8),
+    ) -> Reply {
         self.settle(run);
-        let reply = match self.records.get(&id).cloned() {
-            Some(Record::Tomb {
-                withdrawn,
-                attempt: by,
-            }) => {
-                if attempt == 0 || by == attempt {
+        if let Some(session) = self.sessions.get(&client) {
+            if session.stale(seq) {
+                return Reply::NotHeld;
+            }
+            match session.mark(seq) {
+                Some(Mark::Released) => {
                     run.fx.resent = true;
-                    if withdrawn {
-                        Reply::Dequeued
-                    } else {
-                        Reply::Released
-                    }
-                } else {
-                    Reply::NotHeld
+                    return Reply::Released;
                 }
+                Some(Mark::Dequeued) => {
+                    run.fx.resent = true;
+                    return Reply::Dequeued;
+                }
+                Some(Mark::Withdrawn) | None => {}
             }
-            Some(Record::Holder { units, slots, .. }) => {
-                self.drop_holder(run.cfg, units, slots);
-                self.records.insert(
-                    id,
-                    Record::Tomb {
-                        withdrawn: false,
-                        attempt,
-                    },
-                );
-                Reply::Released
+        }
+        let (reply, mark) = match self.drop_record(run, id) {
+            Some(true) => {
+                run.fx.released = Some((client, seq));
+                (Reply::Released, Mark::Released)
             }
-            Some(Record::Waiter { .. }) => {
-                self.queue.retain(|&w| w != id);
-                self.records.insert(
-                    id,
-                    Record::Tomb {
-                        withdrawn: true,
-                        attempt,
-                    },
-                );
-                run.fx.withdrawn.push(id);
-                Reply::Dequeued
-            }
+            Some(false) => (Reply::Dequeued, Mark::Dequeued),
+            None => return self.promoted(run, Reply::NotHeld),
+        };
+        self.put_mark(run.cfg, client, low, seq, mark);
+        self.promoted(run, reply)
+    }
+
+    /// `lease_release` "w": the withdrawal of request `id`, naming its call `pending` that went
+    /// unanswered (0: none), by `client` whose low mark is `low`. What the request holds or
+    /// where it waits goes; the unanswered call is marked, so a late copy of it is refused.
+    pub(crate) fn withdraw(
+        &mut self,
+        run: &mut Run<'_>,
+        id: ReqId,
+        (client, pending, low): (u8, u8, u8),
+    ) -> Reply {
+        self.settle(run);
+        let reply = match self.drop_record(run, id) {
+            Some(true) => Reply::Released,
+            Some(false) => Reply::Dequeued,
             None => Reply::NotHeld,
         };
+        if pending != 0 {
+            self.put_mark(run.cfg, client, low, pending, Mark::Withdrawn);
+        }
+        self.promoted(run, reply)
+    }
+
+    /// Remove `id`'s holder (`Some(true)`) or waiter (`Some(false)`) record, if any.
+    fn drop_record(&mut self, run: &mut Run<'_>, id: ReqId) -> Option<bool> {
+        match self.records.remove(&id)? {
+            Record::Holder { units, slots, .. } => {
+                self.drop_holder(run.cfg, units, slots);
+                Some(true)
+            }
+            Record::Waiter { .. } => {
+                self.queue.retain(|&w| w != id);
+                run.fx.withdrawn.push(id);
+                Some(false)
+            }
+        }
+    }
+
+    fn put_mark(&mut self, cfg: &Config, client: u8, low: u8, seq: u8, mark: Mark) {
+        self.sessions
+            .entry(client)
+            .or_default()
+            .put(cfg, low, seq, mark);
+    }
+
+    /// Promote, then answer `reply`.
+    fn promoted(&mut self, run: &mut Run<'_>, reply: Reply) -> Reply {
         self.promote(run);
         reply
     }
@@ -248,13 +343,7 @@ impl Server {
 
     /// Nobody holds or waits, and the counters and the bitmap say so too.
     pub fn idle(&self) -> bool {
-        self.used == 0
-            && self.slots == 0
-            && self.queue.is_empty()
-            && self
-                .records
-                .values()
-                .all(|r| matches!(r, Record::Tomb { .. }))
+        self.used == 0 && self.slots == 0 && self.queue.is_empty() && self.records.is_empty()
     }
 
     /// Drop every holder and waiter whose end has come, then promote.
@@ -265,7 +354,6 @@ impl Server {
             .iter()
             .filter(|(_, r)| match r {
                 Record::Holder { ends, .. } | Record::Waiter { ends, .. } => *ends <= now,
-                Record::Tomb { .. } => false,
             })
             .map(|(&id, r)| (id, r.clone()))
             .collect();
@@ -276,7 +364,6 @@ impl Server {
                     self.drop_holder(run.cfg, units, slots);
                 }
                 Record::Waiter { .. } => self.queue.retain(|&w| w != id),
-                Record::Tomb { .. } => {}
             }
         }
         self.promote(run);
@@ -375,9 +462,8 @@ impl Server {
             let next = self
                 .records
                 .values()
-                .filter_map(|r| match r {
-                    Record::Holder { ends, .. } | Record::Waiter { ends, .. } => Some(*ends),
-                    Record::Tomb { .. } => None,
+                .map(|r| match r {
+                    Record::Holder { ends, .. } | Record::Waiter { ends, .. } => *ends,
                 })
                 .min();
             if let Some(next) = next {

@@ -117,7 +117,10 @@ fn found(cfg: Config, bug: Bug, property: &'static str) -> String {
 #[test]
 fn a_grant_that_skips_the_queue_breaks_fifo() {
     let told = found(Config::new(3, 2), Bug::GrantSkipsQueue, "fifo");
-    assert!(told.contains("2 units, wait) -> QUEUED"), "{told}");
+    assert!(
+        told.contains("2 units, wait, seq 1, low 1) -> QUEUED"),
+        "{told}"
+    );
 }
 
 #[test]
@@ -207,6 +210,29 @@ fn clearing_the_mailbox_at_the_resend_does_not_close_the_stale_wake_up() {
         told.contains("c1 notifier reads the wake-up to its mailbox"),
         "{told}"
     );
+}
+
+/// One fault that fails a release's reply (a lost reply, a restart) after the server applied
+/// it: the release is resent with its number, and the session record's mark answers it as the
+/// first.
+fn one_fault() -> Config {
+    Config::new(2, 1).with_faults(faults(1))
+}
+
+/// A session record that drops the mark at the low mark (`<= low`) loses the mark of the
+/// release still open: its resend is applied again and answered NOTHELD.
+#[test]
+fn a_session_record_that_drops_the_mark_at_the_low_mark_answers_a_resent_release_notheld() {
+    let told = found(one_fault(), Bug::MarkDroppedAtLow, "release");
+    assert!(told.contains("RELEASED"), "{told}");
+    assert!(told.contains("-> NOTHELD"), "{told}");
+}
+
+/// A release resent under a new number finds no mark: applied again, answered NOTHELD.
+#[test]
+fn a_release_resent_under_a_new_number_is_answered_notheld() {
+    let told = found(one_fault(), Bug::ReleaseRenumbered, "release");
+    assert!(told.contains("seq 3"), "{told}");
 }
 
 #[test]
