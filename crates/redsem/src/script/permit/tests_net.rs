@@ -1605,6 +1605,10 @@ async fn pruning_a_due_session_record_leaves_the_index_entries_not_due() {
     assert_eq!(gone, None, "the due entry goes");
     assert_eq!(kept, Some((now + 300_000) as f64), "the other stays");
     assert_eq!(fields(&mut conn, &["s:later"]).await, [Some(later)]);
+    // The next prune falls due with the earliest record left (s:later, or the caller's).
+    let [prune] =
+        <[Option<String>; 1]>::try_from(fields(&mut conn, &["prune"]).await).expect("one field");
+    assert!(prune.is_some(), "the next prune is scheduled");
 }
 
 #[tokio::test]
@@ -1910,4 +1914,26 @@ async fn an_addition_meeting_a_foreign_session_index_is_marked_only_with_its_cou
         (1, Addition::Repeated(1)),
         "applied and marked together"
     );
+}
+
+#[tokio::test]
+async fn a_failure_in_a_key_of_the_right_type_is_passed_on_as_redis_gave_it() {
+    // A command that fails on one of our keys holding the type it should is not a foreign
+    // value: Redis's own error is passed on (here HINCRBY of a ticket counter that is not a
+    // number), not WRONGTYPE naming a key that is a hash. (Kills caught() calling every
+    // failure on a key WRONGTYPE.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    assert!(
+        super::permit_try_set(&mut conn, &k, "s", 0)
+            .await
+            .expect("set")
+    );
+    let () = conn.hset(&k.all[4], "seq", "x").await.expect("hset");
+    let queued = super::permit_acquire(&mut conn, &k, "w", 1, true, LONG, CHANNEL).await;
+    match queued {
+        Err(Error::WrongType { .. }) | Ok(_) => panic!("expected Redis's own error: {queued:?}"),
+        Err(other) => assert!(format!("{other:?}").contains("not an integer"), "{other:?}"),
+    }
 }
