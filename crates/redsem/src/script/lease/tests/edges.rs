@@ -1818,3 +1818,150 @@ async fn a_late_copy_of_an_acquire_in_a_batch_is_not_applied() {
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!(status.in_use, 0, "nothing granted");
 }
+
+/// Makes ARGV[1]'s lease in KEYS[1] end now, ARGV[2]'s 3 ms from now, and `next` of KEYS[2]
+/// now (so the next call settles); answers now.
+const PLANT_DUE_AND_SOON: &str = "local t = redis.call('TIME') \
+    local now = t[1] * 1000 + math.floor(t[2] / 1000) \
+    redis.call('ZADD', KEYS[1], string.format('%d', now), ARGV[1]) \
+    redis.call('ZADD', KEYS[1], string.format('%d', now + 3), ARGV[2]) \
+    redis.call('HSET', KEYS[2], 'next', string.format('%d', now)) \
+    return now";
+
+/// The Redis time in ms, read in a script (so that it can go in a MULTI).
+const NOW: &str = "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)";
+
+#[tokio::test]
+async fn a_settle_keeps_a_lease_that_ends_a_few_ms_later() {
+    // The settle drops the leases that ended at or before now, not those about to: planted
+    // in the same MULTI as a request, one lease ends in the request's millisecond and another
+    // 3 ms later; where the request ran within 2 ms (the time read on both sides tells), the
+    // second holder keeps its unit. (Kills the settle reading the time 5 ms late.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let mut told = 0;
+    for round in 0..20 {
+        let _: () = conn.del(&k.all[..]).await.expect("del");
+        let (a, b, c) = (
+            format!("a{round}"),
+            format!("b{round}"),
+            format!("c{round}"),
+        );
+        granted(acquire(&mut conn, req(&a, 3, 1, false)).await);
+        granted(acquire(&mut conn, req(&b, 3, 1, false)).await);
+        let r = req(&c, 3, 1, false);
+        let (before, reply, after): (i64, Value, i64) = within(
+            LIMIT,
+            "MULTI",
+            redis::pipe()
+                .atomic()
+                .cmd("EVAL")
+                .arg(PLANT_DUE_AND_SOON)
+                .arg(2)
+                .arg(&k.all[0])
+                .arg(&k.all[2])
+                .arg(&a)
+                .arg(&b)
+                .cmd("FCALL")
+                .arg(LEASE_ACQUIRE.function())
+                .arg(k.all.len())
+                .arg(&k.all[..])
+                .arg(r.id)
+                .arg(r.capacity)
+                .arg(r.units)
+                .arg(millis(r.lease))
+                .arg("")
+                .arg("0")
+                .arg("try")
+                .arg(millis(r.waiter_lease))
+                .arg(CHANNEL)
+                .arg(Hex(r.call.seq))
+                .arg(session().id())
+                .arg(Hex(session().low()))
+                .cmd("EVAL")
+                .arg(NOW)
+                .arg(0)
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("MULTI");
+        granted(decode_acquire("lease_acquire", reply).expect("decode"));
+        if after - before > 2 {
+            continue;
+        }
+        told += 1;
+        let record: Option<String> = conn.hget(&k.all[2], format!("r:{b}")).await.expect("hget");
+        assert!(
+            record.is_some_and(|r| r.starts_with("h|")),
+            "{b}, 3 ms from its end, was settled by a call within 2 ms"
+        );
+    }
+    assert!(told > 0, "no round ran within 2 ms");
+}
+
+#[tokio::test]
+async fn a_grant_tells_its_waiter_how_long_it_waited_since_its_check_in() {
+    // A grant's message carries the ms since the waiter's last check-in (the end of its place
+    // less its waiter lease). Planted in the same MULTI as the release: a check-in 10 ms
+    // before the plant's millisecond; with the time read after the release, the delay is
+    // 10 ms plus at most the time between the two. (Kills the delay read 5 ms early or late.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    assert!(matches!(
+        acquire(&mut conn, req("w", 1, 1, true)).await,
+        Acquire::Queued { .. }
+    ));
+    let (planted, reply, after): (i64, Vec<Value>, i64) = within(
+        LIMIT,
+        "MULTI",
+        redis::pipe()
+            .atomic()
+            .cmd("EVAL")
+            .arg(PLANT_AHEAD)
+            .arg(2)
+            .arg(&k.all[0])
+            .arg(&k.all[2])
+            .arg("w")
+            .arg(30_000 - 10)
+            .cmd("FCALL")
+            .arg(LEASE_RELEASE.function())
+            .arg(k.all.len())
+            .arg(&k.all[..])
+            .arg("a")
+            .arg(CHANNEL)
+            .arg(Hex(number("release a")))
+            .arg(session().id())
+            .arg(Hex(session().low()))
+            .arg("r")
+            .cmd("EVAL")
+            .arg(NOW)
+            .arg(0)
+            .query_async(&mut conn),
+    )
+    .await
+    .expect("MULTI");
+    // (The plant's millisecond: the planted end less 29,990 ms.)
+    let before = planted - (30_000 - 10);
+    let handed = reply
+        .iter()
+        .find_map(|v| match v {
+            Value::BulkString(b) if b.contains(&b'|') => {
+                Some(String::from_utf8_lossy(b).into_owned())
+            }
+            _ => None,
+        })
+        .expect("the grant handed back");
+    let delay: i64 = handed
+        .rsplit('|')
+        .next()
+        .expect("delay")
+        .parse()
+        .expect("ms");
+    assert!(
+        (10..=10 + (after - before)).contains(&delay),
+        "{handed}: waited {delay} ms, 10 ms before a release within [{before}, {after}]"
+    );
+}
