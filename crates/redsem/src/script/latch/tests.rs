@@ -695,3 +695,68 @@ async fn a_call_prunes_only_in_a_millisecond_divisible_by_16() {
     }
     assert!(told > 0, "no round told its call's millisecond");
 }
+
+#[tokio::test]
+async fn a_record_whose_expiry_is_the_calls_millisecond_is_pruned_by_it() {
+    // A record is due from its expiry on: planted in the same MULTI as the call, its expiry is
+    // the call's millisecond or a few before, and a call that prunes drops it with the long
+    // expired one. (Kills the prune skipping records due within the last 5 ms.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = lk();
+    assert!(
+        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+            .await
+            .expect("set")
+    );
+    let _: String = LATCH_COUNT_DOWN
+        .script()
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    let plant = redis::Script::new(
+        r"local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        redis.call('ZADD', KEYS[1], now, 's:edge', 1, 's:old')
+        redis.call('HSET', KEYS[2], 's:edge', '1|1|0|', 's:old', '1|1|0|')
+        return now",
+    );
+    let _: String = plant
+        .prepare_invoke()
+        .load_async(&mut conn)
+        .await
+        .expect("SCRIPT LOAD");
+    for round in 0..2_000 {
+        let seq = number(&format!("edge round {round}"));
+        let (_, _): (i64, Value) = within(
+            LIMIT,
+            "plant and count down",
+            redis::pipe()
+                .atomic()
+                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]))
+                .invoke_script(
+                    LATCH_COUNT_DOWN
+                        .script()
+                        .key(&k.all[..])
+                        .arg(Hex(seq))
+                        .arg(session().id())
+                        .arg(Hex(session().low()))
+                        .arg(&k.channel),
+                )
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("exec");
+        let old: Option<f64> = conn.zscore(&k.all[2], "s:old").await.expect("zscore");
+        if old.is_none() {
+            let edge: Option<f64> = conn.zscore(&k.all[2], "s:edge").await.expect("zscore");
+            assert_eq!(
+                edge, None,
+                "a record due at the call's millisecond was kept"
+            );
+            return;
+        }
+    }
+    panic!("no call pruned in 2,000 rounds");
+}

@@ -2013,3 +2013,24 @@ async fn a_layout_1_takeover_in_a_batch_forgets_the_records_it_read() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_waiter_dropped_for_a_shrunk_capacity_is_woken_to_learn_it() {
+    // A waiter asking for more than the capacity now is dropped and told at once by a
+    // message with its id alone, not left to find out at its next check-in. (Kills the
+    // dropped waiter's wake-up left out.)
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = keys();
+    let mut pubsub = subscribe(&server, CHANNEL).await;
+    granted(acquire(&mut conn, req("a", 3, 1, true)).await);
+    assert!(matches!(
+        acquire(&mut conn, req("big", 3, 3, true)).await,
+        Acquire::Queued { position: 0, .. }
+    ));
+    assert_eq!(
+        lease_set_capacity(&mut conn, &k, 2).await.expect("shrink"),
+        Some(3)
+    );
+    assert_eq!(next_message(&mut pubsub).await, "big");
+}
