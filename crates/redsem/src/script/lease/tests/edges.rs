@@ -2034,3 +2034,31 @@ async fn a_waiter_dropped_for_a_shrunk_capacity_is_woken_to_learn_it() {
     );
     assert_eq!(next_message(&mut pubsub).await, "big");
 }
+
+#[tokio::test]
+async fn a_settle_drops_ended_holders_while_its_budget_covers_their_units() {
+    // One call drops ended holders while the work budget (4,096 units) covers each one's
+    // units, then leaves the rest for the next call: after 4,095, one more unit fits the
+    // budget exactly and goes, two more do not and stay. (Kills the budget test taking an
+    // exact fit for too much, or never stopping.)
+    for (second, dropped) in [(1, true), (2, false)] {
+        let server = RedisServer::start();
+        let mut conn = connect(&server).await;
+        let k = keys();
+        let cap = MAX_UNITS_FOR_TESTS - 1 + second;
+        granted(acquire(&mut conn, req("a", cap, MAX_UNITS_FOR_TESTS - 1, false)).await);
+        granted(acquire(&mut conn, req("b", cap, second, false)).await);
+        // Both leases ended (a first), and `next` says so.
+        let now = server_millis(&mut conn).await;
+        let () = conn
+            .zadd_multiple(&k.all[0], &[(now - 10, "a"), (now - 5, "b")])
+            .await
+            .expect("zadd");
+        let () = conn.hset(&k.all[2], "next", now - 10).await.expect("hset");
+        lease_status(&mut conn, &k).await.expect("status");
+        let a: Option<String> = conn.hget(&k.all[2], "r:a").await.expect("hget");
+        let b: Option<String> = conn.hget(&k.all[2], "r:b").await.expect("hget");
+        assert_eq!(a, None, "a dropped");
+        assert_eq!(b.is_none(), dropped, "b ({second} units) after a: {b:?}");
+    }
+}
