@@ -75,6 +75,29 @@ async fn raw_release(
     }
 }
 
+/// `FCALL lease_acquire` of `r` (try mode) in the test session, as a command to add to a
+/// `MULTI` after a script that plants the time.
+fn fcall_try_acquire(r: &Request<'_>) -> redis::Cmd {
+    let k = keys();
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(LEASE_ACQUIRE.function())
+        .arg(k.all.len())
+        .arg(&k.all[..])
+        .arg(r.id)
+        .arg(r.capacity)
+        .arg(r.units)
+        .arg(millis(r.lease))
+        .arg("")
+        .arg("0")
+        .arg("try")
+        .arg(millis(r.waiter_lease))
+        .arg(CHANNEL)
+        .arg(Hex(r.call.seq))
+        .arg(session().id())
+        .arg(Hex(session().low()));
+    cmd
+}
+
 #[tokio::test]
 async fn a_call_arriving_late_with_a_lower_low_mark_does_not_lower_its_sessions() {
     // A client sends release A (number 10) while its call 3 is unanswered (low mark 3); A is
@@ -1328,22 +1351,7 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
             LIMIT,
             "MULTI",
             plant_now(&k.all[0], &a, &k.all[2], "next")
-                .cmd("FCALL")
-                .arg(LEASE_ACQUIRE.function())
-                .arg(k.all.len())
-                .arg(&k.all[..])
-                .arg(r.id)
-                .arg(r.capacity)
-                .arg(r.units)
-                .arg(millis(r.lease))
-                .arg("")
-                .arg("0")
-                .arg("try")
-                .arg(millis(r.waiter_lease))
-                .arg(CHANNEL)
-                .arg(Hex(r.call.seq))
-                .arg(session().id())
-                .arg(Hex(session().low()))
+                .add_command(fcall_try_acquire(&r))
                 .query_async(&mut conn),
         )
         .await
@@ -1683,22 +1691,7 @@ async fn a_grant_in_the_millisecond_a_prune_falls_due_prunes() {
                 .arg(&k.all[0])
                 .arg(&k.all[2])
                 .arg(&dead)
-                .cmd("FCALL")
-                .arg(LEASE_ACQUIRE.function())
-                .arg(k.all.len())
-                .arg(&k.all[..])
-                .arg(r.id)
-                .arg(r.capacity)
-                .arg(r.units)
-                .arg(millis(r.lease))
-                .arg("")
-                .arg("0")
-                .arg("try")
-                .arg(millis(r.waiter_lease))
-                .arg(CHANNEL)
-                .arg(Hex(r.call.seq))
-                .arg(session().id())
-                .arg(Hex(session().low()))
+                .add_command(fcall_try_acquire(&r))
                 .query_async(&mut conn),
         )
         .await
@@ -1863,22 +1856,7 @@ async fn a_settle_keeps_a_lease_that_ends_a_few_ms_later() {
                 .arg(&k.all[2])
                 .arg(&a)
                 .arg(&b)
-                .cmd("FCALL")
-                .arg(LEASE_ACQUIRE.function())
-                .arg(k.all.len())
-                .arg(&k.all[..])
-                .arg(r.id)
-                .arg(r.capacity)
-                .arg(r.units)
-                .arg(millis(r.lease))
-                .arg("")
-                .arg("0")
-                .arg("try")
-                .arg(millis(r.waiter_lease))
-                .arg(CHANNEL)
-                .arg(Hex(r.call.seq))
-                .arg(session().id())
-                .arg(Hex(session().low()))
+                .add_command(fcall_try_acquire(&r))
                 .cmd("EVAL")
                 .arg(NOW)
                 .arg(0)
