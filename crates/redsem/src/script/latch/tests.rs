@@ -503,28 +503,36 @@ async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
     // kept by a prune in that call. (Kills the prune taking records due within 5 ms.)
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
+    let edge = edge_at_the_first_prune(&mut conn, 3).await;
+    assert!(edge.is_some(), "a record not yet expired was pruned");
+}
+
+/// Count down a latch (each call in one MULTI with a script that plants two session
+/// records: `s:old`, long expired, and `s:edge`, expiring `offset` ms from the call's own
+/// time) until a call prunes (`s:old` gone): `s:edge`'s index entry then, if kept.
+async fn edge_at_the_first_prune(conn: &mut MultiplexedConnection, offset: i64) -> Option<f64> {
     let k = lk();
     assert!(
-        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
+        latch_try_set(conn, &k, 1_000_000, caller("s"))
             .await
             .expect("set")
     );
     let _: String = LATCH_COUNT_DOWN
         .script()
         .prepare_invoke()
-        .load_async(&mut conn)
+        .load_async(conn)
         .await
         .expect("SCRIPT LOAD");
     let plant = redis::Script::new(
         r"local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        redis.call('ZADD', KEYS[1], now + 3, 's:edge', 1, 's:old')
+        redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), 's:edge', 1, 's:old')
         redis.call('HSET', KEYS[2], 's:edge', '1|1|0|', 's:old', '1|1|0|')
         return now",
     );
     let _: String = plant
         .prepare_invoke()
-        .load_async(&mut conn)
+        .load_async(conn)
         .await
         .expect("SCRIPT LOAD");
     for round in 0..2_000 {
@@ -534,7 +542,7 @@ async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
             "plant and count down",
             redis::pipe()
                 .atomic()
-                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]))
+                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]).arg(offset))
                 .invoke_script(
                     LATCH_COUNT_DOWN
                         .script()
@@ -544,16 +552,13 @@ async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
                         .arg(Hex(session().low()))
                         .arg(&k.channel),
                 )
-                .query_async(&mut conn),
+                .query_async(conn),
         )
         .await
         .expect("exec");
         let old: Option<f64> = conn.zscore(&k.all[2], "s:old").await.expect("zscore");
         if old.is_none() {
-            // This call pruned: the record 3 ms ahead of it stays.
-            let edge: Option<f64> = conn.zscore(&k.all[2], "s:edge").await.expect("zscore");
-            assert!(edge.is_some(), "a record not yet expired was pruned");
-            return;
+            return conn.zscore(&k.all[2], "s:edge").await.expect("zscore");
         }
     }
     panic!("no call pruned in 2,000 rounds");
@@ -703,60 +708,9 @@ async fn a_record_whose_expiry_is_the_calls_millisecond_is_pruned_by_it() {
     // expired one. (Kills the prune skipping records due within the last 5 ms.)
     let server = RedisServer::start();
     let mut conn = connect(&server).await;
-    let k = lk();
-    assert!(
-        latch_try_set(&mut conn, &k, 1_000_000, caller("s"))
-            .await
-            .expect("set")
+    let edge = edge_at_the_first_prune(&mut conn, 0).await;
+    assert_eq!(
+        edge, None,
+        "a record due at the call's millisecond was kept"
     );
-    let _: String = LATCH_COUNT_DOWN
-        .script()
-        .prepare_invoke()
-        .load_async(&mut conn)
-        .await
-        .expect("SCRIPT LOAD");
-    let plant = redis::Script::new(
-        r"local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        redis.call('ZADD', KEYS[1], now, 's:edge', 1, 's:old')
-        redis.call('HSET', KEYS[2], 's:edge', '1|1|0|', 's:old', '1|1|0|')
-        return now",
-    );
-    let _: String = plant
-        .prepare_invoke()
-        .load_async(&mut conn)
-        .await
-        .expect("SCRIPT LOAD");
-    for round in 0..2_000 {
-        let seq = number(&format!("edge round {round}"));
-        let (_, _): (i64, Value) = within(
-            LIMIT,
-            "plant and count down",
-            redis::pipe()
-                .atomic()
-                .invoke_script(plant.key(&k.all[2]).key(&k.all[3]))
-                .invoke_script(
-                    LATCH_COUNT_DOWN
-                        .script()
-                        .key(&k.all[..])
-                        .arg(Hex(seq))
-                        .arg(session().id())
-                        .arg(Hex(session().low()))
-                        .arg(&k.channel),
-                )
-                .query_async(&mut conn),
-        )
-        .await
-        .expect("exec");
-        let old: Option<f64> = conn.zscore(&k.all[2], "s:old").await.expect("zscore");
-        if old.is_none() {
-            let edge: Option<f64> = conn.zscore(&k.all[2], "s:edge").await.expect("zscore");
-            assert_eq!(
-                edge, None,
-                "a record due at the call's millisecond was kept"
-            );
-            return;
-        }
-    }
-    panic!("no call pruned in 2,000 rounds");
 }
