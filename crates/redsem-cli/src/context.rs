@@ -18,6 +18,9 @@ use crate::spinner::Progress;
 use crate::target::{Nodes, Target, redacted};
 use crate::values;
 
+/// The Redis used when neither `--url` nor `REDIS_URL` names one.
+pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
 /// What `-h` says after the options: the examples, notes and exit codes are in `--help`.
 pub(crate) const MORE: &str = "Examples, details and exit codes: --help";
 
@@ -26,7 +29,7 @@ pub(crate) const MORE: &str = "Examples, details and exit codes: --help";
 #[command(next_help_heading = "Global options")]
 pub(crate) struct GlobalArgs {
     /// Redis to use: one server, a cluster (redis+cluster://) or the primary behind Sentinels
-    /// (redis+sentinel://)
+    /// (redis+sentinel://) [default: redis://127.0.0.1:6379]
     ///
     /// One server: redis://[user:password@]host[:port][/db] (rediss:// for TLS); a cluster:
     /// redis+cluster://host:port[,host:port...]; the primary that Sentinels watch:
@@ -36,15 +39,18 @@ pub(crate) struct GlobalArgs {
     /// lists Sentinels (default port 26379) and the name they monitor the primary under. A
     /// user:password@ applies to the data nodes, not to the Sentinels. rediss+cluster:// and
     /// rediss+sentinel:// use TLS throughout.
+    ///
+    /// Without --url or REDIS_URL: redis://127.0.0.1:6379 (status and doctor say so, and -v
+    /// logs it).
+    // No clap default: an absent URL is told apart from one given (see `Context::server`).
     #[arg(
         long,
         global = true,
         value_name = "URL",
         env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379",
         hide_env_values = true
     )]
-    url: String,
+    url: Option<String>,
 
     /// For rediss://: trust the CA certificates in this PEM file instead of the system's
     #[arg(
@@ -137,6 +143,8 @@ impl From<ServerChecksArg> for ServerChecks {
 #[derive(Debug)]
 pub(crate) struct Context {
     url: String,
+    /// Whether `url` is [`DEFAULT_URL`] because neither `--url` nor `REDIS_URL` gave one.
+    url_defaulted: bool,
     tls_ca: Option<PathBuf>,
     prefix: String,
     server_checks: ServerChecks,
@@ -154,8 +162,13 @@ impl Context {
     /// The context of a command run with the global options `global`, in the command line
     /// whose grammar `grammar` builds.
     pub(crate) fn new(global: GlobalArgs, grammar: fn() -> clap::Command) -> Self {
+        let url_defaulted = global.url.is_none();
+        if url_defaulted {
+            tracing::info!("no --url or REDIS_URL: using the default, {DEFAULT_URL}");
+        }
         Context {
-            url: global.url,
+            url: global.url.unwrap_or_else(|| DEFAULT_URL.to_owned()),
+            url_defaulted,
             tls_ca: global.tls_ca,
             prefix: global.prefix,
             server_checks: global.server_checks.into(),
@@ -202,6 +215,17 @@ impl Context {
     /// `--url`, as given (with its password: do not show it).
     pub(crate) fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The server the command talks to, as people may see it: `--url` with any password
+    /// hidden, and `(the default: no --url or REDIS_URL)` after it when none was given.
+    pub(crate) fn server(&self) -> String {
+        server(&self.url, self.url_defaulted)
+    }
+
+    /// `--url` with any password hidden, as JSON output names the server.
+    pub(crate) fn redacted_url(&self) -> String {
+        redacted(&self.url)
     }
 
     /// What `--url` names: one server, a cluster, or the primary behind Sentinels.
@@ -437,6 +461,15 @@ impl Context {
     }
 }
 
+/// `url` as people may see it: its password hidden, and said to be the default if `defaulted`.
+fn server(url: &str, defaulted: bool) -> String {
+    if defaulted {
+        format!("{} (the default: no --url or REDIS_URL)", redacted(url))
+    } else {
+        redacted(url)
+    }
+}
+
 /// How long, at most, to let background clean-ups (a withdrawn request, a dropped permit's
 /// release) finish before the process exits.
 const SETTLE_LIMIT: Duration = Duration::from_secs(1);
@@ -504,5 +537,17 @@ mod tests {
         assert_eq!(hp("rediss://db"), Some(("db".into(), 6379)));
         assert_eq!(hp("rediss://[::1]:7000"), Some(("::1".into(), 7000)));
         assert_eq!(hp("rediss://db:port"), None);
+    }
+
+    #[test]
+    fn the_server_is_named_without_its_password_and_said_to_be_the_default() {
+        assert_eq!(
+            server("redis://app:secret@db:6380/2", false),
+            "redis://app:***@db:6380/2"
+        );
+        assert_eq!(
+            server(DEFAULT_URL, true),
+            "redis://127.0.0.1:6379 (the default: no --url or REDIS_URL)"
+        );
     }
 }

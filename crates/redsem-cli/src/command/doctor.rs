@@ -29,7 +29,8 @@ const EXAMPLES: &str = "\
 Examples:
   redsem doctor
   redsem --url redis://app:pw@cache.internal:6379 doctor --json
-  {\"worst\":\"warn\",\"checks\":[{\"check\":\"version\",\"status\":\"ok\",
+  {\"server\":\"redis://app:***@cache.internal:6379\",\"worst\":\"warn\",\"checks\":
+   [{\"check\":\"version\",\"status\":\"ok\",
    \"detail\":\"Redis 7.2.4: functions available\"}, ...]}
   redsem --url redis+cluster://10.0.0.1:7000,10.0.0.2:7000 doctor
   redsem --url redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster doctor
@@ -40,6 +41,9 @@ none: what a restart loses), replication (replicas and their lag; a replica cann
 written), cluster (cluster_state), acl (the user's rights on the prefix's keys, channels
 and commands), clock (server TIME against this machine's clock; redsem only uses the
 server's, so a difference matters to people reading times, not to the guarantees).
+
+The table's first line names the server (--url, its password hidden; and whether it is the
+default, no --url or REDIS_URL) and the prefix; the JSON has it as \"server\".
 
 On a cluster (redis+cluster://) every primary is checked, each row naming its node
 (\"node\" in JSON), and the cluster row covers every primary's cluster_state, the slots
@@ -128,6 +132,8 @@ impl Check {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    /// The server checked: `--url` with any password hidden.
+    server: String,
     worst: Status,
     checks: Vec<Check>,
 }
@@ -189,7 +195,12 @@ impl Args {
         checks.sort_by_key(|c| ORDER.iter().position(|&name| name == c.check));
         let worst = checks.iter().map(|c| c.status).max().unwrap_or(Status::Ok);
         if self.json {
-            output::print(&output::json(&Report { worst, checks })?)?;
+            let server = ctx.redacted_url();
+            output::print(&output::json(&Report {
+                server,
+                worst,
+                checks,
+            })?)?;
         } else {
             let rows: Vec<Vec<String>> = checks
                 .iter()
@@ -201,7 +212,9 @@ impl Args {
                     vec![c.check.to_owned(), c.status.label().to_owned(), detail]
                 })
                 .collect();
-            output::print(table(&["CHECK", "STATUS", "DETAIL"], &rows).trim_end())?;
+            let table = table(&["CHECK", "STATUS", "DETAIL"], &rows);
+            let header = format!("server {}, prefix {}", ctx.server(), ctx.prefix());
+            output::print(&format!("{header}\n\n{}", table.trim_end()))?;
         }
         Ok(ExitCode::from(worst.exit_code()))
     }

@@ -28,7 +28,8 @@ Examples:
    \"9f2c...\",\"label\":\"web-1\",\"token\":17,\"slots\":[0],
    \"expires_in_ms\":24100,\"held_for_ms\":5900}],\"waiters\":[{\"id\":
    \"51ab...\",\"label\":null,\"units\":1,\"waiting_for_ms\":2300}],
-   \"permits\":{\"available\":0},\"latch\":{\"state\":\"never-set\",\"count\":0}}
+   \"permits\":{\"available\":0},\"latch\":{\"state\":\"never-set\",\"count\":0},
+   \"server\":\"redis://127.0.0.1:6379\"}
 
 A NAME can be a lease semaphore (run, lock, acquire), counted permits (permits) and a latch
 (latch) at once: status shows each that has state. Without NAME, --json prints a list of
@@ -37,6 +38,8 @@ library's Status): \"capacity\" is the limit in force (null when none is stored:
 or idle a long time); expired holders are not listed; \"waiters\" lists the queue in order.
 \"permits\".\"available\" may be negative, and is 0 both when never set and when all are
 taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
+\"server\" is the --url read, its password hidden; the table's first line names it too, and
+the prefix, and says when it is the default (no --url or REDIS_URL).
 
 --watch redraws the view on a terminal (a header line says when); off a terminal
 it prints each view after the last, with --json one line each. It ends with 0 at
@@ -70,7 +73,8 @@ pub(crate) struct Args {
 
 /// `status NAME --json`, and each entry of `status --json` and `serve`'s `/status.json`: the
 /// name, then the library's [`Status`] as its `serde` feature writes it (one schema for all
-/// three), then (here only) the permits and the latch under the same name.
+/// three), then (here only) the permits and the latch under the same name, and the server
+/// read.
 #[derive(Debug, Serialize)]
 struct Report<'a> {
     name: &'a str,
@@ -78,6 +82,8 @@ struct Report<'a> {
     lease: &'a Status,
     permits: PermitsReport,
     latch: LatchReport,
+    /// `--url` with any password hidden.
+    server: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -94,8 +100,12 @@ struct LatchReport {
 impl Args {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
         let redsem = ctx.connect().await?;
+        let server = Server {
+            url: ctx.redacted_url(),
+            header: format!("server {}, prefix {}", ctx.server(), redsem.prefix()),
+        };
         let Some(every) = self.watch else {
-            let text = self.render(&redsem).await?;
+            let text = self.render(&redsem, &server).await?;
             output::print(text.trim_end())?;
             return Ok(ExitCode::SUCCESS);
         };
@@ -104,7 +114,7 @@ impl Args {
         let every = every.max(Duration::from_millis(50));
         loop {
             let started = tokio::time::Instant::now();
-            let text = match self.render(&redsem).await {
+            let text = match self.render(&redsem, &server).await {
                 Ok(text) => text,
                 // Watching rides out a Redis that went away: shown, and tried again.
                 Err(err) if !self.json => format!("redsem: {err}"),
@@ -134,15 +144,16 @@ impl Args {
         }
     }
 
-    /// The view once: NAME's state, or the list of every lease semaphore.
-    async fn render(&self, redsem: &Redsem) -> Result<String, CliError> {
+    /// The view once: NAME's state, or the list of every lease semaphore; the text after a
+    /// line naming the server and the prefix, the JSON with the server in each object.
+    async fn render(&self, redsem: &Redsem, server: &Server) -> Result<String, CliError> {
         let text = match &self.name {
             Some(name) => {
                 let all = everything(redsem, name).await?;
                 if self.json {
-                    output::json(&report(name, &all))?
+                    output::json(&report(name, &all, &server.url))?
                 } else {
-                    describe(name, &all)
+                    format!("{}\n\n{}", server.header, describe(name, &all))
                 }
             }
             None => {
@@ -156,16 +167,24 @@ impl Args {
                 if self.json {
                     let reports: Vec<Report<'_>> = all
                         .iter()
-                        .map(|(name, found)| report(name, found))
+                        .map(|(name, found)| report(name, found, &server.url))
                         .collect();
                     output::json(&reports)?
                 } else {
-                    list(&all, redsem.prefix())
+                    format!("{}\n\n{}", server.header, list(&all, redsem.prefix()))
                 }
             }
         };
         Ok(text)
     }
+}
+
+/// The server a view is read from, as the JSON and the text name it.
+struct Server {
+    /// `--url` with any password hidden.
+    url: String,
+    /// The text's first line: the server (and whether it is the default) and the prefix.
+    header: String,
 }
 
 /// The names of every lease semaphore, permit semaphore and latch with state, each once, and
@@ -214,7 +233,7 @@ fn in_use(status: &Status) -> bool {
     status.capacity.is_some() || !status.holders.is_empty() || !status.waiters.is_empty()
 }
 
-fn report<'a>(name: &'a str, all: &'a Everything) -> Report<'a> {
+fn report<'a>(name: &'a str, all: &'a Everything, server: &'a str) -> Report<'a> {
     let (state, count) = latch_state(all.latch);
     Report {
         name,
@@ -223,6 +242,7 @@ fn report<'a>(name: &'a str, all: &'a Everything) -> Report<'a> {
             available: all.available,
         },
         latch: LatchReport { state, count },
+        server,
     }
 }
 

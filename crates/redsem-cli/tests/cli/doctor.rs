@@ -88,7 +88,12 @@ fn doctor_passes_a_server_with_aof_with_exit_0_and_prints_a_table() {
 
     let out = finish(bare(&["--url", &server.url(), "doctor"])).success();
     let lines: Vec<&str> = out.stdout.lines().collect();
-    assert!(lines[0].starts_with("CHECK"), "{out:?}");
+    assert_eq!(
+        lines[0],
+        format!("server {}, prefix redsem", server.url()),
+        "{out:?}"
+    );
+    assert!(lines[2].starts_with("CHECK"), "{out:?}");
     for check in [
         "version",
         "maxmemory-policy",

@@ -63,7 +63,8 @@ fn status_json_matches_the_contract() {
         empty,
         serde_json::json!({
             "name": "nothing-here", "capacity": null, "in_use": 0, "holders": [], "waiters": [],
-            "permits": {"available": 0}, "latch": {"state": "never-set", "count": 0}
+            "permits": {"available": 0}, "latch": {"state": "never-set", "count": 0},
+            "server": world.server.url()
         })
     );
 
@@ -76,7 +77,7 @@ fn status_json_matches_the_contract() {
     assert_eq!(
         keys_of(&status),
         set(&[
-            "name", "capacity", "in_use", "holders", "waiters", "permits", "latch"
+            "name", "capacity", "in_use", "holders", "waiters", "permits", "latch", "server"
         ])
     );
     assert_eq!(status["name"], "jobs");
@@ -129,7 +130,7 @@ fn status_shows_a_table_a_person_reads_at_a_glance() {
     world.acquire("jobs", 3, &["--holder", "web-1"]);
     let out = world.run(&["status", "jobs"]).success();
     assert!(
-        out.stdout.starts_with("jobs: 1 of 3 in use, 0 waiting"),
+        out.stdout.contains("\n\njobs: 1 of 3 in use, 0 waiting"),
         "{out:?}"
     );
     for column in [
