@@ -1,11 +1,14 @@
 //! `redsem serve [--listen ADDR] [NAME...]`: `/metrics` in the Prometheus text format and `/`,
 //! a status page that refreshes by itself, both read from Redis with the status scripts at
 //! each request (one `SCAN` for the names, one script per semaphore).
+//!
+//! A Redis that cannot be reached at start does not stop it: it serves `redsem_up 0` and a
+//! page that says so, and connects again every [`RECONNECT`] until Redis answers.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -39,7 +42,13 @@ Each request reads Redis: one SCAN for the names (none when NAMEs are given) and
 one status script per semaphore. Without NAMEs every lease semaphore under the
 prefix is shown: give NAMEs to bound the series a scrape makes.
 
-Exit codes: 0 stopped by a signal · 1 cannot listen · 2 usage error · 69 Redis unreachable";
+If Redis cannot be reached at start, serve starts anyway: /metrics says
+redsem_up 0, the page and /status.json (503) say why, and it connects again every
+second until Redis answers. The page names the server (--url, its password
+hidden) and the prefix.
+
+Exit codes: 0 stopped by a signal · 1 cannot listen · 2 usage error · 78 server
+not suitable (at start)";
 
 /// Serve /metrics (Prometheus) and a live status page of the lease semaphores over HTTP
 #[derive(Debug, clap::Args)]
@@ -58,16 +67,61 @@ pub(crate) struct Args {
     names: Vec<String>,
 }
 
+/// How long to wait between attempts to connect to a Redis that could not be reached (the
+/// messages say "every second").
+const RECONNECT: Duration = Duration::from_secs(1);
+
 /// What the handlers share.
 struct Served {
-    redsem: Redsem,
+    /// The client, once Redis answered (at start or at a later attempt).
+    redsem: OnceLock<Redsem>,
+    /// Why there is no client yet: the last attempt's failure, in one line.
+    unreachable: Mutex<String>,
+    /// `--url`, its password hidden.
+    server: String,
+    prefix: String,
     names: Vec<String>,
     refresh: Duration,
 }
 
+impl Served {
+    fn unreachable(&self) -> String {
+        self.unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_unreachable(&self, why: String) {
+        *self
+            .unreachable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why;
+    }
+}
+
 impl Args {
     pub(crate) async fn execute(self, ctx: &Context) -> Result<ExitCode, CliError> {
-        let redsem = ctx.connect().await?;
+        let served = Arc::new(Served {
+            redsem: OnceLock::new(),
+            unreachable: Mutex::new(String::new()),
+            server: ctx.redacted_url(),
+            prefix: ctx.prefix().to_owned(),
+            names: self.names,
+            refresh: self.refresh,
+        });
+        // Only an unreachable Redis is waited out: a usage error or an unsuitable server
+        // (exit 78) ends it here.
+        match ctx.connect().await {
+            Ok(redsem) => {
+                let _ = served.redsem.set(redsem);
+            }
+            Err(err) if err.code() == exit::UNAVAILABLE => {
+                eprintln!("redsem: {err}; serving anyway (redsem_up 0), trying again every second");
+                served.set_unreachable(err.to_string());
+            }
+            Err(err) => return Err(err),
+        }
         let mut signals = Signals::install()?;
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
@@ -78,52 +132,88 @@ impl Args {
                 )
             })?;
         let bound = listener.local_addr().unwrap_or(self.listen);
-        let served = Arc::new(Served {
-            redsem,
-            names: self.names,
-            refresh: self.refresh,
-        });
         let app = Router::new()
             .route("/", get(page))
             .route("/metrics", get(metrics))
             .route("/status.json", get(json))
-            .with_state(served);
-        eprintln!("redsem: serving http://{bound}/ (metrics at http://{bound}/metrics)");
+            .with_state(Arc::clone(&served));
+        eprintln!(
+            "redsem: serving http://{bound}/ (metrics at http://{bound}/metrics), reading {}",
+            ctx.server()
+        );
         let stop = async move {
             let signal = signals.recv().await;
             tracing::info!(signal = signal.as_str(), "stopping");
         };
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-            .map_err(|e| CliError::new(exit::FAILURE, format!("the HTTP server failed: {e}")))?;
+        let serving = axum::serve(listener, app).with_graceful_shutdown(stop);
+        tokio::select! {
+            outcome = serving => outcome.map_err(|e| {
+                CliError::new(exit::FAILURE, format!("the HTTP server failed: {e}"))
+            })?,
+            never = connect_until_up(ctx, &served) => match never {},
+        }
         Ok(ExitCode::SUCCESS)
     }
 }
 
-/// One read of every semaphore shown, and how long it took.
+/// Connect every [`RECONNECT`] while `served` has no client, keeping the last failure for
+/// the page; once connected, wait forever (the client reconnects by itself from then on).
+async fn connect_until_up(ctx: &Context, served: &Served) -> std::convert::Infallible {
+    while served.redsem.get().is_none() {
+        tokio::time::sleep(RECONNECT).await;
+        match ctx.connect().await {
+            Ok(redsem) => {
+                let _ = served.redsem.set(redsem);
+                eprintln!("redsem: Redis at {} answers now", served.server);
+            }
+            Err(err) => {
+                tracing::info!(%err, "Redis still unreachable");
+                served.set_unreachable(err.to_string());
+            }
+        }
+    }
+    std::future::pending().await
+}
+
+/// One read of every semaphore shown (or why it failed, in one line), and how long it took.
 struct Snapshot {
-    semaphores: Result<Vec<(String, Status)>, redsem::Error>,
+    semaphores: Result<Vec<(String, Status)>, String>,
     took: Duration,
 }
 
 async fn snapshot(served: &Served) -> Snapshot {
     let started = Instant::now();
+    let Some(redsem) = served.redsem.get() else {
+        return Snapshot {
+            semaphores: Err(format!(
+                "{} (trying again every second)",
+                served.unreachable()
+            )),
+            took: started.elapsed(),
+        };
+    };
     let semaphores = async {
         let names = if served.names.is_empty() {
-            served.redsem.lease_semaphore_names().await?
+            redsem.lease_semaphore_names().await?
         } else {
             served.names.clone()
         };
         let mut all = Vec::with_capacity(names.len());
         for name in names {
             // The capacity only matters when acquiring: status reads the one stored.
-            let status = served.redsem.lease_semaphore(&name, 1)?.status().await?;
+            let status = redsem.lease_semaphore(&name, 1)?.status().await?;
             all.push((name, status));
         }
         Ok(all)
     }
-    .await;
+    .await
+    .map_err(|err: redsem::Error| {
+        format!(
+            "Redis at {} did not answer: {}",
+            served.server,
+            crate::error::chain(&err)
+        )
+    });
     Snapshot {
         semaphores,
         took: started.elapsed(),
@@ -149,21 +239,22 @@ async fn json(State(served): State<Arc<Served>>) -> Response {
         name: &'a str,
         #[serde(flatten)]
         status: &'a Status,
+        server: &'a str,
     }
     let snap = snapshot(&served).await;
     match &snap.semaphores {
         Ok(all) => {
             let entries: Vec<Entry<'_>> = all
                 .iter()
-                .map(|(name, status)| Entry { name, status })
+                .map(|(name, status)| Entry {
+                    name,
+                    status,
+                    server: &served.server,
+                })
                 .collect();
             axum::Json(entries).into_response()
         }
-        Err(err) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{}\n", crate::error::chain(err)),
-        )
-            .into_response(),
+        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
     }
 }
 
@@ -171,7 +262,7 @@ async fn page(State(served): State<Arc<Served>>) -> Response {
     let snap = snapshot(&served).await;
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        html(&snap, served.redsem.prefix(), served.refresh),
+        html(&snap, &served.server, &served.prefix, served.refresh),
     )
         .into_response()
 }
@@ -280,24 +371,23 @@ code{font-size:.9em;color:#555}.muted{color:#777}.err{color:#b00}\
 .bar{display:inline-block;height:.8em;background:#4a8;vertical-align:middle}\
 .free{display:inline-block;height:.8em;background:#ddd;vertical-align:middle}";
 
-/// The status page: one section per semaphore, holders and the queue in order.
-fn html(snap: &Snapshot, prefix: &str, refresh: Duration) -> String {
+/// The status page of the semaphores under `prefix` on `server`: one section per semaphore,
+/// holders and the queue in order.
+fn html(snap: &Snapshot, server: &str, prefix: &str, refresh: Duration) -> String {
     let secs = refresh.as_secs().max(1);
     let mut out = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta http-equiv=\"refresh\" content=\"{secs}\">\
          <title>redsem: {}</title><style>{STYLE}</style></head><body>\n\
-         <h1>redsem semaphores under <code>{}</code></h1>\n",
+         <h1>redsem semaphores under <code>{}</code></h1>\n\
+         <p class=\"muted\">Redis <code>{}</code></p>\n",
         escape(prefix),
-        escape(prefix)
+        escape(prefix),
+        escape(server)
     );
     match &snap.semaphores {
         Err(err) => {
-            let _ = writeln!(
-                out,
-                "<p class=\"err\">Redis did not answer: {}</p>",
-                escape(&crate::error::chain(err))
-            );
+            let _ = writeln!(out, "<p class=\"err\">{}</p>", escape(err));
         }
         Ok(all) if all.is_empty() => {
             out.push_str(
@@ -402,11 +492,17 @@ mod tests {
     #[test]
     fn an_unreachable_redis_scrapes_as_down() {
         let snap = Snapshot {
-            semaphores: Err(redsem::Error::InvalidArgument("x".into())),
+            semaphores: Err("cannot reach Redis at redis://127.0.0.1:1: refused".into()),
             took: Duration::from_millis(3),
         };
         let text = prometheus(&snap);
         assert!(text.contains("\nredsem_up 0\n"), "{text}");
         assert!(!text.contains("redsem_semaphore_used"), "{text}");
+        let page = html(&snap, "redis://u:***@h:1", "redsem", Duration::from_secs(2));
+        assert!(
+            page.contains("cannot reach Redis at redis://127.0.0.1:1"),
+            "{page}"
+        );
+        assert!(page.contains("<code>redis://u:***@h:1</code>"), "{page}");
     }
 }

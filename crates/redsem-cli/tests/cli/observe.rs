@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{LIMIT, Running, World, closed_port};
+use redsem_test::{RedisServer, eventually};
+
+use crate::support::{LIMIT, Running, World, bare, closed_port, finish};
 
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, the connection closed by the server): the status
 /// code and the body. Connecting is retried until the server listens (at most [`LIMIT`]).
@@ -201,4 +203,114 @@ fn status_watch_off_a_terminal_prints_each_table_after_the_last() {
         !out.stdout.contains('\x1b'),
         "no screen control off a terminal: {out:?}"
     );
+}
+
+#[test]
+fn serve_starts_without_redis_reports_it_down_and_up_once_redis_answers() {
+    // A server's port and URL, with the server stopped: nothing answers there yet.
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let port = closed_port();
+    let listen = format!("127.0.0.1:{port}");
+    let serve = Running::start(bare(&["--url", &url, "serve", "--listen", &listen]));
+
+    let (code, metrics) = get(port, "/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    assert_eq!(value(&metrics, "redsem_up"), 0.0, "{metrics}");
+    assert!(!metrics.contains("redsem_semaphores"), "{metrics}");
+    let (code, page) = get(port, "/");
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains(&format!("cannot reach Redis at {url}")),
+        "the page says why: {page}"
+    );
+    assert!(page.contains(&format!("<code>{url}</code>")), "{page}");
+    let (code, body) = get(port, "/status.json");
+    assert_eq!(code, 503, "{body}");
+
+    server.restart();
+    finish(bare(&[
+        "--url", &url, "acquire", "jobs", "--limit", "2", "--lease", "1m",
+    ]))
+    .success();
+    let mut metrics = String::new();
+    eventually(LIMIT, "serve reads Redis once it answers", || {
+        metrics = get(port, "/metrics").1;
+        value(&metrics, "redsem_up") == 1.0
+    });
+    assert_eq!(
+        value(&metrics, "redsem_semaphore_used{name=\"jobs\"}"),
+        1.0,
+        "{metrics}"
+    );
+    let (code, body) = get(port, "/status.json");
+    assert_eq!(code, 200, "{body}");
+
+    serve.signal(Signal::SIGTERM);
+    let out = serve.wait();
+    assert_eq!(out.code(), 0, "{out:?}");
+    assert!(out.stderr.contains("serving anyway"), "{out:?}");
+    assert!(
+        out.stderr.contains(&format!("Redis at {url} answers now")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn status_and_doctor_name_the_server_they_read_without_its_password() {
+    // An ACL user besides the default one, so the harness can still PING without a password.
+    let server = RedisServer::start_with(&["--user", "app", "on", ">s3cret", "~*", "&*", "+@all"]);
+    let port = server.port();
+    let url = format!("redis://app:s3cret@127.0.0.1:{port}");
+    let shown = format!("redis://app:***@127.0.0.1:{port}");
+    let header = format!("server {shown}, prefix redsem");
+    let redsem = |args: &[&str]| {
+        let mut all = vec!["--url", url.as_str()];
+        all.extend_from_slice(args);
+        let out = finish(bare(&all));
+        assert!(!out.stdout.contains("s3cret"), "{out:?}");
+        assert!(!out.stderr.contains("s3cret"), "{out:?}");
+        out
+    };
+    redsem(&["acquire", "jobs", "--limit", "2"]).success();
+
+    for args in [&["status", "jobs"][..], &["status"]] {
+        let out = redsem(args).success();
+        assert_eq!(out.stdout.lines().next(), Some(header.as_str()), "{out:?}");
+    }
+    let one: serde_json::Value =
+        serde_json::from_str(&redsem(&["status", "jobs", "--json"]).success().stdout)
+            .expect("JSON");
+    assert_eq!(one["server"], shown.as_str(), "{one}");
+    let all: serde_json::Value =
+        serde_json::from_str(&redsem(&["status", "--json"]).success().stdout).expect("JSON");
+    assert_eq!(all[0]["server"], shown.as_str(), "{all}");
+
+    let out = redsem(&["doctor"]);
+    assert_eq!(out.stdout.lines().next(), Some(header.as_str()), "{out:?}");
+    let report: serde_json::Value =
+        serde_json::from_str(&redsem(&["doctor", "--json"]).stdout).expect("JSON");
+    assert_eq!(report["server"], shown.as_str(), "{report}");
+}
+
+#[test]
+fn the_default_url_is_named_at_v_when_neither_url_nor_redis_url_is_given() {
+    let said = "no --url or REDIS_URL: using the default, redis://127.0.0.1:6379";
+    // `completions` does not connect: nothing reaches the Redis on 6379, if any.
+    let out = finish(bare(&["-v", "completions", "bash"])).success();
+    assert!(out.stderr.contains(said), "{out:?}");
+    let out = finish(bare(&[
+        "--url",
+        "redis://127.0.0.1:1",
+        "-v",
+        "completions",
+        "bash",
+    ]))
+    .success();
+    assert!(!out.stderr.contains(said), "{out:?}");
+    let mut from_env = bare(&["-v", "completions", "bash"]);
+    from_env.env("REDIS_URL", "redis://127.0.0.1:1");
+    let out = finish(from_env).success();
+    assert!(!out.stderr.contains(said), "{out:?}");
 }
