@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 
-use crate::call::{block, flush, seconds, spawn};
+use crate::call::{Owned, block, flush, seconds, spawn};
 use crate::errors::invalid;
 use crate::latch::CountDownLatch;
 use crate::lease::{LeaseSemaphore, Mutex};
@@ -74,7 +74,9 @@ pub(crate) fn connect(
     // Not cut into slices for Ctrl-C: bounded by `connect_timeout` (and the server checks by
     // `response_timeout`).
     let inner = block(py, None, redsem::Redsem::connect_with(&url, options))?;
-    Ok(Redsem { inner })
+    Ok(Redsem {
+        inner: Owned::new(inner),
+    })
 }
 
 /// `connect`, as an asyncio awaitable (`redsem.aio.connect`).
@@ -102,7 +104,9 @@ pub(crate) fn connect_async<'py>(
     let url = url.to_owned();
     spawn(py, async move {
         let inner = redsem::Redsem::connect_with(&url, options).await?;
-        Ok(Redsem { inner })
+        Ok(Redsem {
+            inner: Owned::new(inner),
+        })
     })
 }
 
@@ -110,7 +114,7 @@ pub(crate) fn connect_async<'py>(
 /// connection and one pub/sub connection, shared by every primitive and permit made from it.
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct Redsem {
-    pub(crate) inner: redsem::Redsem,
+    inner: Owned<redsem::Redsem>,
 }
 
 /// The lease options of `lease_semaphore` and `mutex`, from their keyword arguments.
@@ -136,8 +140,8 @@ fn lease_options(
 impl Redsem {
     /// The key prefix.
     #[getter]
-    fn prefix(&self) -> &str {
-        self.inner.prefix()
+    fn prefix(&self) -> PyResult<&str> {
+        Ok(self.inner.get()?.prefix())
     }
 
     /// A fair lease semaphore of `capacity` units. No round trip.
@@ -159,29 +163,31 @@ impl Redsem {
         keepalive: bool,
     ) -> PyResult<LeaseSemaphore> {
         let options = lease_options(lease, waiter_lease, label, one_per_label, keepalive)?;
-        let sem = self
-            .inner
+        let inner = self.inner.get()?;
+        let sem = inner
             .lease_semaphore_with(name, capacity, options)
             .map_err(crate::errors::to_py)?;
-        Ok(LeaseSemaphore::new(self.inner.clone(), sem))
+        Ok(LeaseSemaphore::new(inner.clone(), sem))
     }
 
     /// A distributed mutex: a lease semaphore of capacity 1. No round trip.
-    #[pyo3(signature = (name, *, lease=30.0, waiter_lease=10.0, label=None, keepalive=true))]
+    #[pyo3(signature = (name, *, lease=30.0, waiter_lease=10.0, label=None,
+        one_per_label=false, keepalive=true))]
     fn mutex(
         &self,
         name: &str,
         lease: f64,
         waiter_lease: f64,
         label: Option<String>,
+        one_per_label: bool,
         keepalive: bool,
     ) -> PyResult<Mutex> {
-        let options = lease_options(lease, waiter_lease, label, false, keepalive)?;
-        let mutex = self
-            .inner
+        let options = lease_options(lease, waiter_lease, label, one_per_label, keepalive)?;
+        let inner = self.inner.get()?;
+        let mutex = inner
             .mutex_with(name, options)
             .map_err(crate::errors::to_py)?;
-        Ok(Mutex::new(self.inner.clone(), mutex.semaphore().clone()))
+        Ok(Mutex::new(inner.clone(), mutex.semaphore().clone()))
     }
 
     /// Counted permits without owners or leases (Redisson's `RSemaphore`), FIFO waiting.
@@ -200,11 +206,11 @@ impl Redsem {
         if let Some(permits) = permits {
             options = options.permits(permits);
         }
-        let sem = self
-            .inner
+        let inner = self.inner.get()?;
+        let sem = inner
             .permit_semaphore_with(name, options)
             .map_err(crate::errors::to_py)?;
-        Ok(PermitSemaphore::new(self.inner.clone(), sem))
+        Ok(PermitSemaphore::new(inner.clone(), sem))
     }
 
     /// A countdown latch (Redisson's `RCountDownLatch`). `recheck`: how often a waiter
@@ -212,11 +218,11 @@ impl Redsem {
     #[pyo3(signature = (name, *, recheck=1.0))]
     fn count_down_latch(&self, name: &str, recheck: f64) -> PyResult<CountDownLatch> {
         let options = redsem::LatchOptions::default().recheck(seconds("recheck", recheck)?);
-        let latch = self
-            .inner
+        let inner = self.inner.get()?;
+        let latch = inner
             .count_down_latch_with(name, options)
             .map_err(crate::errors::to_py)?;
-        Ok(CountDownLatch::new(self.inner.clone(), latch))
+        Ok(CountDownLatch::new(inner.clone(), latch))
     }
 
     /// Wait (at most `timeout` seconds) until the releases and withdrawals sent in the
@@ -224,7 +230,7 @@ impl Redsem {
     #[pyo3(signature = (timeout=5.0))]
     fn flush(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let limit = seconds("timeout", timeout)?;
-        let inner = self.inner.clone();
+        let inner = self.inner.get()?.clone();
         block(py, None, async move {
             let _ = tokio::time::timeout(limit, flush(&inner)).await;
             Ok(())
@@ -235,7 +241,7 @@ impl Redsem {
     #[pyo3(signature = (timeout=5.0))]
     fn flush_async<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
         let limit = seconds("timeout", timeout)?;
-        let inner = self.inner.clone();
+        let inner = self.inner.get()?.clone();
         spawn(py, async move {
             let _ = tokio::time::timeout(limit, flush(&inner)).await;
             Ok(())
@@ -244,17 +250,20 @@ impl Redsem {
 
     /// The names of the lease semaphores under this prefix with state in Redis (SCAN).
     fn lease_semaphore_names(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        let inner = self.inner.clone();
+        let inner = self.inner.get()?.clone();
         block(py, None, async move { inner.lease_semaphore_names().await })
     }
 
     /// `lease_semaphore_names`, as an asyncio awaitable.
     fn lease_semaphore_names_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let inner = self.inner.clone();
+        let inner = self.inner.get()?.clone();
         spawn(py, async move { inner.lease_semaphore_names().await })
     }
 
     fn __repr__(&self) -> String {
-        format!("<redsem.Redsem prefix={:?}>", self.inner.prefix())
+        match self.inner.peek() {
+            Some(inner) => format!("<redsem.Redsem prefix={:?}>", inner.prefix()),
+            None => "<redsem.Redsem>".to_owned(),
+        }
     }
 }

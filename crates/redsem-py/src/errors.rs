@@ -22,6 +22,7 @@ mod py {
     pyo3::import_exception!(redsem._errors, NotReplicated);
     pyo3::import_exception!(redsem._errors, ProtocolError);
     pyo3::import_exception!(redsem._errors, Incompatible);
+    pyo3::import_exception!(redsem._errors, WrongProcess);
 }
 
 /// The message of `err` and of every cause under it (the Rust messages leave the cause to
@@ -66,4 +67,14 @@ pub(crate) fn to_py(err: redsem::Error) -> PyErr {
 /// `redsem.InvalidArgument` (also a `ValueError`) for an argument refused in the binding.
 pub(crate) fn invalid(text: String) -> PyErr {
     to_py(redsem::Error::InvalidArgument(text))
+}
+
+/// `redsem.WrongProcess` for an object made in process `pid`, used in a child forked from it.
+pub(crate) fn wrong_process(pid: u32) -> PyErr {
+    py::WrongProcess::new_err(format!(
+        "this object was made in process {pid} and cannot be used in process {} (a fork of it): \
+         its connections and background tasks stay with that process; connect again in this \
+         one (redsem.connect(url)) and make the objects anew",
+        std::process::id()
+    ))
 }

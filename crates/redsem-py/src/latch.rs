@@ -4,7 +4,7 @@ use std::future::Future;
 
 use pyo3::prelude::*;
 
-use crate::call::{Settle, block, maybe_seconds, spawn, spawn_wait};
+use crate::call::{Owned, Settle, block, detached, maybe_seconds, spawn, spawn_wait};
 use crate::status::{Json, latch_json};
 
 /// A countdown latch shared through Redis, like Redisson's `RCountDownLatch`: set a count
@@ -15,22 +15,28 @@ use crate::status::{Json, latch_json};
 /// gets `redsem.StateLost`, never a false opening.
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct CountDownLatch {
-    client: redsem::Redsem,
-    latch: redsem::CountDownLatch,
+    client: Owned<redsem::Redsem>,
+    latch: Owned<redsem::CountDownLatch>,
 }
 
 impl CountDownLatch {
     pub(crate) fn new(client: redsem::Redsem, latch: redsem::CountDownLatch) -> Self {
-        CountDownLatch { client, latch }
+        CountDownLatch {
+            client: Owned::new(client),
+            latch: Owned::new(latch),
+        }
     }
 
     /// Run `op` on a clone of the Rust latch: the future of one call.
-    fn with<T, F, Fut>(&self, op: F) -> impl Future<Output = redsem::Result<T>> + Send + 'static
+    fn with<T, F, Fut>(
+        &self,
+        op: F,
+    ) -> PyResult<impl Future<Output = redsem::Result<T>> + Send + 'static>
     where
         F: FnOnce(redsem::CountDownLatch) -> Fut + Send + 'static,
         Fut: Future<Output = redsem::Result<T>> + Send + 'static,
     {
-        op(self.latch.clone())
+        Ok(op(self.latch.get()?.clone()))
     }
 
     fn wait_future(
@@ -38,15 +44,17 @@ impl CountDownLatch {
         timeout: Option<f64>,
     ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
         let wait = maybe_seconds("timeout", timeout)?;
-        Ok(self.with(move |latch| async move {
+        self.with(move |latch| async move {
             match wait {
                 Some(wait) => latch.wait_timeout(wait).await,
                 None => latch.wait().await,
             }
-        }))
+        })
     }
 
-    fn state_future(&self) -> impl Future<Output = redsem::Result<Json>> + Send + 'static {
+    fn state_future(
+        &self,
+    ) -> PyResult<impl Future<Output = redsem::Result<Json>> + Send + 'static> {
         self.with(|latch| async move { Ok(Json(latch_json(latch.state().await?))) })
     }
 }
@@ -55,8 +63,8 @@ impl CountDownLatch {
 impl CountDownLatch {
     /// The latch's name.
     #[getter]
-    fn name(&self) -> &str {
-        self.latch.name()
+    fn name(&self) -> PyResult<&str> {
+        Ok(self.latch.get()?.name())
     }
 
     /// Set the count to `count` unless the latch is counting already; True if this call set
@@ -65,7 +73,7 @@ impl CountDownLatch {
         block(
             py,
             None,
-            self.with(move |l| async move { l.try_set_count(count).await }),
+            self.with(move |l| async move { l.try_set_count(count).await })?,
         )
     }
 
@@ -73,38 +81,46 @@ impl CountDownLatch {
     fn try_set_count_async<'py>(&self, py: Python<'py>, count: u64) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |l| async move { l.try_set_count(count).await }),
+            self.with(move |l| async move { l.try_set_count(count).await })?,
         )
     }
 
     /// Count down by one (retry-safe: applied once); at zero every waiter is opened.
     fn count_down(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, None, self.with(|l| async move { l.count_down().await }))
+        block(
+            py,
+            None,
+            self.with(|l| async move { l.count_down().await })?,
+        )
     }
 
     /// `count_down`, as an asyncio awaitable.
     fn count_down_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.with(|l| async move { l.count_down().await }))
+        // Cancelling the caller does not cancel the count-down: it goes on in the background.
+        spawn(
+            py,
+            detached(self.with(|l| async move { l.count_down().await })?),
+        )
     }
 
     /// The count-downs still to go (0 when not counting).
     fn count(&self, py: Python<'_>) -> PyResult<u64> {
-        block(py, None, self.with(|l| async move { l.count().await }))
+        block(py, None, self.with(|l| async move { l.count().await })?)
     }
 
     /// `count`, as an asyncio awaitable.
     fn count_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.with(|l| async move { l.count().await }))
+        spawn(py, self.with(|l| async move { l.count().await })?)
     }
 
     /// `{"state": "counting" | "open" | "never-set", "count": n}`, as the CLI's status JSON.
     fn state(&self, py: Python<'_>) -> PyResult<Json> {
-        block(py, None, self.state_future())
+        block(py, None, self.state_future()?)
     }
 
     /// `state`, as an asyncio awaitable.
     fn state_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.state_future())
+        spawn(py, self.state_future()?)
     }
 
     /// Block until the count reaches zero. With `timeout` (seconds), raise `redsem.Timeout`
@@ -113,7 +129,7 @@ impl CountDownLatch {
     #[pyo3(signature = (*, timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let op = self.wait_future(timeout)?;
-        block(py, Some(&self.client), op)
+        block(py, Some(self.client.get()?), op)
     }
 
     /// `wait` for `redsem.aio`: an awaitable and its `Settle`.
@@ -124,20 +140,23 @@ impl CountDownLatch {
         timeout: Option<f64>,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let op = self.wait_future(timeout)?;
-        spawn_wait(py, &self.client, op)
+        spawn_wait(py, self.client.get()?, op)
     }
 
     /// Delete the latch (opening its waiters); True if it existed.
     fn delete(&self, py: Python<'_>) -> PyResult<bool> {
-        block(py, None, self.with(|l| async move { l.delete().await }))
+        block(py, None, self.with(|l| async move { l.delete().await })?)
     }
 
     /// `delete`, as an asyncio awaitable.
     fn delete_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.with(|l| async move { l.delete().await }))
+        spawn(py, self.with(|l| async move { l.delete().await })?)
     }
 
     fn __repr__(&self) -> String {
-        format!("<redsem.CountDownLatch name={:?}>", self.latch.name())
+        match self.latch.peek() {
+            Some(latch) => format!("<redsem.CountDownLatch name={:?}>", latch.name()),
+            None => "<redsem.CountDownLatch>".to_owned(),
+        }
     }
 }

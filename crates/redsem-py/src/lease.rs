@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::call::{Settle, block, maybe_seconds, seconds, spawn, spawn_wait};
+use crate::call::{
+    Owned, Settle, block, detached, human, maybe_seconds, seconds, spawn, spawn_wait,
+};
 use crate::permit::Permit;
 use crate::status::{Json, status_future};
 
@@ -49,9 +51,81 @@ impl Core {
         }
     }
 
+    /// `acquire` (`blocking`) or `try_acquire` raising `NoPermit` when busy (the non-blocking
+    /// form that a `with` statement can use).
+    fn acquire_or_raise(
+        &self,
+        units: u32,
+        wait: Option<Duration>,
+        blocking: bool,
+    ) -> std::pin::Pin<Box<dyn Future<Output = redsem::Result<Permit>> + Send + 'static>> {
+        if blocking {
+            return Box::pin(self.acquire(units, wait));
+        }
+        let Core { client, sem } = self.clone();
+        Box::pin(async move {
+            let permit = sem.try_acquire_many(units).await?;
+            Ok(Permit::start(client, permit))
+        })
+    }
+
     fn status(&self) -> impl Future<Output = redsem::Result<Json>> + Send + 'static {
         status_future(self.client.clone(), self.sem.clone())
     }
+
+    /// True when some permit holds a unit now (one round trip).
+    fn locked(&self) -> impl Future<Output = redsem::Result<bool>> + Send + 'static {
+        let sem = self.sem.clone();
+        async move { Ok(sem.status().await?.in_use > 0) }
+    }
+
+    /// Release the permit `id` of any process; runs to its end if the caller is cancelled.
+    fn release_id(
+        &self,
+        id: &str,
+    ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
+        let id = permit_id(id)?;
+        let sem = self.sem.clone();
+        Ok(detached(async move { sem.release_id(&id).await }))
+    }
+
+    /// Extend the lease of the permit `id` of any process to `lease` from now; refused when
+    /// that would shorten the lease it has (its holder measures its lease locally and would
+    /// not know that it ended early).
+    fn refresh_id(
+        &self,
+        id: &str,
+        lease: f64,
+    ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
+        let id = permit_id(id)?;
+        let lease = seconds("lease", lease)?;
+        let sem = self.sem.clone();
+        Ok(async move {
+            let status = sem.status().await?;
+            if let Some(holder) = status.holders.iter().find(|h| h.id == id)
+                && holder.expires_in > lease
+            {
+                return Err(redsem::Error::InvalidArgument(format!(
+                    "refresh_id would shorten the lease of permit {id} from {} to {}: its \
+                     holder measures its lease locally and would go on as if it held the \
+                     permit; release_id ends a permit early",
+                    human(holder.expires_in),
+                    human(lease)
+                )));
+            }
+            sem.refresh_id(&id, lease).await
+        })
+    }
+}
+
+/// A permit id from Python: refused when empty (no permit has one).
+fn permit_id(id: &str) -> PyResult<redsem::PermitId> {
+    if id.is_empty() {
+        return Err(crate::errors::invalid(
+            "id must be a permit id (32 hex digits), got an empty string".to_owned(),
+        ));
+    }
+    Ok(redsem::PermitId::new(id))
 }
 
 /// A fair counting semaphore shared through Redis, whose permits are leases.
@@ -62,13 +136,13 @@ impl Core {
 /// the background, and comes back within one lease if its process dies.
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct LeaseSemaphore {
-    core: Core,
+    core: Owned<Core>,
 }
 
 impl LeaseSemaphore {
     pub(crate) fn new(client: redsem::Redsem, sem: redsem::LeaseSemaphore) -> Self {
         LeaseSemaphore {
-            core: Core { client, sem },
+            core: Owned::new(Core { client, sem }),
         }
     }
 }
@@ -77,68 +151,74 @@ impl LeaseSemaphore {
 impl LeaseSemaphore {
     /// The semaphore's name.
     #[getter]
-    fn name(&self) -> &str {
-        self.core.sem.name()
+    fn name(&self) -> PyResult<&str> {
+        Ok(self.core.get()?.sem.name())
     }
 
     /// The capacity this handle asks for (the one it was opened with, or last set).
     #[getter]
-    fn capacity(&self) -> u32 {
-        self.core.sem.capacity()
+    fn capacity(&self) -> PyResult<u32> {
+        Ok(self.core.get()?.sem.capacity())
     }
 
     /// Wait in line (FIFO) for `units` units; returns a `Permit`, which is also a context
-    /// manager. With `timeout` (seconds), raise `redsem.Timeout` when not granted in time.
-    /// The GIL is released while waiting; Ctrl-C raises `KeyboardInterrupt`. A request that
-    /// times out or is interrupted has left the queue when the exception is raised.
-    #[pyo3(signature = (units=1, *, timeout=None))]
-    fn acquire(&self, py: Python<'_>, units: u32, timeout: Option<f64>) -> PyResult<Permit> {
+    /// manager. With `timeout` (seconds; `None` or `inf`: no limit), raise `redsem.Timeout`
+    /// when not granted in time. With `blocking=False`, take the units only if they are free
+    /// and nobody waits, else raise `redsem.NoPermit` (the form for `with`). The GIL is
+    /// released while waiting; Ctrl-C raises `KeyboardInterrupt`. A request that times out or
+    /// is interrupted has left the queue when the exception is raised.
+    #[pyo3(signature = (units=1, *, timeout=None, blocking=true))]
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        units: u32,
+        timeout: Option<f64>,
+        blocking: bool,
+    ) -> PyResult<Permit> {
         let wait = maybe_seconds("timeout", timeout)?;
-        block(py, Some(&self.core.client), self.core.acquire(units, wait))
+        let core = self.core.get()?;
+        block(
+            py,
+            Some(&core.client),
+            core.acquire_or_raise(units, wait, blocking),
+        )
     }
 
     /// `acquire` for `redsem.aio`: an awaitable and its `Settle`.
-    #[pyo3(signature = (units=1, timeout=None))]
+    #[pyo3(signature = (units=1, timeout=None, blocking=true))]
     fn acquire_async<'py>(
         &self,
         py: Python<'py>,
         units: u32,
         timeout: Option<f64>,
+        blocking: bool,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let wait = maybe_seconds("timeout", timeout)?;
-        spawn_wait(py, &self.core.client, self.core.acquire(units, wait))
+        let core = self.core.get()?;
+        spawn_wait(
+            py,
+            &core.client,
+            core.acquire_or_raise(units, wait, blocking),
+        )
     }
 
     /// Take `units` units if they are free and nobody waits (one round trip, never queued):
     /// a `Permit`, or `None` when busy.
     #[pyo3(signature = (units=1))]
     fn try_acquire(&self, py: Python<'_>, units: u32) -> PyResult<Option<Permit>> {
-        block(py, None, self.core.try_acquire(units))
+        block(py, None, self.core.get()?.try_acquire(units))
     }
 
     /// `try_acquire`, as an asyncio awaitable.
     #[pyo3(signature = (units=1))]
     fn try_acquire_async<'py>(&self, py: Python<'py>, units: u32) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.try_acquire(units))
-    }
-
-    /// A snapshot, as the dict of the CLI's `redsem status NAME --json`: `name`, `capacity`
-    /// (None when none is stored), `in_use`, `holders` (id, label, token, slots,
-    /// expires_in_ms, held_for_ms), `waiters` (id, label, units, waiting_for_ms), and the
-    /// permits (`{"available": n}`) and latch (`{"state": ..., "count": n}`) of the same name.
-    fn status(&self, py: Python<'_>) -> PyResult<Json> {
-        block(py, None, self.core.status())
-    }
-
-    /// `status`, as an asyncio awaitable.
-    fn status_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.status())
+        spawn(py, self.core.get()?.try_acquire(units))
     }
 
     /// Store a new capacity, whoever holds the semaphore (shrinking revokes nothing); returns
     /// the previous one, or None.
     fn set_capacity(&self, py: Python<'_>, capacity: u32) -> PyResult<Option<u32>> {
-        let sem = self.core.sem.clone();
+        let sem = self.core.get()?.sem.clone();
         block(py, None, async move { sem.set_capacity(capacity).await })
     }
 
@@ -148,31 +228,50 @@ impl LeaseSemaphore {
         py: Python<'py>,
         capacity: u32,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let sem = self.core.sem.clone();
+        let sem = self.core.get()?.sem.clone();
         spawn(py, async move { sem.set_capacity(capacity).await })
     }
 
-    /// Release the permit `id`, held by any process (or withdraw the queued request `id`).
-    /// Raises `NotHeld` when there is none.
+    /// A snapshot, as the dict of the CLI's `redsem status NAME --json`: `name`,
+    /// `capacity` (None when none is stored), `in_use`, `holders` (id, label, token,
+    /// slots, expires_in_ms, held_for_ms), `waiters` (id, label, units,
+    /// waiting_for_ms), and the permits (`{"available": n}`) and latch (`{"state":
+    /// ..., "count": n}`) of the same name.
+    fn status(&self, py: Python<'_>) -> PyResult<Json> {
+        block(py, None, self.core.get()?.status())
+    }
+
+    /// `status`, as an asyncio awaitable.
+    fn status_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.core.get()?.status())
+    }
+
+    /// True when some permit holds a unit now (one round trip).
+    fn locked(&self, py: Python<'_>) -> PyResult<bool> {
+        block(py, None, self.core.get()?.locked())
+    }
+
+    /// `locked`, as an asyncio awaitable.
+    fn locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.core.get()?.locked())
+    }
+
+    /// Release the permit `id`, held by any process (or withdraw the queued request
+    /// `id`). Raises `NotHeld` when there is none, `ValueError` for an empty id.
     fn release_id(&self, py: Python<'_>, id: &str) -> PyResult<()> {
-        let sem = self.core.sem.clone();
-        let id = redsem::PermitId::new(id);
-        block(py, None, async move { sem.release_id(&id).await })
+        block(py, None, self.core.get()?.release_id(id)?)
     }
 
-    /// `release_id`, as an asyncio awaitable.
+    /// `release_id`, as an asyncio awaitable (cancelling it does not cancel the
+    /// release).
     fn release_id_async<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Bound<'py, PyAny>> {
-        let sem = self.core.sem.clone();
-        let id = redsem::PermitId::new(id);
-        spawn(py, async move { sem.release_id(&id).await })
+        spawn(py, self.core.get()?.release_id(id)?)
     }
 
-    /// Extend the lease of the permit `id`, held by any process, to `lease` seconds from now.
+    /// Extend the lease of the permit `id`, held by any process, to `lease` seconds
+    /// from now. Refused (`ValueError`) when that would shorten its lease.
     fn refresh_id(&self, py: Python<'_>, id: &str, lease: f64) -> PyResult<()> {
-        let sem = self.core.sem.clone();
-        let id = redsem::PermitId::new(id);
-        let lease = seconds("lease", lease)?;
-        block(py, None, async move { sem.refresh_id(&id, lease).await })
+        block(py, None, self.core.get()?.refresh_id(id, lease)?)
     }
 
     /// `refresh_id`, as an asyncio awaitable.
@@ -182,32 +281,43 @@ impl LeaseSemaphore {
         id: &str,
         lease: f64,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let sem = self.core.sem.clone();
-        let id = redsem::PermitId::new(id);
-        let lease = seconds("lease", lease)?;
-        spawn(py, async move { sem.refresh_id(&id, lease).await })
+        spawn(py, self.core.get()?.refresh_id(id, lease)?)
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "<redsem.LeaseSemaphore name={:?} capacity={}>",
-            self.core.sem.name(),
-            self.core.sem.capacity()
-        )
+        match self.core.peek() {
+            Some(core) => format!(
+                "<redsem.LeaseSemaphore name={:?} capacity={}>",
+                core.sem.name(),
+                core.sem.capacity()
+            ),
+            None => "<redsem.LeaseSemaphore>".to_owned(),
+        }
     }
 }
 
-/// A distributed mutex: a fair lease semaphore of capacity 1. `lock()` returns a `Permit`.
+/// A distributed mutex: a fair lease semaphore of capacity 1. `acquire()` (or `lock()`)
+/// returns a `Permit`.
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct Mutex {
-    core: Core,
+    core: Owned<Core>,
 }
 
 impl Mutex {
     pub(crate) fn new(client: redsem::Redsem, sem: redsem::LeaseSemaphore) -> Self {
         Mutex {
-            core: Core { client, sem },
+            core: Owned::new(Core { client, sem }),
         }
+    }
+
+    fn lock_now(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
+        let wait = maybe_seconds("timeout", timeout)?;
+        let core = self.core.get()?;
+        block(
+            py,
+            Some(&core.client),
+            core.acquire_or_raise(1, wait, blocking),
+        )
     }
 }
 
@@ -215,49 +325,107 @@ impl Mutex {
 impl Mutex {
     /// The mutex's name.
     #[getter]
-    fn name(&self) -> &str {
-        self.core.sem.name()
+    fn name(&self) -> PyResult<&str> {
+        Ok(self.core.get()?.sem.name())
     }
 
-    /// Wait in line for the lock, as `LeaseSemaphore.acquire`.
-    #[pyo3(signature = (*, timeout=None))]
-    fn lock(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Permit> {
-        let wait = maybe_seconds("timeout", timeout)?;
-        block(py, Some(&self.core.client), self.core.acquire(1, wait))
+    /// Wait in line for the lock, as `LeaseSemaphore.acquire`: a `Permit`, also a context
+    /// manager. `blocking=False`: take it only if free, else raise `redsem.NoPermit`.
+    #[pyo3(signature = (*, timeout=None, blocking=true))]
+    fn acquire(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
+        self.lock_now(py, timeout, blocking)
     }
 
-    /// `lock` for `redsem.aio`: an awaitable and its `Settle`.
-    #[pyo3(signature = (timeout=None))]
+    /// The same as `acquire`.
+    #[pyo3(signature = (*, timeout=None, blocking=true))]
+    fn lock(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
+        self.lock_now(py, timeout, blocking)
+    }
+
+    /// `acquire` for `redsem.aio`: an awaitable and its `Settle`.
+    #[pyo3(signature = (timeout=None, blocking=true))]
     fn lock_async<'py>(
         &self,
         py: Python<'py>,
         timeout: Option<f64>,
+        blocking: bool,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let wait = maybe_seconds("timeout", timeout)?;
-        spawn_wait(py, &self.core.client, self.core.acquire(1, wait))
+        let core = self.core.get()?;
+        spawn_wait(py, &core.client, core.acquire_or_raise(1, wait, blocking))
     }
 
     /// Take the lock if it is free and nobody waits: a `Permit`, or `None`.
+    fn try_acquire(&self, py: Python<'_>) -> PyResult<Option<Permit>> {
+        block(py, None, self.core.get()?.try_acquire(1))
+    }
+
+    /// The same as `try_acquire`.
     fn try_lock(&self, py: Python<'_>) -> PyResult<Option<Permit>> {
-        block(py, None, self.core.try_acquire(1))
+        block(py, None, self.core.get()?.try_acquire(1))
     }
 
-    /// `try_lock`, as an asyncio awaitable.
+    /// `try_acquire`, as an asyncio awaitable.
     fn try_lock_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.try_acquire(1))
+        spawn(py, self.core.get()?.try_acquire(1))
     }
 
-    /// A snapshot, as `LeaseSemaphore.status`.
+    /// A snapshot, as the dict of the CLI's `redsem status NAME --json`: `name`,
+    /// `capacity` (None when none is stored), `in_use`, `holders` (id, label, token,
+    /// slots, expires_in_ms, held_for_ms), `waiters` (id, label, units,
+    /// waiting_for_ms), and the permits (`{"available": n}`) and latch (`{"state":
+    /// ..., "count": n}`) of the same name.
     fn status(&self, py: Python<'_>) -> PyResult<Json> {
-        block(py, None, self.core.status())
+        block(py, None, self.core.get()?.status())
     }
 
     /// `status`, as an asyncio awaitable.
     fn status_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.status())
+        spawn(py, self.core.get()?.status())
+    }
+
+    /// True when some permit holds a unit now (one round trip).
+    fn locked(&self, py: Python<'_>) -> PyResult<bool> {
+        block(py, None, self.core.get()?.locked())
+    }
+
+    /// `locked`, as an asyncio awaitable.
+    fn locked_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.core.get()?.locked())
+    }
+
+    /// Release the permit `id`, held by any process (or withdraw the queued request
+    /// `id`). Raises `NotHeld` when there is none, `ValueError` for an empty id.
+    fn release_id(&self, py: Python<'_>, id: &str) -> PyResult<()> {
+        block(py, None, self.core.get()?.release_id(id)?)
+    }
+
+    /// `release_id`, as an asyncio awaitable (cancelling it does not cancel the
+    /// release).
+    fn release_id_async<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.core.get()?.release_id(id)?)
+    }
+
+    /// Extend the lease of the permit `id`, held by any process, to `lease` seconds
+    /// from now. Refused (`ValueError`) when that would shorten its lease.
+    fn refresh_id(&self, py: Python<'_>, id: &str, lease: f64) -> PyResult<()> {
+        block(py, None, self.core.get()?.refresh_id(id, lease)?)
+    }
+
+    /// `refresh_id`, as an asyncio awaitable.
+    fn refresh_id_async<'py>(
+        &self,
+        py: Python<'py>,
+        id: &str,
+        lease: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        spawn(py, self.core.get()?.refresh_id(id, lease)?)
     }
 
     fn __repr__(&self) -> String {
-        format!("<redsem.Mutex name={:?}>", self.core.sem.name())
+        match self.core.peek() {
+            Some(core) => format!("<redsem.Mutex name={:?}>", core.sem.name()),
+            None => "<redsem.Mutex>".to_owned(),
+        }
     }
 }

@@ -28,9 +28,10 @@ mod status;
 /// The native module, imported by `redsem/__init__.py`.
 #[pymodule]
 fn _redsem(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    call::install_runtime();
     m.add_function(wrap_pyfunction!(client::connect, m)?)?;
     m.add_function(wrap_pyfunction!(client::connect_async, m)?)?;
+    m.add_function(wrap_pyfunction!(call::_shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(call::_after_fork, m)?)?;
     m.add_class::<client::Redsem>()?;
     m.add_class::<lease::LeaseSemaphore>()?;
     m.add_class::<lease::Mutex>()?;

@@ -13,7 +13,9 @@ use pyo3::types::PyType;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{DROPS, block, maybe_seconds, runtime, spawn};
+use crate::call::{
+    Owned, block, detached, generation, maybe_seconds, runtime, spawn, spawn_into_python,
+};
 
 fn lock<T>(m: &StdMutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -32,7 +34,7 @@ struct Watch {
 }
 
 /// The Rust permit and its watcher.
-struct Held {
+pub(crate) struct Held {
     /// `None` once released. The watcher holds the only other `Arc` (and `refresh`, for the
     /// length of one call).
     permit: StdMutex<Option<Arc<redsem::LeasePermit>>>,
@@ -43,6 +45,26 @@ struct Held {
 impl Held {
     fn permit(&self) -> Option<Arc<redsem::LeasePermit>> {
         lock(&self.permit).clone()
+    }
+
+    /// Let go of the Rust permit: `None` if it was released already. The watcher is stopped
+    /// and has let go of its `Arc`, so the permit returned is the only one.
+    async fn take(&self) -> Option<redsem::LeasePermit> {
+        let permit = lock(&self.permit).take()?;
+        self.watch.stop.cancel();
+        let watcher = lock(&self.watcher).take();
+        if let Some(watcher) = watcher {
+            let _ = watcher.await;
+        }
+        self.watch.gone.cancel();
+        Some(only(permit).await)
+    }
+
+    /// The release of a permit still held when the interpreter exits.
+    pub(crate) async fn release_at_exit(held: Arc<Held>) {
+        if let Some(permit) = held.take().await {
+            let _ = permit.release().await;
+        }
     }
 }
 
@@ -56,7 +78,7 @@ impl Drop for Held {
         self.watch.stop.cancel();
         self.watch.gone.cancel();
         if permit.is_some() || watcher.is_some() {
-            DROPS.spawn_on(
+            generation().drops.spawn_on(
                 async move {
                     if let Some(watcher) = watcher {
                         let _ = watcher.await;
@@ -82,7 +104,7 @@ async fn watch(permit: Arc<redsem::LeasePermit>, watch: Arc<Watch>) {
             };
             watch.gone.cancel();
             if !callbacks.is_empty() {
-                let _ = tokio::task::spawn_blocking(move || call_back(callbacks)).await;
+                let _ = spawn_into_python(move || call_back(callbacks)).await;
             }
         }
     }
@@ -126,8 +148,8 @@ pub(crate) struct Permit {
     token: u64,
     slots: Vec<u32>,
     semaphore: String,
-    client: redsem::Redsem,
-    held: Arc<Held>,
+    client: Owned<redsem::Redsem>,
+    held: Owned<Arc<Held>>,
 }
 
 impl Permit {
@@ -145,17 +167,19 @@ impl Permit {
         let semaphore = permit.semaphore().to_owned();
         let permit = Arc::new(permit);
         let watcher = runtime().spawn(watch(permit.clone(), shared.clone()));
+        let held = Arc::new(Held {
+            permit: StdMutex::new(Some(permit)),
+            watch: shared,
+            watcher: StdMutex::new(Some(watcher)),
+        });
+        generation().track(Arc::downgrade(&held));
         Permit {
             id,
             token,
             slots,
             semaphore,
-            client,
-            held: Arc::new(Held {
-                permit: StdMutex::new(Some(permit)),
-                watch: shared,
-                watcher: StdMutex::new(Some(watcher)),
-            }),
+            client: Owned::new(client),
+            held: Owned::new(held),
         }
     }
 
@@ -168,21 +192,17 @@ impl Permit {
 
     /// The release: `NotHeld` when it was released already, or when it was not held any
     /// more (lost, or released by id elsewhere).
-    fn release_future(&self) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
-        let held = self.held.clone();
+    fn release_future(
+        &self,
+    ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
+        let held = self.held.get()?.clone();
         let not_held = self.not_held();
-        async move {
-            let Some(permit) = lock(&held.permit).take() else {
-                return Err(not_held);
-            };
-            held.watch.stop.cancel();
-            let watcher = lock(&held.watcher).take();
-            if let Some(watcher) = watcher {
-                let _ = watcher.await;
+        Ok(async move {
+            match held.take().await {
+                Some(permit) => permit.release().await,
+                None => Err(not_held),
             }
-            held.watch.gone.cancel();
-            only(permit).await.release().await
-        }
+        })
     }
 
     /// What leaving a `with` block does: release, unless released already. With `raising`
@@ -191,13 +211,14 @@ impl Permit {
     fn exit_future(
         &self,
         raising: bool,
-    ) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
-        let released = lock(&self.held.permit).is_none();
-        let was_held = self.is_held();
-        let watch = self.held.watch.clone();
+    ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
+        let held = self.held.get()?;
+        let released = lock(&held.permit).is_none();
+        let was_held = held.permit().is_some_and(|p| p.is_held());
+        let watch = held.watch.clone();
         let (name, id) = (self.semaphore.clone(), self.id.clone());
-        let release = self.release_future();
-        async move {
+        let release = self.release_future()?;
+        Ok(async move {
             if released {
                 return Ok(());
             }
@@ -210,18 +231,24 @@ impl Permit {
                 Err(_) if !raising => Ok(()),
                 other => other,
             }
-        }
+        })
     }
 
-    fn refresh_future(&self) -> impl Future<Output = redsem::Result<()>> + Send + 'static {
-        let permit = self.held.permit();
+    fn refresh_future(
+        &self,
+    ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
+        let permit = self.held.get()?.permit();
         let not_held = self.not_held();
-        async move {
+        Ok(async move {
             match permit {
                 Some(permit) => permit.refresh().await,
                 None => Err(not_held),
             }
-        }
+        })
+    }
+
+    fn is_held_now(&self) -> PyResult<bool> {
+        Ok(self.held.get()?.permit().is_some_and(|p| p.is_held()))
     }
 }
 
@@ -259,55 +286,63 @@ impl Permit {
 
     /// True while the permit is known held: not released, not lost, and its lease cannot have
     /// ended (no round trip).
-    fn is_held(&self) -> bool {
-        self.held.permit().is_some_and(|p| p.is_held())
+    fn is_held(&self) -> PyResult<bool> {
+        self.is_held_now()
+    }
+
+    /// redis-py's name for `is_held()`: True while this permit is held by us (no round trip).
+    fn owned(&self) -> PyResult<bool> {
+        self.is_held_now()
     }
 
     /// True once the lease was lost (a renewal found it gone, or it may have ended
     /// unrenewed); false while held and after a release.
-    fn is_lost(&self) -> bool {
-        self.held.watch.lost.load(Ordering::SeqCst)
-            || self.held.permit().is_some_and(|p| p.is_lost())
+    fn is_lost(&self) -> PyResult<bool> {
+        let held = self.held.get()?;
+        Ok(held.watch.lost.load(Ordering::SeqCst) || held.permit().is_some_and(|p| p.is_lost()))
     }
 
     /// Seconds the lease is certain to last without another renewal (0.0 once it may have
     /// ended, or after the release).
-    fn time_left(&self) -> f64 {
-        self.held
+    fn time_left(&self) -> PyResult<f64> {
+        Ok(self
+            .held
+            .get()?
             .permit()
-            .map_or(0.0, |p| p.time_left().as_secs_f64())
+            .map_or(0.0, |p| p.time_left().as_secs_f64()))
     }
 
     /// Release the permit; the next in line gets its units. Raises `NotHeld` if it was not
     /// held any more (released already, its lease ended, or released by id elsewhere).
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, None, self.release_future())
+        block(py, None, self.release_future()?)
     }
 
-    /// `release`, as an asyncio awaitable.
+    /// `release`, as an asyncio awaitable. Cancelling it does not cancel the release: it
+    /// goes on in the background (`flush()` waits for it).
     fn release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.release_future())
+        spawn(py, detached(self.release_future()?))
     }
 
     /// Renew the lease now (the background renewal does it every third of the lease).
     /// Raises `LeaseLost` if it was lost, `NotHeld` after the release.
     fn refresh(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, None, self.refresh_future())
+        block(py, None, self.refresh_future()?)
     }
 
     /// `refresh`, as an asyncio awaitable.
     fn refresh_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.refresh_future())
+        spawn(py, self.refresh_future()?)
     }
 
     /// Block until the lease is lost, or the permit released, or `timeout` seconds passed
-    /// (`None`: no limit); the GIL is released meanwhile and Ctrl-C interrupts it. Returns
-    /// True if the lease was lost.
+    /// (`None` or `inf`: no limit); the GIL is released meanwhile and Ctrl-C interrupts it.
+    /// Returns True if the lease was lost.
     #[pyo3(signature = (timeout=None))]
     fn wait_lost(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let limit = maybe_seconds("timeout", timeout)?;
-        let watch = self.held.watch.clone();
-        block(py, Some(&self.client), async move {
+        let watch = self.held.get()?.watch.clone();
+        block(py, Some(self.client.get()?), async move {
             match limit {
                 Some(limit) => {
                     let _ = tokio::time::timeout(limit, watch.gone.cancelled()).await;
@@ -321,7 +356,7 @@ impl Permit {
     /// An asyncio awaitable that ends when the lease is lost (True) or the permit is released
     /// (False).
     fn lost_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let watch = self.held.watch.clone();
+        let watch = self.held.get()?.watch.clone();
         spawn(py, async move {
             watch.gone.cancelled().await;
             Ok(watch.lost.load(Ordering::SeqCst))
@@ -331,9 +366,10 @@ impl Permit {
     /// Call `callback()` (no argument) once if the lease is lost: at once if it is lost
     /// already, else from a background thread when it is. Not called after a release.
     fn on_lost(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        let watch = &self.held.get()?.watch;
         let now = {
-            let mut callbacks = lock(&self.held.watch.callbacks);
-            if self.held.watch.lost.load(Ordering::SeqCst) {
+            let mut callbacks = lock(&watch.callbacks);
+            if watch.lost.load(Ordering::SeqCst) {
                 true
             } else {
                 callbacks.push(callback.clone_ref(py));
@@ -351,7 +387,8 @@ impl Permit {
     }
 
     /// Release the permit. When the block raised nothing and the lease was lost meanwhile,
-    /// raise `LeaseLost`: the block's work ran without the permit at its end.
+    /// raise `LeaseLost`: the block's work ran without the permit at its end. Never swallows
+    /// the block's exception.
     #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
     fn __exit__(
         &self,
@@ -359,29 +396,35 @@ impl Permit {
         exc_type: Option<Bound<'_, PyType>>,
         _exc: Option<Bound<'_, PyAny>>,
         _tb: Option<Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        block(py, None, self.exit_future(exc_type.is_none()))?;
-        Ok(false)
+    ) -> PyResult<()> {
+        block(py, None, self.exit_future(exc_type.is_none())?)
     }
 
-    /// `__exit__` for `redsem.aio`'s `__aexit__`: an awaitable.
+    /// `__exit__` for `redsem.aio`'s `__aexit__`: an awaitable. Cancelling it does not
+    /// cancel the release: it goes on in the background.
     fn exit_async<'py>(&self, py: Python<'py>, raising: bool) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.exit_future(raising))
+        spawn(py, detached(self.exit_future(raising)?))
     }
 
     fn __repr__(&self) -> String {
+        let held = self
+            .held
+            .peek()
+            .is_some_and(|h| h.permit().is_some_and(|p| p.is_held()));
         format!(
             "<redsem.Permit semaphore={:?} id={} token={} slots={:?} held={}>",
             self.semaphore,
             self.id,
             self.token,
             self.slots,
-            if self.is_held() { "True" } else { "False" }
+            if held { "True" } else { "False" }
         )
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Ok(callbacks) = self.held.watch.callbacks.try_lock() {
+        if let Some(held) = self.held.peek()
+            && let Ok(callbacks) = held.watch.callbacks.try_lock()
+        {
             for callback in callbacks.iter() {
                 visit.call(callback)?;
             }
@@ -390,6 +433,8 @@ impl Permit {
     }
 
     fn __clear__(&self) {
-        lock(&self.held.watch.callbacks).clear();
+        if let Some(held) = self.held.peek() {
+            lock(&held.watch.callbacks).clear();
+        }
     }
 }

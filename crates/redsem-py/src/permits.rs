@@ -4,7 +4,7 @@ use std::future::Future;
 
 use pyo3::prelude::*;
 
-use crate::call::{Settle, block, maybe_seconds, spawn, spawn_wait};
+use crate::call::{Owned, Settle, block, detached, maybe_seconds, spawn, spawn_wait};
 
 /// Counted permits shared through Redis, like Redisson's `RSemaphore`: a number of available
 /// permits that anyone may take (`acquire`) and add to (`release`, `add_permits`).
@@ -14,22 +14,28 @@ use crate::call::{Settle, block, maybe_seconds, spawn, spawn_wait};
 /// large request at the head of the line is never overtaken by smaller ones.
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct PermitSemaphore {
-    client: redsem::Redsem,
-    sem: redsem::PermitSemaphore,
+    client: Owned<redsem::Redsem>,
+    sem: Owned<redsem::PermitSemaphore>,
 }
 
 impl PermitSemaphore {
     pub(crate) fn new(client: redsem::Redsem, sem: redsem::PermitSemaphore) -> Self {
-        PermitSemaphore { client, sem }
+        PermitSemaphore {
+            client: Owned::new(client),
+            sem: Owned::new(sem),
+        }
     }
 
     /// Run `op` on a clone of the Rust semaphore: the future of one call.
-    fn with<T, F, Fut>(&self, op: F) -> impl Future<Output = redsem::Result<T>> + Send + 'static
+    fn with<T, F, Fut>(
+        &self,
+        op: F,
+    ) -> PyResult<impl Future<Output = redsem::Result<T>> + Send + 'static>
     where
         F: FnOnce(redsem::PermitSemaphore) -> Fut + Send + 'static,
         Fut: Future<Output = redsem::Result<T>> + Send + 'static,
     {
-        op(self.sem.clone())
+        Ok(op(self.sem.get()?.clone()))
     }
 
     fn acquire_future(
@@ -38,18 +44,18 @@ impl PermitSemaphore {
         timeout: Option<f64>,
     ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
         let wait = maybe_seconds("timeout", timeout)?;
-        Ok(self.with(move |sem| async move {
+        self.with(move |sem| async move {
             match wait {
                 Some(wait) => sem.acquire_timeout(permits, wait).await,
                 None => sem.acquire(permits).await,
             }
-        }))
+        })
     }
 
     fn try_acquire_future(
         &self,
         permits: u32,
-    ) -> impl Future<Output = redsem::Result<bool>> + Send + 'static {
+    ) -> PyResult<impl Future<Output = redsem::Result<bool>> + Send + 'static> {
         self.with(move |sem| async move {
             match sem.try_acquire(permits).await {
                 Ok(()) => Ok(true),
@@ -68,7 +74,7 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.try_set_permits(permits).await }),
+            self.with(move |sem| async move { sem.try_set_permits(permits).await })?,
         )
     }
 
@@ -80,7 +86,7 @@ impl PermitSemaphore {
     ) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |sem| async move { sem.try_set_permits(permits).await }),
+            self.with(move |sem| async move { sem.try_set_permits(permits).await })?,
         )
     }
 
@@ -90,7 +96,7 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.ensure_permits(permits).await }),
+            self.with(move |sem| async move { sem.ensure_permits(permits).await })?,
         )
     }
 
@@ -102,7 +108,7 @@ impl PermitSemaphore {
     ) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |sem| async move { sem.ensure_permits(permits).await }),
+            self.with(move |sem| async move { sem.ensure_permits(permits).await })?,
         )
     }
 
@@ -111,7 +117,7 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.add_permits(delta).await }),
+            self.with(move |sem| async move { sem.add_permits(delta).await })?,
         )
     }
 
@@ -119,7 +125,7 @@ impl PermitSemaphore {
     fn add_permits_async<'py>(&self, py: Python<'py>, delta: i64) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |sem| async move { sem.add_permits(delta).await }),
+            detached(self.with(move |sem| async move { sem.add_permits(delta).await })?),
         )
     }
 
@@ -129,7 +135,7 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.available_permits().await }),
+            self.with(move |sem| async move { sem.available_permits().await })?,
         )
     }
 
@@ -137,7 +143,7 @@ impl PermitSemaphore {
     fn available_permits_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |sem| async move { sem.available_permits().await }),
+            self.with(move |sem| async move { sem.available_permits().await })?,
         )
     }
 
@@ -146,7 +152,7 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.drain_permits().await }),
+            self.with(move |sem| async move { sem.drain_permits().await })?,
         )
     }
 
@@ -154,7 +160,7 @@ impl PermitSemaphore {
     fn drain_permits_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         spawn(
             py,
-            self.with(move |sem| async move { sem.drain_permits().await }),
+            self.with(move |sem| async move { sem.drain_permits().await })?,
         )
     }
 
@@ -163,19 +169,19 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.delete().await }),
+            self.with(move |sem| async move { sem.delete().await })?,
         )
     }
 
     /// `delete`, as an asyncio awaitable.
     fn delete_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.with(move |sem| async move { sem.delete().await }))
+        spawn(py, self.with(move |sem| async move { sem.delete().await })?)
     }
 
     /// The semaphore's name.
     #[getter]
-    fn name(&self) -> &str {
-        self.sem.name()
+    fn name(&self) -> PyResult<&str> {
+        Ok(self.sem.get()?.name())
     }
 
     /// Give back `permits` permits (anyone may; retry-safe, applied once).
@@ -184,16 +190,17 @@ impl PermitSemaphore {
         block(
             py,
             None,
-            self.with(move |sem| async move { sem.release(permits).await }),
+            self.with(move |sem| async move { sem.release(permits).await })?,
         )
     }
 
     /// `release`, as an asyncio awaitable.
     #[pyo3(signature = (permits=1))]
     fn release_async<'py>(&self, py: Python<'py>, permits: u32) -> PyResult<Bound<'py, PyAny>> {
+        // Cancelling the caller does not cancel the release: it goes on in the background.
         spawn(
             py,
-            self.with(move |sem| async move { sem.release(permits).await }),
+            detached(self.with(move |sem| async move { sem.release(permits).await })?),
         )
     }
 
@@ -203,7 +210,7 @@ impl PermitSemaphore {
     #[pyo3(signature = (permits=1, *, timeout=None))]
     fn acquire(&self, py: Python<'_>, permits: u32, timeout: Option<f64>) -> PyResult<()> {
         let op = self.acquire_future(permits, timeout)?;
-        block(py, Some(&self.client), op)
+        block(py, Some(self.client.get()?), op)
     }
 
     /// `acquire` for `redsem.aio`: an awaitable and its `Settle`.
@@ -215,22 +222,25 @@ impl PermitSemaphore {
         timeout: Option<f64>,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let op = self.acquire_future(permits, timeout)?;
-        spawn_wait(py, &self.client, op)
+        spawn_wait(py, self.client.get()?, op)
     }
 
     /// Take `permits` permits if available and nobody waits: True, or False (never queued).
     #[pyo3(signature = (permits=1))]
     fn try_acquire(&self, py: Python<'_>, permits: u32) -> PyResult<bool> {
-        block(py, None, self.try_acquire_future(permits))
+        block(py, None, self.try_acquire_future(permits)?)
     }
 
     /// `try_acquire`, as an asyncio awaitable.
     #[pyo3(signature = (permits=1))]
     fn try_acquire_async<'py>(&self, py: Python<'py>, permits: u32) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.try_acquire_future(permits))
+        spawn(py, self.try_acquire_future(permits)?)
     }
 
     fn __repr__(&self) -> String {
-        format!("<redsem.PermitSemaphore name={:?}>", self.sem.name())
+        match self.sem.peek() {
+            Some(sem) => format!("<redsem.PermitSemaphore name={:?}>", sem.name()),
+            None => "<redsem.PermitSemaphore>".to_owned(),
+        }
     }
 }

@@ -14,18 +14,31 @@ same names, awaitable, are in :mod:`redsem.aio`.
 
 from __future__ import annotations
 
+import atexit as _atexit
+import os as _os
+
 from . import _errors
 from ._errors import *  # noqa: F403 (every exception, listed in _errors.__all__)
 from ._redsem import (
     VERSION as __version__,
-    CountDownLatch,
-    LeaseSemaphore,
-    Mutex,
-    Permit,
-    PermitSemaphore,
-    Redsem,
-    connect,
+    CountDownLatch as CountDownLatch,
+    LeaseSemaphore as LeaseSemaphore,
+    Mutex as Mutex,
+    Permit as Permit,
+    PermitSemaphore as PermitSemaphore,
+    Redsem as Redsem,
+    connect as connect,
 )
+from ._redsem import _after_fork, _shutdown
+
+# At exit, before the interpreter is torn down: release the permits still held (at most 2 s)
+# and stop the runtime's threads from calling into Python (one that did during the tear-down
+# crashed the interpreter).
+_atexit.register(_shutdown)
+# In a forked child: fresh random ids (the child's runtime and the refusal of the parent's
+# objects need no hook: they go by the process id).
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork)
 
 __all__ = [
     "connect",

@@ -26,6 +26,7 @@ __all__ = [
     "NotReplicated",
     "ProtocolError",
     "Incompatible",
+    "WrongProcess",
 ]
 
 
@@ -95,3 +96,8 @@ class ProtocolError(Error):
 
 class Incompatible(Error):
     """The state in Redis was written by a redsem of another layout; it was left untouched."""
+
+
+class WrongProcess(Error, RuntimeError):
+    """An object made in another process (before an ``os.fork()``) was used in a forked
+    child: connect again in the child."""
