@@ -19,6 +19,10 @@
 //! * `lease_end`: no holder believes its grant valid later than the lease the server stored
 //!   for it (read while it was held, beside the server's `TIME`), nor after the server said
 //!   it no longer held it; whether or not anyone else was granted the unit.
+//! * `cancel` (issue 33): a lease release cancelled at any point leaves its unit held no
+//!   longer than the background release takes; a cancelled acquire leaves no request queued
+//!   and no unit held. (A cancelled permit release is counted given back by `permits`, a
+//!   cancelled count-down counted by `latch`.)
 //!
 //! Under `deployment == "volatile"` (no persistence, restarts lose the state) the capacity and
 //! slot rules compare only grants made between the same two state losses, as README's "Safety by
@@ -28,7 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::history::{Fault, LatchOp, LeaseOp, Meta, PermitOp, Record};
+use super::history::{Fault, LatchOp, LeaseOp, Look, Meta, PermitOp, Record};
 
 /// One broken guarantee, with the records that show it.
 #[derive(Debug, Clone)]
@@ -40,10 +44,18 @@ pub struct Violation {
     pub excerpt: Vec<Record>,
 }
 
-/// Fault kinds that lose state (volatile deployment).
+/// Fault kinds that lose state: a lease semaphore's keys deleted or rolled back, or a restart
+/// without persistence.
 fn loses_state(fault: &Fault, meta: &Meta) -> bool {
-    fault.kind == "lose_state" || (meta.deployment == "volatile" && fault.kind == "restart")
+    fault.kind == "lose_state"
+        || fault.kind == "rollback"
+        || (meta.deployment == "volatile" && fault.kind == "restart")
 }
+
+/// How long a call given up (cancelled) may take to finish in the background, or a release
+/// sent may take to be applied, without a fault (µs). The looks come `LOOK_AFTER_MS` after
+/// the cancel, a little later.
+const SETTLE_US: u64 = 300_000;
 
 pub fn check(records: &[Record]) -> Vec<Violation> {
     let mut meta = Meta::default();
@@ -52,6 +64,7 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
     let mut permits: BTreeMap<&str, Vec<&PermitOp>> = BTreeMap::new();
     let mut latches: BTreeMap<&str, Vec<&LatchOp>> = BTreeMap::new();
     let mut finals = Vec::new();
+    let mut looks: BTreeMap<&str, Vec<&Look>> = BTreeMap::new();
     for record in records {
         match record {
             Record::Meta(m) => meta = m.clone(),
@@ -60,6 +73,7 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
             Record::Permit(op) => permits.entry(&op.name).or_default().push(op),
             Record::Latch(op) => latches.entry(&op.name).or_default().push(op),
             Record::Final(f) => finals.push(f.clone()),
+            Record::Look(l) => looks.entry(&l.name).or_default().push(l),
         }
     }
     let mut out = Vec::new();
@@ -75,6 +89,8 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
         if meta.deployment != "sentinel" {
             check_lease_ends(name, ops, &losses, &mut out);
         }
+        let name_looks = looks.get(name).map_or(&[][..], Vec::as_slice);
+        check_looks(name, ops, name_looks, &faults, &losses, &meta, &mut out);
     }
     for (name, ops) in &latches {
         if meta.deployment == "sentinel" && !set_acknowledged(ops) {
@@ -97,7 +113,7 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
         let fin = finals
             .iter()
             .find(|f| f.kind == "permits" && f.name == *name);
-        check_permits(name, i64::from(initial), ops, fin, &mut out);
+        check_permits(name, i64::from(initial), ops, fin, &faults, &mut out);
     }
     for fin in &finals {
         if fin.kind == "lease" && (fin.value != 0 || fin.waiters != 0) {
@@ -292,10 +308,11 @@ fn check_lease_ends(name: &str, ops: &[&LeaseOp], losses: &[&Fault], out: &mut V
                 continue;
             };
             let gone = look.end_ms.is_none_or(|e| e <= 0);
-            let lost_state = losses
-                .iter()
-                .any(|f| f.start_us <= look.t1_us && f.end_us >= op.inv_us);
-            if look.believed_us <= by || (gone && lost_state) {
+            let between = |f: &&&Fault| f.start_us <= look.t1_us && f.end_us >= op.inv_us;
+            let lost_state = losses.iter().any(|f| between(&f));
+            // A rollback puts back the lease end of an older renewal.
+            let rolled_back = losses.iter().any(|f| between(&f) && f.kind == "rollback");
+            if look.believed_us <= by || (gone && lost_state) || rolled_back {
                 continue;
             }
             let server = if gone {
@@ -333,6 +350,131 @@ fn check_lease_ends(name: &str, ops: &[&LeaseOp], losses: &[&Fault], out: &mut V
         if let Some(last) = found.last_mut() {
             last.detail
                 .push_str(&format!(" (and {more} more looks like it)"));
+        }
+    }
+    out.extend(found);
+}
+
+/// The `cancel` rule (issue 33), over the looks taken `LOOK_AFTER_MS` after a cancelled
+/// lease call, on a connection that no proxy stands in. A look is judged only if no fault
+/// came between the call and the look (one reaching the client for a release, any for an
+/// acquire, whose request id the history does not know) and no state loss of the semaphore
+/// within a lease before it (a rollback puts back ids the server had let go).
+///
+/// * `release`: the permit's id must no longer be listed (held, with a positive lease): a
+///   release, once called, happens, also in the background if its future was dropped.
+/// * `acquire`: the ids listed at the look but not just before the call, that belong to no
+///   grant of the history whose permit was alive (or ended within `SETTLE_US`) then, are
+///   requests the history cannot name: at most one per other lease call of the semaphore
+///   in progress then (or ended within `SETTLE_US`) that got no grant it knows. One more is a
+///   request left queued, or a unit granted and never given back.
+fn check_looks(
+    name: &str,
+    ops: &[&LeaseOp],
+    looks: &[&Look],
+    faults: &[Fault],
+    losses: &[&Fault],
+    meta: &Meta,
+    out: &mut Vec<Violation>,
+) {
+    let lease_us = meta.lease_ms * 1000;
+    let mut found: Vec<Violation> = Vec::new();
+    for look in looks {
+        let lost = losses
+            .iter()
+            .any(|f| f.start_us <= look.t1_us && f.end_us + lease_us >= look.inv_us);
+        if lost {
+            continue;
+        }
+        match look.after.as_str() {
+            "release" => {
+                let Some(id) = look.id.as_deref() else {
+                    continue;
+                };
+                if !look.leased.iter().any(|l| l == id)
+                    || faulted(faults, look.client, look.inv_us, look.t1_us, 0)
+                {
+                    continue;
+                }
+                let mut excerpt: Vec<Record> = ops
+                    .iter()
+                    .filter(|op| op.id.as_deref() == Some(id))
+                    .map(|op| Record::Lease((*op).clone()))
+                    .collect();
+                excerpt.push(Record::Look((*look).clone()));
+                found.push(Violation {
+                    rule: "cancel",
+                    at_us: look.t1_us,
+                    detail: format!(
+                        "{name}: the release of {id} was cancelled at {} us, and {} us later the server still held it",
+                        look.cancel_us,
+                        look.t0_us.saturating_sub(look.cancel_us)
+                    ),
+                    excerpt,
+                });
+            }
+            "acquire" => {
+                let anywhere = faults
+                    .iter()
+                    .any(|f| f.start_us <= look.t1_us && f.end_us + SETTLE_US >= look.inv_us);
+                if anywhere {
+                    continue;
+                }
+                let alive = |op: &&&LeaseOp| {
+                    op.inv_us <= look.t1_us
+                        && op.end_us.unwrap_or(u64::MAX).saturating_add(SETTLE_US) >= look.t0_us
+                };
+                let known: std::collections::HashSet<&str> = ops
+                    .iter()
+                    .filter(alive)
+                    .filter_map(|op| op.id.as_deref())
+                    .collect();
+                let mut unknown: Vec<&str> = look
+                    .leased
+                    .iter()
+                    .chain(&look.queued)
+                    .map(String::as_str)
+                    .filter(|id| !look.before.iter().any(|b| b == id) && !known.contains(id))
+                    .collect();
+                unknown.sort_unstable();
+                unknown.dedup();
+                // Other calls that may stand behind an id the history does not know.
+                let unnamed = ops
+                    .iter()
+                    .filter(|op| op.op != "status" && op.id.is_none())
+                    .filter(|op| {
+                        !(op.client == look.client
+                            && op.task == look.task
+                            && op.inv_us == look.inv_us)
+                    })
+                    .filter(|op| op.inv_us <= look.t1_us && op.ret_us + SETTLE_US >= look.t0_us)
+                    .count();
+                if unknown.len() <= unnamed {
+                    continue;
+                }
+                found.push(Violation {
+                    rule: "cancel",
+                    at_us: look.t1_us,
+                    detail: format!(
+                        "{name}: an acquire cancelled at {} us; {} us later the server listed {} request(s) no call of the history stands behind ({}; {unnamed} unnamed calls in progress)",
+                        look.cancel_us,
+                        look.t0_us.saturating_sub(look.cancel_us),
+                        unknown.len() - unnamed,
+                        unknown.join(", ")
+                    ),
+                    excerpt: vec![Record::Look((*look).clone())],
+                });
+            }
+            _ => {}
+        }
+    }
+    found.sort_by_key(|v| v.at_us);
+    let shown = found.len().min(3);
+    if found.len() > shown {
+        let more = found.len() - shown;
+        found.truncate(shown);
+        if let Some(last) = found.last_mut() {
+            last.detail.push_str(&format!(" (and {more} more like it)"));
         }
     }
     out.extend(found);
@@ -420,9 +562,22 @@ fn check_latch(
         .collect();
     let mut sent: Vec<u64> = downs.iter().map(|o| o.inv_us).collect();
     sent.sort_unstable();
-    downs.retain(|o| o.outcome == "ok");
-    downs.sort_by_key(|o| o.ret_us);
-    let acked: Vec<u64> = downs.iter().map(|o| o.ret_us).collect();
+    // A count-down, once called, happens (issue 33): one cancelled (its future dropped) is
+    // counted as acknowledged `SETTLE_US` after the cancel, unless a fault reaching its client
+    // came in between (the background count-down may have failed, as an unanswered one may).
+    let settled = |o: &LatchOp| {
+        o.outcome == "cancelled" && !faulted(faults, o.client, o.inv_us, o.ret_us + SETTLE_US, 0)
+    };
+    downs.retain(|o| o.outcome == "ok" || settled(o));
+    let confirmed = |o: &LatchOp| {
+        if o.outcome == "ok" {
+            o.ret_us
+        } else {
+            o.ret_us + SETTLE_US
+        }
+    };
+    downs.sort_by_key(|o| confirmed(o));
+    let acked: Vec<u64> = downs.iter().map(|o| confirmed(o)).collect();
     let mut reported = 0;
     let mut report = |detail: String, op: &LatchOp, extra: Option<&LatchOp>| {
         if reported < 3 {
@@ -495,6 +650,7 @@ fn check_permits(
     initial: i64,
     ops: &[&PermitOp],
     fin: Option<&super::history::Final>,
+    faults: &[Fault],
     out: &mut Vec<Violation>,
 ) {
     // Inflation. Every permit held at once was held on the server at the latest of their
@@ -526,7 +682,20 @@ fn check_permits(
                 events.push((op.ret_us, true, i));
                 events.push((op.release_inv_us.unwrap_or(u64::MAX), false, i));
             }
-            if op.n > 0 && op.release_outcome.as_deref() != Some("ok") {
+            // A release cancelled at any point gives its permits back all the same (issue
+            // 33), unless a fault reaching its client came while it ran in the background.
+            let given_back = match op.release_outcome.as_deref() {
+                Some("ok") => true,
+                Some("cancelled") => {
+                    let (from, to) = (
+                        op.release_inv_us.unwrap_or(0),
+                        op.release_ret_us.unwrap_or(0),
+                    );
+                    !faulted(faults, op.client, from, to + SETTLE_US, 0)
+                }
+                _ => false,
+            };
+            if op.n > 0 && !given_back {
                 lo -= op.n;
             }
         } else if op.op == "drain" && op.outcome.starts_with("error") {
@@ -910,6 +1079,189 @@ mod tests {
         assert_eq!(rules(vec![meta(), fin(0, 0)]), Vec::<&str>::new());
         assert_eq!(rules(vec![meta(), fin(1, 0)]), vec!["reconcile"]);
         assert_eq!(rules(vec![meta(), fin(0, 1)]), vec!["reconcile"]);
+    }
+
+    fn look(after: &str, id: Option<&str>, leased: &[&str], queued: &[&str]) -> Look {
+        Look {
+            name: "m".into(),
+            after: after.into(),
+            id: id.map(str::to_owned),
+            inv_us: 1_000,
+            cancel_us: 2_000,
+            t0_us: 402_000,
+            t1_us: 402_500,
+            leased: leased.iter().map(|s| (*s).to_owned()).collect(),
+            queued: queued.iter().map(|s| (*s).to_owned()).collect(),
+            ..Look::default()
+        }
+    }
+
+    #[test]
+    fn cancel() {
+        let mut released = grant(0, 10, 1, &[0], 1_000);
+        released.id = Some("x".into());
+        released.release_outcome = Some("cancelled".into());
+        let with = |looks: Vec<Look>, extra: Vec<Record>| {
+            let mut records = lease(vec![released.clone()]);
+            records.extend(looks.into_iter().map(Record::Look));
+            records.extend(extra);
+            records
+        };
+        // The cancelled release was applied: its id is gone.
+        let ok = with(vec![look("release", Some("x"), &["y"], &[])], vec![]);
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        // Still held 400 ms after the cancel: stranded.
+        let bad = with(vec![look("release", Some("x"), &["x"], &[])], vec![]);
+        assert_eq!(rules(bad), vec!["cancel"]);
+        // Not judged across a fault on its client, nor after a rollback of the semaphore.
+        let fault = |kind: &str, target: &str, at: u64| {
+            Record::Fault(Fault {
+                kind: kind.into(),
+                target: target.into(),
+                start_us: at,
+                end_us: at + 10,
+            })
+        };
+        let cut = with(
+            vec![look("release", Some("x"), &["x"], &[])],
+            vec![fault("cut", "client0", 100_000)],
+        );
+        assert_eq!(rules(cut), Vec::<&str>::new());
+        let other = with(
+            vec![look("release", Some("x"), &["x"], &[])],
+            vec![fault("cut", "client1", 100_000)],
+        );
+        assert_eq!(rules(other), vec!["cancel"]);
+        let rolled = with(
+            vec![look("release", Some("x"), &["x"], &[])],
+            vec![fault("rollback", "m", 300_000)],
+        );
+        assert_eq!(rules(rolled), Vec::<&str>::new());
+
+        // A cancelled acquire: a new id that no grant nor call in progress stands behind.
+        let mut acquire = look("acquire", None, &["x", "w"], &["w"]);
+        acquire.before = vec!["x".into()];
+        assert_eq!(rules(with(vec![acquire.clone()], vec![])), vec!["cancel"]);
+        // The same with another call waiting then (its request may be "w"): fine.
+        let waiting = LeaseOp {
+            name: "m".into(),
+            op: "acquire".into(),
+            client: 1,
+            inv_us: 50_000,
+            ret_us: 900_000,
+            outcome: "stopped".into(),
+            ..LeaseOp::default()
+        };
+        let mut records = with(vec![acquire.clone()], vec![]);
+        records.push(Record::Lease(waiting));
+        assert_eq!(rules(records), Vec::<&str>::new());
+        // Or "w" is a grant the history knows, held at the look.
+        let mut held = grant(50_000, 60_000, 2, &[1], 900_000);
+        held.id = Some("w".into());
+        let mut records = with(vec![acquire.clone()], vec![]);
+        records.push(Record::Lease(held.clone()));
+        assert_eq!(rules(records), Vec::<&str>::new());
+        // Released long before the look: it stands behind nothing any more.
+        held.end_us = Some(70_000);
+        let mut records = with(vec![acquire.clone()], vec![]);
+        records.push(Record::Lease(held));
+        assert_eq!(rules(records), vec!["cancel"]);
+        // Any fault between the call and the look: not judged.
+        assert_eq!(
+            rules(with(vec![acquire], vec![fault("kill", "server", 200_000)])),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn cancelled_count_downs_count_and_doubled_ones_are_seen() {
+        let cancelled = |inv: u64| {
+            Record::Latch(LatchOp {
+                name: "l".into(),
+                op: "count_down".into(),
+                inv_us: inv,
+                ret_us: inv + 1,
+                outcome: "cancelled".into(),
+                ..LatchOp::default()
+            })
+        };
+        // Two count-downs, one cancelled: the latch must read 0 once the cancelled one had
+        // time to finish in the background.
+        let ok = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            cancelled(20),
+            latch("count", 400_000, 400_010, "ok", Some(0)),
+        ];
+        assert_eq!(rules(ok), Vec::<&str>::new());
+        let lost = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            cancelled(20),
+            latch("count", 400_000, 400_010, "ok", Some(1)),
+        ];
+        assert_eq!(rules(lost), vec!["latch"]);
+        // Right after the cancel either count is possible.
+        let early = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            cancelled(20),
+            latch("count", 30, 40, "ok", Some(1)),
+        ];
+        assert_eq!(rules(early), Vec::<&str>::new());
+        // One count-down counted twice (its resend applied again): 0 after one started.
+        let doubled = vec![
+            meta(),
+            latch("count_down", 0, 10, "ok", None),
+            latch("count", 20, 30, "ok", Some(0)),
+        ];
+        assert_eq!(rules(doubled), vec!["latch"]);
+    }
+
+    #[test]
+    fn a_cancelled_permit_release_gives_back_its_permits() {
+        let cancelled = |fault: Option<Record>| {
+            let mut op = permit("acquire", 1, 0, 10, Some(50));
+            if let Record::Permit(p) = &mut op {
+                p.release_outcome = Some("cancelled".into());
+            }
+            let mut records = vec![meta(), op];
+            records.extend(fault);
+            records
+        };
+        let mut gone = cancelled(None);
+        gone.push(permits_final(1));
+        assert_eq!(rules(gone), vec!["permits"]);
+        let mut back = cancelled(None);
+        back.push(permits_final(2));
+        assert_eq!(rules(back), Vec::<&str>::new());
+        // A fault on its client while it ran in the background: it may have failed.
+        let mut cut = cancelled(Some(Record::Fault(Fault {
+            kind: "cut".into(),
+            target: "client0".into(),
+            start_us: 100,
+            end_us: 100,
+        })));
+        cut.push(permits_final(1));
+        assert_eq!(rules(cut), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn tokens_go_on_increasing_across_a_state_loss() {
+        let mut records = lease(vec![
+            grant(0, 10, 500, &[0], 20),
+            grant(100, 110, 501, &[0], 120),
+            // After the semaphore was rolled back to the state before the second grant, the
+            // next token must still be above it.
+            grant(300, 310, 501, &[0], 320),
+        ]);
+        records.push(Record::Fault(Fault {
+            kind: "rollback".into(),
+            target: "m".into(),
+            start_us: 50,
+            end_us: 200,
+        }));
+        assert!(rules(records).contains(&"token"));
     }
 
     #[test]

@@ -173,6 +173,44 @@ impl Auditor {
     }
 }
 
+impl Auditor {
+    /// `TIME` in µs, the ids with a positive score in `name`'s `leases` (holders and waiters;
+    /// session records are negative) and the ids in its `queue`, read in one transaction;
+    /// `None` if the server could not be asked.
+    pub async fn list(&mut self, name: &str) -> Option<(u64, Vec<String>, Vec<String>)> {
+        if self.con.is_none() {
+            let made =
+                tokio::time::timeout(LOOK_LIMIT, self.client.get_multiplexed_async_connection())
+                    .await;
+            self.con = made.ok().and_then(Result::ok);
+        }
+        let con = self.con.as_mut()?;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("TIME")
+            .cmd("ZRANGEBYSCORE")
+            .arg(leases_key(name))
+            .arg("(0")
+            .arg("+inf")
+            .cmd("ZRANGE")
+            .arg(format!("redsem:{{lease:{name}}}:queue"))
+            .arg(0)
+            .arg(-1);
+        type Listed = ((u64, u64), Vec<String>, Vec<String>);
+        let read: Result<redis::RedisResult<Listed>, _> =
+            tokio::time::timeout(LOOK_LIMIT, pipe.query_async(con)).await;
+        match read {
+            Ok(Ok(((secs, micros), leased, queued))) => {
+                Some((secs * 1_000_000 + micros, leased, queued))
+            }
+            _ => {
+                self.con = None;
+                None
+            }
+        }
+    }
+}
+
 /// The `leases` key of the lease semaphore `name` (crates/redsem/src/keys.rs, default prefix).
 fn leases_key(name: &str) -> String {
     format!("redsem:{{lease:{name}}}:leases")
@@ -275,6 +313,7 @@ impl Task {
         };
         op.outcome = "ok".into();
         op.token = Some(permit.token().get());
+        op.id = Some(permit.id().as_str().to_owned());
         op.slots = permit.slots().to_vec();
         let id = permit.id().clone();
         let mut valid_until = self.validity(&permit).unwrap_or(op.ret_us);
@@ -456,6 +495,7 @@ impl Task {
             Ok(permit) => {
                 op.outcome = "ok".into();
                 op.token = Some(permit.token().get());
+                op.id = Some(permit.id().as_str().to_owned());
                 op.slots = permit.slots().to_vec();
                 op.valid_until_us = Some(self.validity(&permit).unwrap_or(op.ret_us));
                 self.end_hold(&mut op, permit, false).await;

@@ -25,6 +25,9 @@ pub enum Record {
     Latch(LatchOp),
     /// What `status` showed after the nemesis stopped and every lease could have ended.
     Final(Final),
+    /// A look at a lease semaphore's server state a while after a call to it was cancelled
+    /// ([`LOOK_AFTER_MS`]).
+    Look(Look),
 }
 
 /// The run's settings, as the checker needs them.
@@ -72,6 +75,9 @@ pub struct LeaseOp {
     pub max_gap_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
+    /// A grant's permit id (what the server lists it under).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<u32>,
     /// For a grant, how it ended: `release`, `drop`.
@@ -82,6 +88,8 @@ pub struct LeaseOp {
     pub end_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_ret_us: Option<u64>,
+    /// `ok`, `not_held`, `cancelled` (the release future dropped before it answered, at
+    /// `release_ret_us`: its outcome unknown) or `error: ...`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_outcome: Option<String>,
     /// The outcome of a `refresh()` made while held, if one was.
@@ -206,6 +214,45 @@ pub struct LatchOp {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
 }
+
+/// A look at what the server lists for a lease semaphore ([`LOOK_AFTER_MS`] after a call to it
+/// was cancelled), on a connection of its own that no proxy stands in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Look {
+    pub client: u32,
+    pub task: u32,
+    pub name: String,
+    /// What was cancelled: `release` (a permit's release) or `acquire` (an acquire).
+    pub after: String,
+    /// `release`: the permit's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// When the cancelled call was invoked, and when it was given up.
+    pub inv_us: u64,
+    pub cancel_us: u64,
+    /// Where it was cancelled: `poll N` (after its first poll and N turns of the runtime) or
+    /// `after N us`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub point: String,
+    /// `acquire`: the ids the server listed (held or queued) just before the call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before: Vec<String>,
+    /// Local instants before the look was sent and after its reply (rounded up).
+    pub t0_us: u64,
+    pub t1_us: u64,
+    /// Ids with a lease on the server (holders and waiters: a positive score in `leases`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leased: Vec<String>,
+    /// Ids in the queue (waiters).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<String>,
+}
+
+/// How long after a cancelled call its look is taken: a third of the soak's lease and a
+/// little more. A release or withdrawal carried on in the background has long been applied
+/// by then (without a fault); a unit stranded by it, last renewed at most a third of a lease
+/// before the cancel, is still held until two thirds of a lease after it.
+pub const LOOK_AFTER_MS: u64 = 400;
 
 /// What a primitive showed at the end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

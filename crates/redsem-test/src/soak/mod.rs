@@ -23,7 +23,7 @@ use history::{Final, Meta, Record};
 
 const USAGE: &str = "usage: redsem-soak [--duration 60s] [--seed N] [--clients 3] [--tasks 6] \
 [--deployment single|volatile|sentinel] [--lease-ms 1000] [--data-dir DIR] [--history FILE] \
-[--no-edges] | --check FILE";
+[--no-edges] [--no-cancels] | --check FILE";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -38,6 +38,9 @@ struct Args {
     data_dir: Option<String>,
     /// Holds that run to their lease end, their probes and looks at the server (`edge.rs`).
     edges: bool,
+    /// Calls cancelled at random points and looked after, state losses of lease semaphores
+    /// and lost count-down replies (issue 33).
+    cancels: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -67,6 +70,7 @@ fn parse_args() -> Result<Args, String> {
         check: None,
         data_dir: None,
         edges: true,
+        cancels: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +98,7 @@ fn parse_args() -> Result<Args, String> {
             "--data-dir" => args.data_dir = Some(value()?),
             "--check" => args.check = Some(value()?),
             "--no-edges" => args.edges = false,
+            "--no-cancels" => args.cancels = false,
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument {flag}\n{USAGE}")),
         }
@@ -387,7 +392,8 @@ fn run(args: &Args) -> Vec<Record> {
         let latches_set = Arc::clone(&latches_set);
         let latch_reached = Arc::clone(&latch_reached);
         let ready_tx = ready_tx.clone();
-        let (seed, tasks) = (args.seed, args.tasks);
+        let (seed, tasks, cancels) = (args.seed, args.tasks, args.cancels);
+        let look_url = audit_url.clone();
         let edges = args.edges.then(|| {
             (
                 Arc::clone(&edge_gate),
@@ -415,6 +421,12 @@ fn run(args: &Args) -> Vec<Record> {
                         }
                         None => None,
                     };
+                    // One connection for the looks after cancelled calls, shared by the tasks.
+                    let looker: Option<ops::Looker> = look_url
+                        .as_deref()
+                        .filter(|_| cancels)
+                        .and_then(edge::Auditor::new)
+                        .map(|a| Arc::new(tokio::sync::Mutex::new(a)));
                     let mut handles = Vec::new();
                     if c == 0 && !volatile {
                         let r = redsem.clone();
@@ -469,6 +481,8 @@ fn run(args: &Args) -> Vec<Record> {
                             // a limit there.
                             permit_wait_limit: sentinel.then_some(Duration::from_secs(3)),
                             edge,
+                            cancels,
+                            looker: looker.clone(),
                         };
                         handles.push(tokio::spawn(task.run()));
                     }
@@ -476,6 +490,9 @@ fn run(args: &Args) -> Vec<Record> {
                     for h in handles {
                         let _ = h.await;
                     }
+                    // Calls cancelled near the end finish in the background: let them, before
+                    // this runtime (and its tasks) is gone and the final state is read.
+                    let _ = tokio::time::timeout(Duration::from_secs(5), redsem.flush()).await;
                 });
             });
         match spawned {
@@ -505,6 +522,7 @@ fn run(args: &Args) -> Vec<Record> {
         lose_names: capacity.keys().cloned().collect(),
         deployment: args.deployment.clone(),
         edges: Arc::clone(&edge_gate),
+        state_losses: args.cancels,
     };
     thread::scope(|scope| {
         let nemesis_thread = scope.spawn(|| nemesis.run(&mut deployment, nemesis_until));

@@ -25,6 +25,7 @@ pub const KINDS: &[&str] = &[
     "sleep",
     "restart",
     "lose_state",
+    "rollback",
     "failover",
 ];
 
@@ -50,6 +51,49 @@ pub struct Nemesis {
     pub deployment: String,
     /// Where a `stall` edge hold asks for its `lease_end` fault.
     pub edges: Arc<EdgeGate>,
+    /// Issue 33: state losses of one lease semaphore (`lose_state`, `rollback`) beside a
+    /// server with AOF too, and a third of the lost replies aimed at a latch count-down.
+    pub state_losses: bool,
+}
+
+/// The keys of lease semaphore `name` (crates/redsem/src/keys.rs, the default prefix).
+fn lease_keys(name: &str) -> [String; 4] {
+    ["leases", "queue", "state", "slots"].map(|part| format!("redsem:{{lease:{name}}}:{part}"))
+}
+
+/// A copy of one key: `DUMP` (`None`: no key) and `PTTL`.
+type Saved = (Option<Vec<u8>>, i64);
+
+/// `rollback`: the keys of a lease semaphore copied in one transaction (`DUMP`), `lag` later
+/// put back as they were (`DEL` and `RESTORE ... REPLACE` in one transaction), as a failover
+/// to a replica that missed the writes of the last `lag` would: its grants, releases and
+/// tokens since are lost, its holders and waiters of then are back.
+fn roll_back(con: &mut redis::Connection, name: &str, lag: Duration) {
+    let keys = lease_keys(name);
+    let mut copy = redis::pipe();
+    copy.atomic();
+    for key in &keys {
+        copy.cmd("DUMP").arg(key).cmd("PTTL").arg(key);
+    }
+    let saved: redis::RedisResult<(Saved, Saved, Saved, Saved)> = copy.query(con);
+    let Ok((a, b, c, d)) = saved else {
+        return;
+    };
+    thread::sleep(lag);
+    let mut back = redis::pipe();
+    back.atomic().cmd("DEL").arg(&keys[..]);
+    for (key, (dump, pttl)) in keys.iter().zip([a, b, c, d]) {
+        if let Some(dump) = dump {
+            // A key that had a TTL (an idle semaphore's) gets what was left of it then.
+            back.cmd("RESTORE")
+                .arg(key)
+                .arg(pttl.max(0))
+                .arg(dump)
+                .arg("REPLACE")
+                .ignore();
+        }
+    }
+    let _: redis::RedisResult<()> = back.ignore().query(con);
 }
 
 fn redis_con(port: u16) -> Option<redis::Connection> {
@@ -136,7 +180,9 @@ impl Nemesis {
             self.quiet(gap);
             let mut kinds: Vec<&str> = KINDS.to_vec();
             kinds.retain(|k| match *k {
-                "lose_state" => self.deployment == "volatile",
+                "lose_state" | "rollback" => {
+                    self.deployment == "volatile" || (self.state_losses && !sentinel)
+                }
                 "failover" => sentinel && last_failover.is_none_or(|t| t.elapsed() >= FAILOVER_GAP),
                 // Restarting a primary without persistence that replicas follow would empty
                 // them all: not a deployment README describes.
@@ -144,7 +190,7 @@ impl Nemesis {
                 k if PROXY_KINDS.contains(&k) => !self.proxies.is_empty(),
                 _ => true,
             });
-            let kind = kinds[self.rng.below(kinds.len() as u64) as usize];
+            let mut kind = kinds[self.rng.below(kinds.len() as u64) as usize];
             let client = self.rng.below(self.runtimes.len() as u64) as usize;
             let mut target = "server".to_owned();
             let mut start = self.rec.now();
@@ -171,8 +217,16 @@ impl Nemesis {
                     target = format!("client{client}");
                     let proxy = &self.proxies[client];
                     let before = proxy.triggered();
-                    proxy.drop_reply_after(b"FCALL");
-                    let deadline = Instant::now() + Duration::from_secs(1);
+                    // A third aimed at a count-down: its resend must not count twice.
+                    let count_down = self.state_losses && self.rng.chance(0.33);
+                    if count_down {
+                        kind = "drop_count_down";
+                        proxy.drop_reply_after(b"latch_count_down");
+                    } else {
+                        proxy.drop_reply_after(b"FCALL");
+                    }
+                    let wait = Duration::from_secs(if count_down { 3 } else { 1 });
+                    let deadline = Instant::now() + wait;
                     while proxy.triggered() == before && Instant::now() < deadline {
                         thread::sleep(Duration::from_millis(2));
                     }
@@ -288,6 +342,15 @@ impl Nemesis {
                             let _: redis::RedisResult<i64> =
                                 redis::cmd("DEL").arg(keys).query(&mut con);
                         }
+                    }
+                }
+                "rollback" => {
+                    let name =
+                        &self.lose_names[self.rng.below(self.lose_names.len() as u64) as usize];
+                    target.clone_from(name);
+                    let lag = Duration::from_millis(50 + self.rng.below(400));
+                    if let Some(mut con) = redis_con(deployment.primary_port()) {
+                        roll_back(&mut con, name, lag);
                     }
                 }
                 _ => unreachable!("unknown fault kind {kind}"),

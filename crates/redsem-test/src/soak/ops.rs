@@ -7,8 +7,13 @@ use std::time::{Duration, Instant};
 use redsem::{CountDownLatch, LeasePermit, LeaseSemaphore, PermitSemaphore};
 use tokio::sync::watch;
 
-use super::history::{LatchOp, LeaseOp, PermitOp, Record};
+use super::edge::Auditor;
+use super::history::{LOOK_AFTER_MS, LatchOp, LeaseOp, Look, PermitOp, Record};
 use super::rng::Rng;
+
+/// A client's connection for looks at the server (no proxy), shared by its tasks and the
+/// looks they leave to run later.
+pub type Looker = Arc<tokio::sync::Mutex<Auditor>>;
 
 /// Where every client writes its records; times are microseconds since `start`.
 #[derive(Debug)]
@@ -64,6 +69,10 @@ pub struct Task {
     pub permit_wait_limit: Option<Duration>,
     /// The holds that run to their lease end (`super::edge`); `None`: none (`--no-edges`).
     pub edge: Option<super::edge::EdgeKit>,
+    /// Whether calls are cancelled at random points (issue 33; off with `--no-cancels`).
+    pub cancels: bool,
+    /// Looks at the server after a cancelled lease call (`None`: behind Sentinels).
+    pub looker: Option<Looker>,
 }
 
 /// When each check-in of a wait answered "queued" (the first is when the request was
@@ -141,6 +150,43 @@ fn loading(err: &redsem::Error) -> bool {
     false
 }
 
+/// Where [`cut_short`] cancels a call.
+#[derive(Debug, Clone, Copy)]
+pub enum CancelPoint {
+    /// After the call was polled once and the runtime turned over this many times.
+    Polls(u32),
+    /// After this long.
+    After(Duration),
+}
+
+impl std::fmt::Display for CancelPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CancelPoint::Polls(n) => write!(f, "poll {n}"),
+            CancelPoint::After(after) => write!(f, "after {} us", after.as_micros()),
+        }
+    }
+}
+
+/// Run `call` until `point`, then drop it (cancel it) if it has not answered: `None`.
+pub async fn cut_short<F: Future>(point: CancelPoint, call: F) -> Option<F::Output> {
+    let cancel = async move {
+        match point {
+            CancelPoint::Polls(n) => {
+                for _ in 0..n {
+                    tokio::task::yield_now().await;
+                }
+            }
+            CancelPoint::After(after) => tokio::time::sleep(after).await,
+        }
+    };
+    tokio::select! {
+        biased;
+        answer = call => Some(answer),
+        () = cancel => None,
+    }
+}
+
 /// How long a permit wait without a limit may last before the task gives it up (drops it, as
 /// `cancel` does): a permit lost for good would otherwise block the task to the end.
 const PERMIT_WAIT_GUARD: Duration = Duration::from_secs(10);
@@ -174,6 +220,71 @@ impl Task {
     pub async fn stopped(&self) {
         let mut stop = self.stop.clone();
         let _ = stop.wait_for(|s| *s).await;
+    }
+
+    /// Whether to cancel the next call that gives something back (`chance` of the time).
+    fn cancel_this(&mut self, chance: f64) -> bool {
+        self.cancels && self.rng.chance(chance)
+    }
+
+    /// Where a call is cancelled: a third right after its first poll (it has queued its
+    /// request, which may not be sent yet), a third after 1–8 more polls (the runtime's other
+    /// tasks, the connection's and the batcher's among them, ran in between: the request in
+    /// flight, or its reply just in), a third after 0–3 ms of the timer (tokio's counts whole
+    /// milliseconds: after the reply, or in flight when the server is slow).
+    fn cancel_point(&mut self) -> CancelPoint {
+        match self.rng.below(3) {
+            0 => CancelPoint::Polls(0),
+            1 => CancelPoint::Polls(1 + self.rng.below(8) as u32),
+            _ => CancelPoint::After(Duration::from_micros(self.rng.below(3000))),
+        }
+    }
+
+    /// What the server lists for lease semaphore `name` now (ids leased, ids queued).
+    async fn listed(&self, name: &str) -> Option<(Vec<String>, Vec<String>)> {
+        let looker = self.looker.as_ref()?;
+        let (_, leased, queued) = looker.lock().await.list(name).await?;
+        Some((leased, queued))
+    }
+
+    /// Look at what the server lists for `name` [`LOOK_AFTER_MS`] after a call was cancelled
+    /// (in a task of its own: the round goes on), and record it.
+    fn look_later(
+        &self,
+        name: &str,
+        (after, point): (&str, CancelPoint),
+        id: Option<String>,
+        times: (u64, u64),
+        before: Vec<String>,
+    ) {
+        let Some(looker) = self.looker.clone() else {
+            return;
+        };
+        let mut look = Look {
+            client: self.client,
+            task: self.task,
+            name: name.to_owned(),
+            after: after.to_owned(),
+            id,
+            inv_us: times.0,
+            cancel_us: times.1,
+            point: point.to_string(),
+            before,
+            ..Look::default()
+        };
+        let rec = Arc::clone(&self.rec);
+        drop(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(LOOK_AFTER_MS)).await;
+            let mut auditor = looker.lock().await;
+            look.t0_us = rec.now();
+            let Some((_, leased, queued)) = auditor.list(&look.name).await else {
+                return;
+            };
+            look.t1_us = rec.now() + 1;
+            look.leased = leased;
+            look.queued = queued;
+            rec.push(Record::Look(look));
+        }));
     }
 
     async fn lease_round(&mut self) {
@@ -230,12 +341,45 @@ impl Task {
                 .map_err(|e| outcome(&e))
         } else if kind < 62 {
             op.op = "cancel".into();
-            let after = Duration::from_millis(5 + self.rng.below(100));
-            match tokio::time::timeout(after, sem.acquire_with_progress(units, None, progress))
-                .await
-            {
-                Ok(r) => r.map_err(|e| outcome(&e)),
-                Err(_) => Err("cancelled".into()),
+            // Issue 33: half the cancels land within the first 3 ms (before the send, in
+            // flight, after the reply), a third of those on a `try_acquire`; the server is
+            // looked at before the call and a while after the cancel.
+            let point = self.cancels && self.rng.chance(0.5);
+            let fast = point && self.rng.chance(0.33);
+            let after = if point {
+                self.cancel_point()
+            } else {
+                CancelPoint::After(Duration::from_millis(5 + self.rng.below(100)))
+            };
+            let before = if self.cancels {
+                self.listed(&op.name).await
+            } else {
+                None
+            };
+            op.inv_us = self.rec.now();
+            let r = if fast {
+                let call = async {
+                    if units == 1 {
+                        sem.try_acquire().await
+                    } else {
+                        sem.try_acquire_many(units).await
+                    }
+                };
+                cut_short(after, call).await
+            } else {
+                cut_short(after, sem.acquire_with_progress(units, None, progress)).await
+            };
+            match r {
+                Some(r) => r.map_err(|e| outcome(&e)),
+                None => {
+                    if let Some((leased, queued)) = before {
+                        let mut before = leased;
+                        before.extend(queued);
+                        let times = (op.inv_us, self.rec.now());
+                        self.look_later(&op.name, ("acquire", after), None, times, before);
+                    }
+                    Err("cancelled".into())
+                }
             }
         } else {
             op.op = if units == 1 {
@@ -261,6 +405,7 @@ impl Task {
         };
         op.outcome = "ok".into();
         op.token = Some(permit.token().get());
+        op.id = Some(permit.id().as_str().to_owned());
         op.slots = permit.slots().to_vec();
         // The local validity, sampled while it lasts (see `validity`); a grant whose validity
         // ended before it was first seen (its runtime frozen while the reply came) was never
@@ -307,8 +452,10 @@ impl Task {
         self.rec.push(Record::Lease(op));
     }
 
-    /// End a hold: drop the permit, or release it and record the release.
-    pub async fn end_hold(&self, op: &mut LeaseOp, permit: LeasePermit, drop_it: bool) {
+    /// End a hold: drop the permit, or release it and record the release. A release is
+    /// cancelled at a random point now and then (issue 33), and the server looked at a
+    /// while later: the unit must not be listed as held any more.
+    pub async fn end_hold(&mut self, op: &mut LeaseOp, permit: LeasePermit, drop_it: bool) {
         op.end_us = Some(self.rec.now());
         if drop_it {
             op.end = Some("drop".into());
@@ -316,12 +463,24 @@ impl Task {
             return;
         }
         op.end = Some("release".into());
-        let r = permit.release().await;
+        let id = permit.id().as_str().to_owned();
+        let mut point = CancelPoint::Polls(0);
+        let r = if self.cancel_this(0.3) {
+            point = self.cancel_point();
+            cut_short(point, permit.release()).await
+        } else {
+            Some(permit.release().await)
+        };
         op.release_ret_us = Some(self.rec.now());
         op.release_outcome = Some(match r {
-            Ok(()) => "ok".into(),
-            Err(e) if e.is_not_held() => "not_held".into(),
-            Err(e) => outcome(&e),
+            Some(Ok(())) => "ok".into(),
+            Some(Err(e)) if e.is_not_held() => "not_held".into(),
+            Some(Err(e)) => outcome(&e),
+            None => {
+                let times = (op.end_us.unwrap_or(0), self.rec.now());
+                self.look_later(&op.name, ("release", point), Some(id), times, Vec::new());
+                "cancelled".into()
+            }
         });
     }
 
@@ -392,10 +551,15 @@ impl Task {
                 .map_err(|e| outcome(&e))
         } else if kind < 70 {
             op.op = "cancel".into();
-            let after = Duration::from_millis(5 + self.rng.below(100));
-            match tokio::time::timeout(after, sem.acquire(n32)).await {
-                Ok(r) => r.map(|()| op.n).map_err(|e| outcome(&e)),
-                Err(_) => Err("cancelled".into()),
+            // Issue 33: half the cancels land within the first 3 ms.
+            let after = if self.cancel_this(0.5) {
+                self.cancel_point()
+            } else {
+                CancelPoint::After(Duration::from_millis(5 + self.rng.below(100)))
+            };
+            match cut_short(after, sem.acquire(n32)).await {
+                Some(r) => r.map(|()| op.n).map_err(|e| outcome(&e)),
+                None => Err("cancelled".into()),
             }
         } else if let Some(limit) = self.permit_wait_limit {
             op.op = "timeout".into();
@@ -426,13 +590,22 @@ impl Task {
         if taken > 0 {
             tokio::time::sleep(Duration::from_micros(self.rng.below(8000))).await;
             op.release_inv_us = Some(self.rec.now());
-            let r = sem.release(u32::try_from(taken).unwrap_or(u32::MAX)).await;
+            let release = sem.release(u32::try_from(taken).unwrap_or(u32::MAX));
+            // Issue 33: a release cancelled at a random point must still give its permits
+            // back (the ledger counts it given back); it is not made up.
+            let r = if self.cancel_this(0.3) {
+                let after = self.cancel_point();
+                cut_short(after, release).await
+            } else {
+                Some(release.await)
+            };
             op.release_ret_us = Some(self.rec.now());
             // `NotReplicated`: applied on the primary; lost only if a failover follows.
-            failed_release = matches!(&r, Err(e) if !e.is_not_replicated());
+            failed_release = matches!(&r, Some(Err(e)) if !e.is_not_replicated());
             op.release_outcome = Some(match r {
-                Ok(()) => "ok".into(),
-                Err(e) => outcome(&e),
+                Some(Ok(())) => "ok".into(),
+                Some(Err(e)) => outcome(&e),
+                None => "cancelled".into(),
             });
         }
         let (name, client, task) = (op.name.clone(), op.client, op.task);
@@ -494,10 +667,18 @@ impl Task {
         let mut open = false;
         if kind < 50 {
             op.op = "count_down".into();
-            let r = latch.count_down().await;
+            // Issue 33: now and then cancelled at a random point; once called, a count-down
+            // happens (the latch rule holds it to that).
+            let r = if self.cancel_this(0.3) {
+                let after = self.cancel_point();
+                cut_short(after, latch.count_down()).await
+            } else {
+                Some(latch.count_down().await)
+            };
             op.outcome = match r {
-                Ok(()) => "ok".into(),
-                Err(e) => outcome(&e),
+                Some(Ok(())) => "ok".into(),
+                Some(Err(e)) => outcome(&e),
+                None => "cancelled".into(),
             };
         } else if kind < 75 {
             op.op = "count".into();
