@@ -243,22 +243,33 @@ impl CountDownLatch {
     ///
     /// # Cancel safety
     ///
-    /// If dropped after sending, the count may or may not have been taken down.
+    /// Cancel safe in effect: once called, the count-down happens (in the background if this
+    /// future is dropped before it answers); only its answer is lost.
     pub async fn count_down(&self) -> Result<()> {
-        let inner = &self.inner;
-        let seq = inner.redsem.session().open();
-        retry_once("count_down", || async {
-            script::latch_count_down(
-                &mut inner.redsem.conn(),
-                &inner.keys,
-                Caller::new(inner.redsem.session(), seq.n()),
+        let inner = self.inner.clone();
+        let span = op_span!(inner.meter, "redsem.latch.count_down");
+        // Run to its end even if this future is dropped: a count-down, once called, happens.
+        self.inner
+            .redsem
+            .run_to_end(
+                "latch_count_down",
+                async move {
+                    let seq = inner.redsem.session().open();
+                    retry_once("count_down", || async {
+                        script::latch_count_down(
+                            &mut inner.redsem.conn(),
+                            &inner.keys,
+                            Caller::new(inner.redsem.session(), seq.n()),
+                        )
+                        .await
+                    })
+                    .await?;
+                    inner.meter.counted_down();
+                    Ok(())
+                }
+                .instrument(span),
             )
             .await
-        })
-        .instrument(op_span!(inner.meter, "redsem.latch.count_down"))
-        .await?;
-        inner.meter.counted_down();
-        Ok(())
     }
 
     /// The count-downs remaining: 0 when the latch is not counting (opened, never set or

@@ -105,7 +105,8 @@ pub(crate) struct Shared {
     pub(crate) keepalive: Keepalive,
     /// Semaphores (their state keys) with a `lease_tidy` pending.
     tidy: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Bumped by [`Redsem::flush`]: pending tidies run at once.
+    /// How many [`Redsem::flush`]es are under way: while one is, tidies (pending or
+    /// started meanwhile) run at once rather than after their delay.
     hurry: tokio::sync::watch::Sender<u64>,
     /// Whether lease operations go by group commit ([`RedsemOptions::group_commit`]).
     group_commit: bool,
@@ -324,7 +325,15 @@ impl Redsem {
     ///
     /// Cancel safe: the background work goes on.
     pub async fn flush(&self) {
+        /// Counts the flush out again however it ends (also cancelled).
+        struct Hurrying<'a>(&'a tokio::sync::watch::Sender<u64>);
+        impl Drop for Hurrying<'_> {
+            fn drop(&mut self) {
+                self.0.send_modify(|n| *n = n.saturating_sub(1));
+            }
+        }
         self.shared.hurry.send_modify(|n| *n += 1);
+        let _hurrying = Hurrying(&self.shared.hurry);
         let tracker = &self.shared.background;
         tracker.close();
         tracker.wait().await;
@@ -336,6 +345,30 @@ impl Redsem {
     pub(crate) fn spawn_cleanup(&self, work: impl Future<Output = ()> + Send + 'static) {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             self.shared.background.spawn_on(work, &handle);
+        }
+    }
+
+    /// Run `work`, the call `what` (one that gives something back: a release, a count-down) to its end
+    /// even if the caller stops waiting for it: it runs as a task of its own, tracked for
+    /// [`Redsem::flush`], and this future only waits for its answer. Dropping this future
+    /// (a `select!`, a timeout, a cancelled asyncio task) leaves the call to finish in the
+    /// background, so nothing it gives back is stranded until a lease ends.
+    ///
+    /// Outside a tokio runtime `work` runs in place.
+    pub(crate) async fn run_to_end<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return work.await;
+        };
+        match self.shared.background.spawn_on(work, &handle).await {
+            Ok(answer) => answer,
+            Err(failed) => Err(crate::Error::Protocol {
+                script: what,
+                detail: format!("the call's task failed: {failed}"),
+            }),
         }
     }
 
@@ -412,7 +445,7 @@ impl Redsem {
         self.spawn_cleanup(async move {
             tokio::select! {
                 () = tokio::time::sleep(TIDY_AFTER) => {}
-                _ = hurry.changed() => {}
+                _ = hurry.wait_for(|flushing| *flushing > 0) => {}
             }
             redsem
                 .shared

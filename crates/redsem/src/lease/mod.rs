@@ -420,11 +420,22 @@ impl LeaseSemaphore {
     ///
     /// # Cancel safety
     ///
-    /// If dropped after sending, the permit may or may not have been released.
+    /// Cancel safe in effect: once called, the release happens (in the background if this
+    /// future is dropped before it answers); only its answer is lost.
     pub async fn release_id(&self, id: &PermitId) -> Result<()> {
         let span = op_span!(self.inner.meter, "redsem.release");
         span.record("id", id.as_str());
-        match self.inner.release(id.as_str()).instrument(span).await? {
+        let (inner, owned) = (self.inner.clone(), id.clone());
+        // Run to its end even if this future is dropped: a release, once called, happens.
+        let released = self
+            .inner
+            .redsem
+            .run_to_end(
+                "lease_release",
+                async move { inner.release(owned.as_str()).await }.instrument(span),
+            )
+            .await?;
+        match released {
             Release::Released | Release::Dequeued => Ok(()),
             Release::NotHeld => Err(self.inner.not_held(id)),
         }

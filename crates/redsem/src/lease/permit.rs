@@ -360,8 +360,9 @@ impl LeasePermit {
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if dropped mid-way the permit may or may not have been released; it
-    /// is no longer renewed either way.
+    /// Cancel safe in effect: once called, the release happens. If this future is dropped
+    /// before it answers, the release goes on in the background (as for a dropped permit,
+    /// tracked by [`Redsem::flush`](crate::Redsem::flush)); only its answer is lost.
     pub async fn release(mut self) -> Result<()> {
         self.release_in_place().await
     }
@@ -390,11 +391,18 @@ impl LeasePermit {
         self.state.lost.cancel();
         self.state.end();
         let span = tracing::info_span!(parent: &self.state.span, "redsem.release", outcome = tracing::field::Empty);
+        // Run to its end even if this future is dropped (a timeout or `select!` around the
+        // release): the permit is settled and no longer renewed, so a release left half-way
+        // would strand its units until the lease ends.
+        let state = self.state.clone();
         let released = self
             .state
             .sem
-            .release(self.state.id.as_str())
-            .instrument(span.clone())
+            .redsem
+            .run_to_end(
+                "lease_release",
+                async move { state.sem.release(state.id.as_str()).await }.instrument(span.clone()),
+            )
             .await;
         span.record(
             "outcome",

@@ -260,7 +260,8 @@ impl PermitSemaphore {
     ///
     /// # Cancel safety
     ///
-    /// If dropped after sending, the permits may or may not have been added.
+    /// Cancel safe in effect: once called, the addition happens (in the background if this
+    /// future is dropped before it answers); only its answer is lost.
     pub async fn add_permits(&self, delta: i64) -> Result<()> {
         if !(-MAX_PERMITS..=MAX_PERMITS).contains(&delta) {
             return Err(invalid(format!(
@@ -293,14 +294,13 @@ impl PermitSemaphore {
     ///
     /// # Cancel safety
     ///
-    /// If dropped after sending, the permits may or may not have been released.
+    /// Cancel safe in effect: once called, the release happens (in the background if this
+    /// future is dropped before it answers); only its answer is lost.
     pub async fn release(&self, permits: u32) -> Result<()> {
         if permits == 0 {
             return Ok(());
         }
-        self.add(i64::from(permits), "release").await?;
-        self.inner.meter.released(permits);
-        Ok(())
+        self.add(i64::from(permits), "release").await
     }
 
     /// Take `permits` permits if that many are available and nobody waits; one round trip,
@@ -520,38 +520,22 @@ impl PermitSemaphore {
         script::permit_delete(&mut inner.redsem.conn(), &inner.keys).await
     }
 
+    /// Add `delta` permits, run to its end even if the caller stops waiting
+    /// ([`Redsem::run_to_end`]): a release or an addition, once called, happens.
     async fn add(&self, delta: i64, what: &'static str) -> Result<()> {
-        let inner = &self.inner;
-        let request = PermitId::random();
-        let span = match what {
-            "release" => op_span!(inner.meter, "redsem.permits.release"),
-            _ => op_span!(inner.meter, "redsem.permits.add"),
-        };
-        span.record("units", delta);
-        let seq = inner.redsem.session().open();
-        let added = retry_once(what, || async {
-            match &inner.batcher {
-                Some(batcher) => {
-                    let op = script::PermitOp::add(request.as_str(), delta, seq.n());
-                    let (reply, unconfirmed) = batcher.submit(op).await?;
-                    script::added(script::Acked { reply, unconfirmed })
+        let inner = self.inner.clone();
+        self.inner
+            .redsem
+            .run_to_end("permit_add", async move {
+                inner.add(delta, what).await?;
+                if what == "release" {
+                    inner
+                        .meter
+                        .released(u32::try_from(delta).unwrap_or(u32::MAX));
                 }
-                None => {
-                    let mut conn = inner.redsem.conn();
-                    let call = Caller::new(inner.redsem.session(), seq.n());
-                    script::permit_add(&mut conn, &inner.keys, request.as_str(), delta, call).await
-                }
-            }
-        })
-        .instrument(span)
-        .await?;
-        match added {
-            Addition::Applied(_) | Addition::Repeated(_) => Ok(()),
-            Addition::OutOfRange(available) => Err(invalid(format!(
-                "cannot add {delta} permits to {:?}: {available} available, and the count must stay within ±{MAX_PERMITS}",
-                inner.name
-            ))),
-        }
+                Ok(())
+            })
+            .await
     }
 
     /// The request, measured ([`crate::observe`]) and run in its span.
@@ -585,5 +569,41 @@ impl PermitSemaphore {
         let request = PermitRequest { sem: self, permits };
         wait::acquire(&request, patience, |_| attempt.queued()).await?;
         Ok(())
+    }
+}
+
+impl PermitInner {
+    async fn add(&self, delta: i64, what: &'static str) -> Result<()> {
+        let inner = self;
+        let request = PermitId::random();
+        let span = match what {
+            "release" => op_span!(inner.meter, "redsem.permits.release"),
+            _ => op_span!(inner.meter, "redsem.permits.add"),
+        };
+        span.record("units", delta);
+        let seq = inner.redsem.session().open();
+        let added = retry_once(what, || async {
+            match &inner.batcher {
+                Some(batcher) => {
+                    let op = script::PermitOp::add(request.as_str(), delta, seq.n());
+                    let (reply, unconfirmed) = batcher.submit(op).await?;
+                    script::added(script::Acked { reply, unconfirmed })
+                }
+                None => {
+                    let mut conn = inner.redsem.conn();
+                    let call = Caller::new(inner.redsem.session(), seq.n());
+                    script::permit_add(&mut conn, &inner.keys, request.as_str(), delta, call).await
+                }
+            }
+        })
+        .instrument(span)
+        .await?;
+        match added {
+            Addition::Applied(_) | Addition::Repeated(_) => Ok(()),
+            Addition::OutOfRange(available) => Err(invalid(format!(
+                "cannot add {delta} permits to {:?}: {available} available, and the count must stay within ±{MAX_PERMITS}",
+                inner.name
+            ))),
+        }
     }
 }

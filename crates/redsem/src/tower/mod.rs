@@ -31,9 +31,9 @@
 //!   is held (the usual clone-and-swap of tower middleware, so the service must be `Clone`).
 //! * When the inner future completes, the permit is released and the release is awaited
 //!   before the response is handed on, so a client that sends its next request after reading
-//!   the last response never finds its own earlier request still holding a unit. The release
-//!   runs in a task of its own: dropping the response future in the middle of it cannot stop
-//!   it.
+//!   the last response never finds its own earlier request still holding a unit. Dropping
+//!   the response future in the middle of the release cannot stop it: the release runs to
+//!   its end in the background.
 //! * A response future dropped before completion (the HTTP client went away and the server
 //!   dropped the handler) drops the permit, which releases it in the background.
 //!
@@ -318,26 +318,24 @@ async fn take<E>(sem: &LeaseSemaphore, admission: Admission) -> Result<LeasePerm
     })
 }
 
-/// Release `permit` and wait for the release to be done, in a task of its own so that a
-/// caller that stops waiting cannot cut it short.
+/// Release `permit` and wait for the release to be done. The release runs to its end even if
+/// this future is dropped half-way ([`LeasePermit::release`] is cancel safe in effect).
 async fn give_back(permit: Arc<LeasePermit>) {
     let Ok(permit) = Arc::try_unwrap(permit) else {
         // The handler kept a clone of its `HeldLease`: the last clone releases it on drop.
         return;
     };
     let name = permit.semaphore().to_owned();
-    let released = tokio::spawn(permit.release()).await;
-    match released {
-        Ok(Ok(())) => {}
+    match permit.release().await {
+        Ok(()) => {}
         // Lost while the request ran (`OnLost::Continue`), or released by id meanwhile.
-        Ok(Err(err)) if err.is_not_held() => {
+        Err(err) if err.is_not_held() => {
             tracing::debug!(semaphore = %name, error = %err, "the permit of a finished request was no longer held");
         }
-        Ok(Err(err)) => tracing::warn!(
+        Err(err) => tracing::warn!(
             semaphore = %name,
             error = %err,
             "the permit of a finished request could not be released; its lease ends by itself"
         ),
-        Err(err) => tracing::warn!(semaphore = %name, error = %err, "the release task failed"),
     }
 }

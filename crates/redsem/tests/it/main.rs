@@ -60,3 +60,7 @@ mod group_commit;
 
 /// Through Sentinels: the URL form, connect_sentinel, and load across a forced failover.
 mod sentinel;
+
+/// Calls that give something back (releases, count-downs, withdrawals) cancelled at every
+/// point of their life: what they give back is given back all the same.
+mod cancellation;
