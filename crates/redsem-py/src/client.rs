@@ -8,6 +8,48 @@ use crate::latch::CountDownLatch;
 use crate::lease::{LeaseSemaphore, Mutex};
 use crate::permits::PermitSemaphore;
 
+/// The URL schemes `connect` takes.
+const SCHEMES: &str = "redis://, rediss://, redis+unix://, unix://, redis+cluster://, \
+    rediss+cluster://, redis+sentinel:// or rediss+sentinel://";
+
+/// Refuse a URL without a scheme, naming the forms taken (redis-rs says only
+/// "InvalidClientConfig").
+fn check_url(url: &str) -> PyResult<()> {
+    if url.contains("://") {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "url must start with {SCHEMES} (for example redis://127.0.0.1:6379/0), got {:?}",
+        url.split('@').next_back().unwrap_or_default()
+    )))
+}
+
+/// The smallest lease the library takes (its `MIN_LEASE`), checked here to say it in seconds.
+const MIN_LEASE_SECS: f64 = 0.030;
+
+/// `secs` as a lease: at least [`MIN_LEASE_SECS`].
+fn lease_seconds(what: &str, secs: f64) -> PyResult<std::time::Duration> {
+    if secs.is_finite() && (0.0..MIN_LEASE_SECS).contains(&secs) {
+        return Err(invalid(format!(
+            "{what} must be at least {MIN_LEASE_SECS:.3} s to be renewed in time, got {secs} s"
+        )));
+    }
+    seconds(what, secs)
+}
+
+/// A capacity from Python: an integer from 1 to 2**32 - 1.
+pub(crate) fn capacity(value: i128) -> PyResult<u32> {
+    u32::try_from(value)
+        .ok()
+        .filter(|c| *c >= 1)
+        .ok_or_else(|| {
+            invalid(format!(
+                "capacity must be an integer from 1 to {} (2**32 - 1), got {value}",
+                u32::MAX
+            ))
+        })
+}
+
 /// The options of `connect`, read from its keyword arguments.
 fn options(
     prefix: Option<String>,
@@ -70,6 +112,7 @@ pub(crate) fn connect(
         group_commit,
         tls_root_cert,
     )?;
+    check_url(url)?;
     let url = url.to_owned();
     // Not cut into slices for Ctrl-C: bounded by `connect_timeout` (and the server checks by
     // `response_timeout`).
@@ -101,6 +144,7 @@ pub(crate) fn connect_async<'py>(
         group_commit,
         tls_root_cert,
     )?;
+    check_url(url)?;
     let url = url.to_owned();
     spawn(py, async move {
         let inner = redsem::Redsem::connect_with(&url, options).await?;
@@ -126,8 +170,8 @@ fn lease_options(
     keepalive: bool,
 ) -> PyResult<redsem::LeaseOptions> {
     let mut options = redsem::LeaseOptions::default()
-        .lease(seconds("lease", lease)?)
-        .waiter_lease(seconds("waiter_lease", waiter_lease)?)
+        .lease(lease_seconds("lease", lease)?)
+        .waiter_lease(lease_seconds("waiter_lease", waiter_lease)?)
         .one_per_label(one_per_label)
         .keepalive(keepalive);
     if let Some(label) = label {
@@ -155,7 +199,7 @@ impl Redsem {
     fn lease_semaphore(
         &self,
         name: &str,
-        capacity: u32,
+        capacity: i128,
         lease: f64,
         waiter_lease: f64,
         label: Option<String>,
@@ -165,7 +209,7 @@ impl Redsem {
         let options = lease_options(lease, waiter_lease, label, one_per_label, keepalive)?;
         let inner = self.inner.get()?;
         let sem = inner
-            .lease_semaphore_with(name, capacity, options)
+            .lease_semaphore_with(name, self::capacity(capacity)?, options)
             .map_err(crate::errors::to_py)?;
         Ok(LeaseSemaphore::new(inner.clone(), sem))
     }

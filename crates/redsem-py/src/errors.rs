@@ -4,6 +4,8 @@
 
 use pyo3::PyErr;
 
+use crate::call::human;
+
 mod py {
     pyo3::import_exception!(redsem._errors, Error);
     pyo3::import_exception!(redsem._errors, Unavailable);
@@ -27,13 +29,32 @@ mod py {
 
 /// The message of `err` and of every cause under it (the Rust messages leave the cause to
 /// `source()`; a Python reader sees one line).
+///
+/// Written for a Python reader: a cause whose text is in the message already is not repeated
+/// (redis-rs's errors print their own cause), durations read `1.003 s`, and the options are
+/// named as `connect` takes them (`server_checks="warn"`, not `ServerChecks::Warn`).
 pub(crate) fn message(err: &redsem::Error) -> String {
-    let mut text = err.to_string();
+    let mut text = match err {
+        redsem::Error::Timeout { name, waited, .. } => {
+            format!("timed out after {} waiting for {name:?}", human(*waited))
+        }
+        other => other.to_string(),
+    };
     let mut source = std::error::Error::source(err);
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
+    }
+    for (rust, python) in [
+        ("ServerChecks::Enforce", "server_checks=\"enforce\""),
+        ("ServerChecks::Warn", "server_checks=\"warn\""),
+        ("ServerChecks::Off", "server_checks=\"off\""),
+    ] {
+        text = text.replace(rust, python);
     }
     text
 }

@@ -217,7 +217,8 @@ impl LeaseSemaphore {
 
     /// Store a new capacity, whoever holds the semaphore (shrinking revokes nothing); returns
     /// the previous one, or None.
-    fn set_capacity(&self, py: Python<'_>, capacity: u32) -> PyResult<Option<u32>> {
+    fn set_capacity(&self, py: Python<'_>, capacity: i128) -> PyResult<Option<u32>> {
+        let capacity = crate::client::capacity(capacity)?;
         let sem = self.core.get()?.sem.clone();
         block(py, None, async move { sem.set_capacity(capacity).await })
     }
@@ -226,8 +227,9 @@ impl LeaseSemaphore {
     fn set_capacity_async<'py>(
         &self,
         py: Python<'py>,
-        capacity: u32,
+        capacity: i128,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let capacity = crate::client::capacity(capacity)?;
         let sem = self.core.get()?.sem.clone();
         spawn(py, async move { sem.set_capacity(capacity).await })
     }

@@ -29,7 +29,7 @@ def test_bad_arguments_are_invalid_argument(url):
     r = redsem.connect(url)
     with pytest.raises(redsem.InvalidArgument, match="capacity"):
         r.lease_semaphore("x", 0)
-    with pytest.raises(ValueError, match="too short"):
+    with pytest.raises(ValueError, match="at least 0.030 s"):
         r.lease_semaphore("x", 1, lease=0.001)
     with pytest.raises(redsem.InvalidArgument, match="timeout"):
         r.lease_semaphore("x", 1).acquire(timeout=-1.0)

@@ -87,6 +87,10 @@ class Permit:
         """True while known held: not released, not lost, lease not possibly ended."""
         return self._native.is_held()
 
+    def owned(self) -> bool:
+        """redis-py's name for ``is_held()``: True while this permit is held by us."""
+        return self._native.owned()
+
     def is_lost(self) -> bool:
         """True once the lease was lost; false while held and after a release."""
         return self._native.is_lost()
@@ -96,7 +100,8 @@ class Permit:
         return self._native.time_left()
 
     async def release(self) -> None:
-        """Release the permit; raises ``NotHeld`` if it was not held any more."""
+        """Release the permit; raises ``NotHeld`` if it was not held any more. Cancelling
+        the awaiting task does not cancel the release: it goes on in the background."""
         await self._native.release_async()
 
     async def refresh(self) -> None:
@@ -120,9 +125,10 @@ class Permit:
         exc_type: Optional[Type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
-    ) -> bool:
+    ) -> None:
+        # Never swallows the block's exception (so typed None, not bool: a type checker
+        # then knows the code after the block is reached only through it).
         await self._native.exit_async(exc_type is None)
-        return False
 
     def __repr__(self) -> str:
         return repr(self._native).replace("redsem.Permit", "redsem.aio.Permit", 1)
@@ -152,9 +158,9 @@ class _Acquire:
         exc_type: Optional[Type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
-    ) -> bool:
+    ) -> None:
         assert self._permit is not None
-        return await self._permit.__aexit__(exc_type, exc, tb)
+        await self._permit.__aexit__(exc_type, exc, tb)
 
 
 def _permit(native: Optional[_redsem.Permit]) -> Optional[Permit]:
@@ -179,10 +185,14 @@ class LeaseSemaphore:
         """The capacity this handle asks for."""
         return self._native.capacity
 
-    def acquire(self, units: int = 1, *, timeout: Optional[float] = None) -> _Acquire:
+    def acquire(
+        self, units: int = 1, *, timeout: Optional[float] = None, blocking: bool = True
+    ) -> _Acquire:
         """Wait in line (FIFO) for ``units`` units: ``await`` it for a ``Permit``, or
-        ``async with`` it. Raises ``redsem.Timeout`` when ``timeout`` seconds run out."""
-        return _Acquire(lambda: self._native.acquire_async(units, timeout))
+        ``async with`` it. Raises ``redsem.Timeout`` when ``timeout`` seconds run out
+        (``None`` or ``float("inf")``: no limit). ``blocking=False``: take them only if free
+        and nobody waits, else raise ``redsem.NoPermit``."""
+        return _Acquire(lambda: self._native.acquire_async(units, timeout, blocking))
 
     async def try_acquire(self, units: int = 1) -> Optional[Permit]:
         """A ``Permit`` if ``units`` are free and nobody waits, else None."""
@@ -196,12 +206,17 @@ class LeaseSemaphore:
         """Store a new capacity; returns the previous one, or None."""
         return await self._native.set_capacity_async(capacity)
 
+    async def locked(self) -> bool:
+        """True when some permit holds a unit now (one round trip)."""
+        return await self._native.locked_async()
+
     async def release_id(self, id: str) -> None:
         """Release the permit ``id`` held by any process (or withdraw the request ``id``)."""
         await self._native.release_id_async(id)
 
     async def refresh_id(self, id: str, lease: float) -> None:
-        """Extend the lease of the permit ``id``, held by any process, to ``lease`` seconds."""
+        """Extend the lease of the permit ``id``, held by any process, to ``lease`` seconds;
+        ``ValueError`` when that would shorten it."""
         await self._native.refresh_id_async(id, lease)
 
     def __repr__(self) -> str:
@@ -221,17 +236,41 @@ class Mutex:
         """The mutex's name."""
         return self._native.name
 
-    def lock(self, *, timeout: Optional[float] = None) -> _Acquire:
-        """Wait in line for the lock: ``await`` it for a ``Permit``, or ``async with`` it."""
-        return _Acquire(lambda: self._native.lock_async(timeout))
+    def acquire(self, *, timeout: Optional[float] = None, blocking: bool = True) -> _Acquire:
+        """Wait in line for the lock: ``await`` it for a ``Permit``, or ``async with`` it.
+        ``blocking=False``: take it only if free, else raise ``redsem.NoPermit``."""
+        return _Acquire(lambda: self._native.lock_async(timeout, blocking))
 
-    async def try_lock(self) -> Optional[Permit]:
+    def lock(self, *, timeout: Optional[float] = None, blocking: bool = True) -> _Acquire:
+        """The same as ``acquire``."""
+        return self.acquire(timeout=timeout, blocking=blocking)
+
+    async def try_acquire(self) -> Optional[Permit]:
         """A ``Permit`` if the lock is free and nobody waits, else None."""
         return _permit(await self._native.try_lock_async())
+
+    async def try_lock(self) -> Optional[Permit]:
+        """The same as ``try_acquire``."""
+        return await self.try_acquire()
+
+    async def locked(self) -> bool:
+        """True when someone holds the lock now (one round trip)."""
+        return await self._native.locked_async()
+
+    async def release_id(self, id: str) -> None:
+        """Release the lock held as permit ``id`` by any process."""
+        await self._native.release_id_async(id)
+
+    async def refresh_id(self, id: str, lease: float) -> None:
+        """Extend the lease of permit ``id`` to ``lease`` seconds; never shortens it."""
+        await self._native.refresh_id_async(id, lease)
 
     async def status(self) -> Dict[str, Any]:
         """The status JSON of the CLI, as a dict."""
         return await self._native.status_async()
+
+    def __repr__(self) -> str:
+        return repr(self._native).replace("redsem.", "redsem.aio.", 1)
 
 
 class PermitSemaphore:
@@ -283,6 +322,9 @@ class PermitSemaphore:
         """Delete the count and the queue; True if there was something to delete."""
         return await self._native.delete_async()
 
+    def __repr__(self) -> str:
+        return repr(self._native).replace("redsem.", "redsem.aio.", 1)
+
 
 class CountDownLatch:
     """A countdown latch (see ``redsem.CountDownLatch``)."""
@@ -320,6 +362,9 @@ class CountDownLatch:
     async def delete(self) -> bool:
         """Delete the latch (opening its waiters); True if it existed."""
         return await self._native.delete_async()
+
+    def __repr__(self) -> str:
+        return repr(self._native).replace("redsem.", "redsem.aio.", 1)
 
 
 class Redsem:
@@ -366,12 +411,18 @@ class Redsem:
         lease: float = 30.0,
         waiter_lease: float = 10.0,
         label: Optional[str] = None,
+        one_per_label: bool = False,
         keepalive: bool = True,
     ) -> Mutex:
         """A distributed mutex (no round trip)."""
         return Mutex(
             self._native.mutex(
-                name, lease=lease, waiter_lease=waiter_lease, label=label, keepalive=keepalive
+                name,
+                lease=lease,
+                waiter_lease=waiter_lease,
+                label=label,
+                one_per_label=one_per_label,
+                keepalive=keepalive,
             )
         )
 
