@@ -73,6 +73,11 @@ impl Child {
         }
     }
 
+    /// The command's process id, until it has been reaped.
+    pub(crate) fn id(&self) -> Option<u32> {
+        self.process.id()
+    }
+
     /// Wait for the command to exit.
     ///
     /// # Cancel safety

@@ -17,6 +17,7 @@ mod request;
 mod signals;
 mod spinner;
 mod target;
+mod tree;
 mod values;
 
 use std::process::ExitCode;

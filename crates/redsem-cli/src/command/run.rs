@@ -15,6 +15,7 @@ use crate::error::{CliError, exit};
 use crate::output;
 use crate::request::{PermitRequest, RequestOptions};
 use crate::signals::Signals;
+use crate::tree;
 use crate::values;
 
 /// What `run --help` and `lock --help` say after their examples: the environment, the
@@ -222,6 +223,9 @@ impl Args {
             release(permit).await;
             return Err(err.into());
         }
+        // Processes the command leaves behind are re-parented to redsem, so that they are
+        // found and stopped before the permit goes back.
+        tree::adopt_orphans();
         let child = match Child::spawn(&resolved, &argv, &permit) {
             Ok(child) => child,
             Err(err) => {
@@ -274,8 +278,7 @@ impl Args {
             if terminated.is_none() && (!permit.is_held() || left <= grace + margin) {
                 if left <= margin {
                     // No time left for a grace: the lease may end (or have ended) any moment.
-                    child.signal(Signal::SIGKILL);
-                    child.reap().await;
+                    kill_tree(&mut child).await;
                     return Err(self.stopped(
                         &permit,
                         "killed the command with SIGKILL at once, as \
@@ -284,6 +287,7 @@ impl Args {
                 }
                 tracing::warn!(left = ?left, "renewals failing: stopping the command before the lease can end");
                 child.signal(Signal::SIGTERM);
+                tree::signal_all(Signal::SIGTERM, child.id());
                 terminated = Some(now);
             }
             // The next moment to act: SIGKILL after SIGTERM, or SIGTERM.
@@ -292,8 +296,7 @@ impl Args {
                 None => now + left.saturating_sub(grace + margin),
             };
             if terminated.is_some() && act_at <= now {
-                child.signal(Signal::SIGKILL);
-                child.reap().await;
+                kill_tree(&mut child).await;
                 let how = format!(
                     "killed the command with SIGKILL {} after SIGTERM, before the lease could end",
                     output::duration(now - terminated.unwrap_or(now))
@@ -307,6 +310,12 @@ impl Args {
                 biased;
                 status = child.wait() => {
                     let status = status?;
+                    // What the command left running goes before the permit does.
+                    let deadline = match terminated {
+                        Some(sent) => (sent + grace).min(now + left.saturating_sub(margin)),
+                        None => now + grace.min(left.saturating_sub(margin)),
+                    };
+                    end_leftovers(deadline, terminated.is_none()).await;
                     if terminated.is_some() {
                         return Err(self.stopped(
                             &permit,
@@ -353,6 +362,40 @@ pub(crate) fn own_failure(err: CliError) -> CliError {
         exit::FAILURE | exit::USAGE => err.with_code(exit::RUN_FAILED),
         _ => err,
     }
+}
+
+/// SIGKILL the command and everything it started, and wait until all of it is gone.
+async fn kill_tree(child: &mut Child) {
+    child.signal(Signal::SIGKILL);
+    tree::signal_all(Signal::SIGKILL, child.id());
+    child.reap().await;
+    tree::kill_all(KILL_PATIENCE, None).await;
+}
+
+/// How long SIGKILL is repeated at a tree that keeps forking (or has a process stuck in the
+/// kernel) before redsem gives up on it.
+const KILL_PATIENCE: Duration = Duration::from_secs(5);
+
+/// After the command exited: stop the processes it left running (background jobs, daemons):
+/// SIGTERM (if `term`), then SIGKILL at `deadline` for those still there, so that none of
+/// them runs on once the permit is given back.
+async fn end_leftovers(deadline: Instant, term: bool) {
+    let left = tree::living();
+    if left.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        processes = left.len(),
+        "the command exited and left processes running: stopping them before the permit goes back"
+    );
+    if term {
+        tree::signal_all(Signal::SIGTERM, None);
+        let patience = deadline.saturating_duration_since(Instant::now());
+        if tree::ended_within(patience, None).await {
+            return;
+        }
+    }
+    tree::kill_all(KILL_PATIENCE, None).await;
 }
 
 /// Release `permit`; a failure is logged only, since the lease ends by itself.

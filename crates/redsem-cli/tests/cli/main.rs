@@ -37,6 +37,8 @@ mod run;
 /// `--url` forms for a Redis Cluster and for Sentinels: `run`, `status` and `doctor` through
 /// them.
 mod topologies;
+/// `run` and the command's whole process tree: background jobs, daemons, a lost lease.
+mod tree;
 /// Defects found by using the binary as a user would: a one-node cluster's empty address, a
 /// killed queued `acquire`.
 mod user_defects;
