@@ -37,9 +37,15 @@ SIGTERM comes at once. If redsem itself was stopped (SIGSTOP, a suspended machin
 end of the lease, the command gets SIGKILL at once when redsem resumes: the lease may already
 be someone else's, which is what the fencing token is for.
 
+What the command starts is part of it: on Linux redsem adopts the processes it leaves
+behind (also daemons in a session of their own). When the command exits, those still running
+get SIGTERM, then SIGKILL after --grace, before the permit is released; when renewals fail,
+SIGTERM and SIGKILL go to all of them.
+
 SIGINT, SIGTERM and SIGHUP sent to redsem are forwarded to the command (from a terminal,
-Ctrl-C reaches both, so the command may see SIGINT twice). If redsem is killed, the command is
-killed too.
+Ctrl-C reaches both, so the command may see SIGINT twice). If redsem is killed with SIGKILL,
+on Linux the command is killed too, but processes it started survive until killed otherwise
+(run redsem under a supervisor that kills its cgroup to cover them).
 
 Off a terminal, a wait is announced by one line on stderr (\"redsem: waiting for NAME: 3
 ahead\"; --quiet: none); -v logs how long it took.
