@@ -109,7 +109,11 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
             return Ok(ExitCode::from(exit::USAGE));
         }
         Err(err) if runs_a_command(&args) => {
-            return Err(crate::command::own_failure(usage_error(&err)));
+            let error = match swallowing_word(&args) {
+                Some(word) => stray_word_error(&word),
+                None => usage_error(&err),
+            };
+            return Err(crate::command::own_failure(error));
         }
         Err(err) => return Err(usage_error(&err)),
     };
@@ -118,14 +122,7 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         .command_words()
         .and_then(|cmd| stray_word(&args, cmd))
     {
-        return Err(crate::command::own_failure(CliError::new(
-            exit::USAGE,
-            format!(
-                "unexpected argument '{}' before '--': redsem's options go before '--' and the \
-                 command after it (see --help)",
-                word.to_string_lossy()
-            ),
-        )));
+        return Err(crate::command::own_failure(stray_word_error(word)));
     }
     logging::init(cli.global.verbose);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -155,6 +152,34 @@ fn stray_word<'a>(args: &[OsString], cmd: &'a [OsString]) -> Option<&'a OsString
         return None;
     }
     cmd.first()
+}
+
+/// The usage error of a stray `word` before `--`.
+fn stray_word_error(word: &OsString) -> CliError {
+    CliError::new(
+        exit::USAGE,
+        format!(
+            "unexpected argument '{}' before '--': redsem's options go before '--' and the \
+             command after it (see --help)",
+            word.to_string_lossy()
+        ),
+    )
+}
+
+/// For a `run` or `lock` line that does not parse: the stray word before `--` that clap took
+/// for the command, swallowing the options after it (`run x extra -l 1 -- true` misses its
+/// `--limit`), found as the word nearest the `--` whose removal lets the line parse.
+fn swallowing_word(args: &[OsString]) -> Option<OsString> {
+    let dashes = args.iter().position(|word| word == "--")?;
+    (2..dashes).rev().find_map(|at| {
+        let word = &args[at];
+        if word.to_string_lossy().starts_with('-') {
+            return None;
+        }
+        let mut without = args.to_vec();
+        without.remove(at);
+        Cli::try_parse_from(&without).ok().map(|_| word.clone())
+    })
 }
 
 /// Whether the subcommand in `args` is `run` or `lock`, whose own failures exit 125: the first
@@ -281,6 +306,22 @@ mod tests {
             Some("oops".into())
         );
         assert_eq!(stray(&with(&["--", "true"])), None);
+        // A stray word before the options swallows them: the line does not parse at all.
+        let line = |words: &[&str]| -> Vec<OsString> {
+            std::iter::once("redsem")
+                .chain(words.iter().copied())
+                .map(OsString::from)
+                .collect()
+        };
+        assert_eq!(
+            swallowing_word(&line(&["run", "x", "extra", "-l", "1", "--", "true"])),
+            Some(OsString::from("extra"))
+        );
+        assert_eq!(
+            swallowing_word(&line(&["run", "x", "-l", "--", "true"])),
+            None,
+            "a line that no removal mends keeps clap's own error"
+        );
         assert_eq!(stray(&with(&["true", "-x"])), None);
         assert_eq!(stray(&with(&["--", "grep", "--", "-v"])), None);
         assert_eq!(stray(&with(&["-c", "echo --"])), None);
