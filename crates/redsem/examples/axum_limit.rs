@@ -62,7 +62,10 @@ async fn serve(redsem: Redsem) -> Result<(), Box<dyn std::error::Error>> {
     let mode: String = setting("MODE", "wait".to_owned())?;
 
     // Every copy of the app opens the same name with the same capacity: one limit for all.
-    let sem = redsem.lease_semaphore("axum-limit-work", limit)?;
+    // The label names the copy in `redsem status axum-limit-work` (its port and pid).
+    let label = format!("axum-limit :{port} pid {}", std::process::id());
+    let options = redsem::LeaseOptions::default().label(label);
+    let sem = redsem.lease_semaphore_with("axum-limit-work", limit, options)?;
     let layer = match mode.as_str() {
         "wait" => LeaseLimitLayer::waiting(sem, Duration::from_millis(setting("WAIT_MS", 1000)?)),
         "shed" => LeaseLimitLayer::shedding(sem),
