@@ -17,6 +17,7 @@ pub const KINDS: &[&str] = &[
     "kill",
     "cut",
     "drop_reply",
+    "drop_count_down",
     "delay",
     "freeze",
     "frozen_client",
@@ -31,7 +32,14 @@ pub const KINDS: &[&str] = &[
 
 /// Faults on a client's proxy: not in a Sentinel deployment, whose clients reach the primary
 /// at the address the Sentinels name.
-const PROXY_KINDS: &[&str] = &["cut", "drop_reply", "delay", "freeze", "frozen_client"];
+const PROXY_KINDS: &[&str] = &[
+    "cut",
+    "drop_reply",
+    "drop_count_down",
+    "delay",
+    "freeze",
+    "frozen_client",
+];
 
 /// The fewest seconds between two failovers: after one, every change fails (`NotReplicated`)
 /// until the old primary follows the new one (about 10 s), and a Sentinel refuses a second
@@ -52,7 +60,7 @@ pub struct Nemesis {
     /// Where a `stall` edge hold asks for its `lease_end` fault.
     pub edges: Arc<EdgeGate>,
     /// Issue 33: state losses of one lease semaphore (`lose_state`, `rollback`) beside a
-    /// server with AOF too, and a third of the lost replies aimed at a latch count-down.
+    /// server with AOF too, and lost replies aimed at a latch count-down (`drop_count_down`).
     pub state_losses: bool,
 }
 
@@ -214,6 +222,7 @@ impl Nemesis {
                 // Restarting a primary without persistence that replicas follow would empty
                 // them all: not a deployment README describes.
                 "restart" => !sentinel,
+                "drop_count_down" => self.state_losses && self.deployment == "single",
                 k if PROXY_KINDS.contains(&k) => !self.proxies.is_empty(),
                 _ => true,
             });
@@ -222,7 +231,7 @@ impl Nemesis {
                 // after it takes the fast path shows that path's token (docs/SOAK.md).
                 kinds.extend(["rollback", "rollback"]);
             }
-            let mut kind = kinds[self.rng.below(kinds.len() as u64) as usize];
+            let kind = kinds[self.rng.below(kinds.len() as u64) as usize];
             let client = self.rng.below(self.runtimes.len() as u64) as usize;
             let mut target = "server".to_owned();
             let mut start = self.rec.now();
@@ -245,14 +254,13 @@ impl Nemesis {
                     target = format!("client{client}");
                     self.proxies[client].cut_all();
                 }
-                "drop_reply" => {
+                "drop_reply" | "drop_count_down" => {
                     target = format!("client{client}");
                     let proxy = &self.proxies[client];
                     let before = proxy.triggered();
-                    // A third aimed at a count-down: its resend must not count twice.
-                    let count_down = self.state_losses && self.rng.chance(0.33);
+                    // Aimed at a count-down: its resend must not count twice.
+                    let count_down = kind == "drop_count_down";
                     if count_down {
-                        kind = "drop_count_down";
                         proxy.drop_reply_after(b"latch_count_down");
                     } else {
                         proxy.drop_reply_after(b"FCALL");
