@@ -109,7 +109,8 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
             return Ok(ExitCode::from(exit::USAGE));
         }
         Err(err) if runs_a_command(&args) => {
-            let error = match swallowing_word(&args) {
+            let missing = err.kind() == ErrorKind::MissingRequiredArgument;
+            let error = match swallowing_word(&args).filter(|_| missing) {
                 Some(word) => stray_word_error(&word),
                 None => usage_error(&err),
             };
@@ -123,6 +124,13 @@ pub(crate) fn run(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, 
         .and_then(|cmd| stray_word(&args, cmd))
     {
         return Err(crate::command::own_failure(stray_word_error(word)));
+    }
+    // `run` and `lock`: a guard process above the one that holds the permit, so that a
+    // SIGKILL of either still stops the command's whole tree (Linux; `guard`).
+    if cli.command.command_words().is_some()
+        && let Some(code) = crate::guard::split()
+    {
+        return Ok(ExitCode::from(code));
     }
     logging::init(cli.global.verbose);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -171,7 +179,15 @@ fn stray_word_error(word: &OsString) -> CliError {
 /// `--limit`), found as the word nearest the `--` whose removal lets the line parse.
 fn swallowing_word(args: &[OsString]) -> Option<OsString> {
     let dashes = args.iter().position(|word| word == "--")?;
-    (2..dashes).rev().find_map(|at| {
+    // Never the subcommand or its NAME: the first two words that are not options.
+    let name = args
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, word)| !word.to_string_lossy().starts_with('-'))
+        .nth(1)?
+        .0;
+    (name + 1..dashes).rev().find_map(|at| {
         let word = &args[at];
         if word.to_string_lossy().starts_with('-') {
             return None;

@@ -43,9 +43,10 @@ get SIGTERM, then SIGKILL after --grace, before the permit is released; when ren
 SIGTERM and SIGKILL go to all of them.
 
 SIGINT, SIGTERM and SIGHUP sent to redsem are forwarded to the command (from a terminal,
-Ctrl-C reaches both, so the command may see SIGINT twice). If redsem is killed with SIGKILL,
-on Linux the command is killed too, but processes it started survive until killed otherwise
-(run redsem under a supervisor that kills its cgroup to cover them).
+Ctrl-C reaches both, so the command may see SIGINT twice). On Linux the process started is
+a guard above the one that holds the permit: SIGKILL to it still stops the command's whole
+tree and releases the permit; SIGKILL to the worker under it has the guard kill the orphaned
+tree at once (exit 137). Only both killed at once leaves the command's children running.
 
 Off a terminal, a wait is announced by one line on stderr (\"redsem: waiting for NAME: 3
 ahead\"; --quiet: none); -v logs how long it took.

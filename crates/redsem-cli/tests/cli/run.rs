@@ -256,7 +256,9 @@ fn a_redsem_stopped_longer_than_the_lease_kills_its_command_when_resumed_and_exi
         &with_pidfile(&pidfile, "exec sleep 30"),
     ]);
     let child = world.pid_in(&pidfile);
-    running.signal(Signal::SIGSTOP);
+    // The worker renews the lease (the process started is its guard).
+    let worker = running.worker();
+    nix::sys::signal::kill(worker, Signal::SIGSTOP).expect("SIGSTOP");
     let stopped = Instant::now();
     // While redsem is stopped the lease ends and another holder may take the permit: this
     // is what the fencing token is for.
@@ -266,7 +268,7 @@ fn a_redsem_stopped_longer_than_the_lease_kills_its_command_when_resumed_and_exi
     let lease_gone = stopped.elapsed();
     std::thread::sleep(Duration::from_millis(800).saturating_sub(lease_gone));
     assert!(alive(child), "the command runs on while redsem is stopped");
-    running.signal(Signal::SIGCONT);
+    nix::sys::signal::kill(worker, Signal::SIGCONT).expect("SIGCONT");
     let resumed = Instant::now();
     let stop_took = wait_dead(child, Duration::from_secs(2));
     let out = running.wait().expect(76);

@@ -280,6 +280,21 @@ impl Running {
         kill(self.pid(), signal).expect("signal redsem");
     }
 
+    /// The worker: the process under `redsem run`'s guard (the process started) that holds
+    /// the permit and runs the command (Linux).
+    pub(crate) fn worker(&self) -> Pid {
+        let children = format!("/proc/{0}/task/{0}/children", self.pid());
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let listed = std::fs::read_to_string(&children).unwrap_or_default();
+            if let Some(pid) = listed.split_whitespace().next() {
+                return Pid::from_raw(pid.parse().expect("a pid"));
+            }
+            assert!(Instant::now() < deadline, "redsem run started no worker");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Whether it has exited (without reaping the output).
     pub(crate) fn has_exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))

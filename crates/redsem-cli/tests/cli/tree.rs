@@ -148,3 +148,59 @@ fn a_lost_lease_kills_the_commands_whole_tree_before_the_lease_can_end() {
         died - lease_end
     );
 }
+
+#[test]
+fn sigkill_of_redsem_stops_the_whole_tree_and_gives_the_permit_back_at_once() {
+    let world = World::new();
+    let (a, b) = (world.path("a.pid"), world.path("b.pid"));
+    let script = format!(
+        "{}; {}; wait",
+        background("sleep 21", &a),
+        background(DEAF, &b)
+    );
+    let running = world.start(&[
+        "run", "jobs", "--limit", "1", "--lease", "20s", "--grace", "500ms", "--", "sh", "-c",
+        &script,
+    ]);
+    let (sleeper, deaf) = (world.pid_in(&a), world.pid_in(&b));
+    // The process the caller started, as `kill -9 $!` would.
+    running.signal(Signal::SIGKILL);
+    let killed = std::time::Instant::now();
+    wait_dead(sleeper, LIMIT);
+    wait_dead(deaf, LIMIT);
+    redsem_test::eventually(LIMIT, "the permit to come back", || {
+        world.holders("jobs").is_empty()
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "the permit came back {:?} after SIGKILL: it was left to its 20 s lease",
+        killed.elapsed()
+    );
+    drop(running);
+}
+
+#[test]
+fn sigkill_of_the_worker_kills_the_orphaned_tree_at_once() {
+    let world = World::new();
+    let (pidfile, jobfile) = (world.path("sh.pid"), world.path("job.pid"));
+    let script = format!(
+        "echo $$ > {}; {}; wait",
+        pidfile.display(),
+        background(DEAF, &jobfile)
+    );
+    let running = world.start(&[
+        "run", "jobs", "--limit", "1", "--lease", "20s", "--", "sh", "-c", &script,
+    ]);
+    let (shell, job) = (world.pid_in(&pidfile), world.pid_in(&jobfile));
+    // The process that holds the permit dies without a word (the OOM killer, say).
+    nix::sys::signal::kill(running.worker(), Signal::SIGKILL).expect("SIGKILL the worker");
+    let took = wait_dead(job, Duration::from_secs(5));
+    assert!(!alive(shell), "the command outlived its worker");
+    let out = running.wait();
+    assert_eq!(
+        out.code(),
+        137,
+        "the guard reports the worker's SIGKILL: {out:?}"
+    );
+    println!("the orphaned job died {took:?} after its worker");
+}
