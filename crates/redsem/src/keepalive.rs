@@ -208,6 +208,7 @@ impl Keepalive {
     /// held, and its holder is told at once ([`Renewable::lose`]) instead of at its next
     /// renewal, a third of a lease later. A renewal in flight when the primary moves may have
     /// gone to the old primary: its permit is renewed again as soon as it answers.
+    #[cfg(feature = "sentinel")]
     pub(crate) fn renew_all_when(&self, mut moved: tokio::sync::watch::Receiver<u64>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -275,6 +276,7 @@ impl Schedule {
 
     /// Make every renewed permit's renewal due at `now`; one in flight is renewed again when
     /// it answers. Returns how many permits are renewed.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
     fn renew_all(&mut self, now: Duration) -> usize {
         let tickets: Vec<u64> = self
             .permits
