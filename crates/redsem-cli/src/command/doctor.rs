@@ -299,15 +299,27 @@ async fn config(conn: &mut MultiplexedConnection, name: &str) -> Option<String> 
     pairs.get(name).cloned()
 }
 
+/// The server and its version, recognised by `server_name` (Valkey 8 and later report
+/// `redis_version:7.2.4` whatever they are, with their own version in `valkey_version`),
+/// never by `redis_version` alone.
 fn version(info: &HashMap<String, String>) -> Check {
-    let Some(version) = info.get("redis_version") else {
+    let Some(redis_version) = info.get("redis_version") else {
         return check(
             "version",
             Status::Warn,
             "unknown: INFO is refused (allow +info to have the server checked)",
         );
     };
-    let major: u32 = version
+    let (server, version) = match info.get("server_name").map(String::as_str) {
+        Some("valkey") => (
+            "Valkey",
+            info.get("valkey_version").unwrap_or(redis_version),
+        ),
+        Some(other) if !other.is_empty() && other != "redis" => (other, redis_version),
+        _ => ("Redis", redis_version),
+    };
+    // Every Valkey has functions (it forked from Redis 7.2); Redis since 7.
+    let major: u32 = redis_version
         .split('.')
         .next()
         .and_then(|m| m.parse().ok())
@@ -316,14 +328,14 @@ fn version(info: &HashMap<String, String>) -> Check {
         check(
             "version",
             Status::Ok,
-            format!("Redis {version}: functions available"),
+            format!("{server} {version}: functions available"),
         )
     } else {
         check(
             "version",
             Status::Warn,
             format!(
-                "Redis {version}: no functions (Redis 7), so redsem runs its scripts by \
+                "{server} {version}: no functions (Redis 7), so redsem runs its scripts by \
                  EVALSHA and the ACL rights cannot be checked in full; upgrade to Redis 7 or later"
             ),
         )
@@ -628,5 +640,39 @@ async fn clock(conn: &mut MultiplexedConnection) -> Check {
             Status::Ok,
             format!("the server's clock is within {shown} of this machine's"),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_server_is_named_by_server_name_and_valkey_by_its_own_version() {
+        let valkey = version(&info(&[
+            ("redis_version", "7.2.4"),
+            ("server_name", "valkey"),
+            ("valkey_version", "8.1.1"),
+        ]));
+        assert_eq!(valkey.detail, "Valkey 8.1.1: functions available");
+        let redis = version(&info(&[("redis_version", "7.0.15")]));
+        assert_eq!(redis.detail, "Redis 7.0.15: functions available");
+        let old = version(&info(&[
+            ("redis_version", "6.2.14"),
+            ("server_name", "redis"),
+        ]));
+        assert!(
+            old.detail.starts_with("Redis 6.2.14: no functions"),
+            "{}",
+            old.detail
+        );
+        assert!(matches!(old.status, Status::Warn));
     }
 }
