@@ -85,8 +85,9 @@ impl CountDownLatch {
         )
     }
 
-    /// Count down by one (retry-safe: applied once); at zero every waiter is opened.
-    fn count_down(&self, py: Python<'_>) -> PyResult<()> {
+    /// Count down by one (retry-safe: applied once); at zero every waiter is opened. The
+    /// count-downs left (0: this one opened it), or None if the latch was not counting.
+    fn count_down(&self, py: Python<'_>) -> PyResult<Option<u64>> {
         block(
             py,
             None,

@@ -323,7 +323,7 @@ def test_the_latch_opens_every_waiter_at_zero(url):
     latch = r.count_down_latch("ready")
     assert latch.state() == {"state": "never-set", "count": 0}
     assert latch.try_set_count(3) is True
-    latch.count_down()
+    assert latch.count_down() == 2  # the count-downs it left
     assert latch.count() == 2
     assert latch.state() == {"state": "counting", "count": 2}
     with pytest.raises(redsem.Timeout):
@@ -334,10 +334,11 @@ def test_the_latch_opens_every_waiter_at_zero(url):
         t.start()
     time.sleep(0.1)
     assert opened == []
-    latch.count_down()
-    latch.count_down()
+    assert latch.count_down() == 1
+    assert latch.count_down() == 0  # this one opened it
     for t in waiters:
         t.join(timeout=10)
     assert opened == [1, 1, 1]
     assert latch.state() == {"state": "open", "count": 0}
     latch.wait(timeout=1.0)  # open: at once
+    assert latch.count_down() is None  # not counting: nothing done

@@ -32,7 +32,7 @@ async fn run(url: &str) -> redsem::Result<()> {
             tokio::time::sleep(Duration::from_millis(150 * worker)).await;
             println!("worker-{worker}: cache warm");
             // Counts once, even if resent after a dropped connection.
-            warm.count_down().await
+            warm.count_down().await.map(drop)
         }
     });
     let workers = futures_util::future::try_join_all(workers);

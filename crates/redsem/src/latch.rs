@@ -222,8 +222,9 @@ impl CountDownLatch {
     }
 
     /// Take one from the count; at zero the latch opens: it is gone, and every waiter returns.
-    ///
-    /// Counting down a latch that is not counting (never set, opened, deleted) does nothing.
+    /// Answers the count-downs left after this one (`Some(0)`: this one opened the latch), or
+    /// `None` when the latch was not counting (never set, opened, deleted): then it did
+    /// nothing. A resent call answers what it did the first time.
     /// Retry-safe: after a dropped connection the call is repeated once with the same number
     /// in the client's session, and applied once.
     ///
@@ -231,7 +232,9 @@ impl CountDownLatch {
     ///
     /// ```no_run
     /// # async fn example(latch: redsem::CountDownLatch) -> redsem::Result<()> {
-    /// latch.count_down().await?;
+    /// if latch.count_down().await? == Some(0) {
+    ///     println!("the last one: the latch is open");
+    /// }
     /// # Ok(())
     /// # }
     /// ```
@@ -245,7 +248,7 @@ impl CountDownLatch {
     ///
     /// Cancel safe in effect: once called, the count-down happens (in the background if this
     /// future is dropped before it answers); only its answer is lost.
-    pub async fn count_down(&self) -> Result<()> {
+    pub async fn count_down(&self) -> Result<Option<u64>> {
         let inner = self.inner.clone();
         let span = op_span!(inner.meter, "redsem.latch.count_down");
         // Run to its end even if this future is dropped: a count-down, once called, happens.
@@ -255,7 +258,7 @@ impl CountDownLatch {
                 "latch_count_down",
                 async move {
                     let seq = inner.redsem.session().open();
-                    retry_once("count_down", || async {
+                    let counted = retry_once("count_down", || async {
                         script::latch_count_down(
                             &mut inner.redsem.conn(),
                             &inner.keys,
@@ -265,7 +268,12 @@ impl CountDownLatch {
                     })
                     .await?;
                     inner.meter.counted_down();
-                    Ok(())
+                    Ok(match counted {
+                        script::CountDown::Counted(left) | script::CountDown::Repeated(left) => {
+                            Some(left)
+                        }
+                        script::CountDown::Absent => None,
+                    })
                 }
                 .instrument(span),
             )

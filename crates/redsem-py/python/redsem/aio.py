@@ -343,9 +343,10 @@ class CountDownLatch:
         """Set the count unless counting already; True if this call set it."""
         return await self._native.try_set_count_async(count)
 
-    async def count_down(self) -> None:
-        """Count down by one; at zero every waiter is opened."""
-        await self._native.count_down_async()
+    async def count_down(self) -> Optional[int]:
+        """Count down by one; at zero every waiter is opened. The count-downs left (0: this
+        one opened it), or None if the latch was not counting."""
+        return await self._native.count_down_async()
 
     async def count(self) -> int:
         """The count-downs still to go (0 when not counting)."""

@@ -605,7 +605,8 @@ fn check_latch(
         let most = count.saturating_sub(acked_before);
         let seen = match (op.op.as_str(), op.outcome.as_str()) {
             ("wait", "ok") => Some(0),
-            ("count", "ok") => op.count,
+            // A count-down answers the count it left: a read made by the call itself.
+            ("count" | "count_down", "ok") => op.count,
             ("wait", "timeout") => {
                 if most == 0 && !faulted(faults, op.client, op.inv_us, op.ret_us, slack) {
                     let last = downs.get(count as usize - 1).copied();

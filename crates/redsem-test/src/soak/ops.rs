@@ -676,7 +676,12 @@ impl Task {
                 Some(latch.count_down().await)
             };
             op.outcome = match r {
-                Some(Ok(())) => "ok".into(),
+                Some(Ok(left)) => {
+                    // What it left is a read of the count, held to the history as one.
+                    op.count = left;
+                    open = left == Some(0);
+                    "ok".into()
+                }
                 Some(Err(e)) => outcome(&e),
                 None => "cancelled".into(),
             };

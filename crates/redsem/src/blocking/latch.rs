@@ -43,7 +43,7 @@ impl CountDownLatch {
     /// # Errors
     ///
     /// As [`crate::CountDownLatch::count_down`].
-    pub fn count_down(&self) -> Result<()> {
+    pub fn count_down(&self) -> Result<Option<u64>> {
         self.runtime.block_on(self.inner.count_down())
     }
 

@@ -270,3 +270,42 @@ async fn wake_up_after_the_last_count_down_median_of_fifty(ctx: &TestContext<Top
         median(samples)
     );
 }
+
+both_topologies!(a_count_down_answers_the_count_it_left_and_none_when_not_counting);
+async fn a_count_down_answers_the_count_it_left_and_none_when_not_counting(
+    ctx: &TestContext<Topology>,
+) {
+    let latch = ctx.redsem.count_down_latch("left").expect("latch");
+    assert_eq!(
+        within(LIMIT, "count_down", latch.count_down())
+            .await
+            .expect("count_down"),
+        None,
+        "never set: nothing counted"
+    );
+    assert!(
+        within(LIMIT, "set", latch.try_set_count(2))
+            .await
+            .expect("set")
+    );
+    assert_eq!(
+        within(LIMIT, "count_down", latch.count_down())
+            .await
+            .expect("count_down"),
+        Some(1)
+    );
+    assert_eq!(
+        within(LIMIT, "count_down", latch.count_down())
+            .await
+            .expect("count_down"),
+        Some(0),
+        "the last one opened it"
+    );
+    assert_eq!(
+        within(LIMIT, "count_down", latch.count_down())
+            .await
+            .expect("count_down"),
+        None,
+        "opened: nothing counted"
+    );
+}
