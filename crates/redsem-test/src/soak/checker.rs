@@ -19,7 +19,7 @@
 //! * `lease_end`: no holder believes its grant valid later than the lease the server stored
 //!   for it (read while it was held, beside the server's `TIME`), nor after the server said
 //!   it no longer held it; whether or not anyone else was granted the unit.
-//! * `cancel` (issue 33): a lease release cancelled at any point leaves its unit held no
+//! * `cancel`: a lease release cancelled at any point leaves its unit held no
 //!   longer than the background release takes; a cancelled acquire leaves no request queued
 //!   and no unit held. (A cancelled permit release is counted given back by `permits`, a
 //!   cancelled count-down counted by `latch`.)
@@ -355,7 +355,7 @@ fn check_lease_ends(name: &str, ops: &[&LeaseOp], losses: &[&Fault], out: &mut V
     out.extend(found);
 }
 
-/// The `cancel` rule (issue 33), over the looks taken `LOOK_AFTER_MS` after a cancelled
+/// The `cancel` rule, over the looks taken `LOOK_AFTER_MS` after a cancelled
 /// lease call, on a connection that no proxy stands in. A look is judged only if no fault
 /// came between the call and the look (one reaching the client for a release, any for an
 /// acquire, whose request id the history does not know) and no state loss of the semaphore
@@ -562,7 +562,7 @@ fn check_latch(
         .collect();
     let mut sent: Vec<u64> = downs.iter().map(|o| o.inv_us).collect();
     sent.sort_unstable();
-    // A count-down, once called, happens (issue 33): one cancelled (its future dropped) is
+    // A count-down, once called, happens: one cancelled (its future dropped) is
     // counted as acknowledged `SETTLE_US` after the cancel, unless a fault reaching its client
     // came in between (the background count-down may have failed, as an unanswered one may).
     let settled = |o: &LatchOp| {

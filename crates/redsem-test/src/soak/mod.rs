@@ -39,7 +39,7 @@ struct Args {
     /// Holds that run to their lease end, their probes and looks at the server (`edge.rs`).
     edges: bool,
     /// Calls cancelled at random points and looked after, state losses of lease semaphores
-    /// and lost count-down replies (issue 33).
+    /// and lost count-down replies.
     cancels: bool,
 }
 

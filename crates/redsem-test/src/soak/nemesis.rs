@@ -59,7 +59,7 @@ pub struct Nemesis {
     pub deployment: String,
     /// Where a `stall` edge hold asks for its `lease_end` fault.
     pub edges: Arc<EdgeGate>,
-    /// Issue 33: state losses of one lease semaphore (`lose_state`, `rollback`) beside a
+    /// State losses of one lease semaphore (`lose_state`, `rollback`) beside a
     /// server with AOF too, and lost replies aimed at a latch count-down (`drop_count_down`).
     pub state_losses: bool,
 }

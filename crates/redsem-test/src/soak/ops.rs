@@ -69,7 +69,7 @@ pub struct Task {
     pub permit_wait_limit: Option<Duration>,
     /// The holds that run to their lease end (`super::edge`); `None`: none (`--no-edges`).
     pub edge: Option<super::edge::EdgeKit>,
-    /// Whether calls are cancelled at random points (issue 33; off with `--no-cancels`).
+    /// Whether calls are cancelled at random points (off with `--no-cancels`).
     pub cancels: bool,
     /// Looks at the server after a cancelled lease call (`None`: behind Sentinels).
     pub looker: Option<Looker>,
@@ -341,7 +341,7 @@ impl Task {
                 .map_err(|e| outcome(&e))
         } else if kind < 62 {
             op.op = "cancel".into();
-            // Issue 33: half the cancels land within the first 3 ms (before the send, in
+            // Half the cancels land within the first 3 ms (before the send, in
             // flight, after the reply), a third of those on a `try_acquire`; the server is
             // looked at before the call and a while after the cancel.
             let point = self.cancels && self.rng.chance(0.5);
@@ -453,7 +453,7 @@ impl Task {
     }
 
     /// End a hold: drop the permit, or release it and record the release. A release is
-    /// cancelled at a random point now and then (issue 33), and the server looked at a
+    /// cancelled at a random point now and then, and the server looked at a
     /// while later: the unit must not be listed as held any more.
     pub async fn end_hold(&mut self, op: &mut LeaseOp, permit: LeasePermit, drop_it: bool) {
         op.end_us = Some(self.rec.now());
@@ -551,7 +551,7 @@ impl Task {
                 .map_err(|e| outcome(&e))
         } else if kind < 70 {
             op.op = "cancel".into();
-            // Issue 33: half the cancels land within the first 3 ms.
+            // Half the cancels land within the first 3 ms.
             let after = if self.cancel_this(0.5) {
                 self.cancel_point()
             } else {
@@ -591,7 +591,7 @@ impl Task {
             tokio::time::sleep(Duration::from_micros(self.rng.below(8000))).await;
             op.release_inv_us = Some(self.rec.now());
             let release = sem.release(u32::try_from(taken).unwrap_or(u32::MAX));
-            // Issue 33: a release cancelled at a random point must still give its permits
+            // A release cancelled at a random point must still give its permits
             // back (the ledger counts it given back); it is not made up.
             let r = if self.cancel_this(0.3) {
                 let after = self.cancel_point();
@@ -667,7 +667,7 @@ impl Task {
         let mut open = false;
         if kind < 50 {
             op.op = "count_down".into();
-            // Issue 33: now and then cancelled at a random point; once called, a count-down
+            // Now and then cancelled at a random point; once called, a count-down
             // happens (the latch rule holds it to that).
             let r = if self.cancel_this(0.3) {
                 let after = self.cancel_point();
