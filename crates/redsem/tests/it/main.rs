@@ -64,3 +64,7 @@ mod sentinel;
 /// Calls that give something back (releases, count-downs, withdrawals) cancelled at every
 /// point of their life: what they give back is given back all the same.
 mod cancellation;
+
+/// Every key a script touches arrives in its KEYS, and no script is called without keys
+/// (MONITOR and COMMAND GETKEYS over a workload of every operation).
+mod script_keys;
