@@ -82,7 +82,7 @@ fn parse_line(line: &str) -> Option<(bool, Vec<Vec<u8>>)> {
     let close = open + line[open..].find(']')?;
     let from_script = line[open..close].ends_with(" lua");
     let mut words = Vec::new();
-    let mut rest = line[close + 1..].as_bytes();
+    let mut rest = &line.as_bytes()[close + 1..];
     loop {
         while let [b' ', tail @ ..] = rest {
             rest = tail;
