@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use redsem::Error;
 
-use crate::output;
+use crate::format;
 
 /// The exit codes of `redsem` (besides 0 and the child's own code in `run`).
 pub(crate) mod exit {
@@ -117,7 +117,7 @@ impl From<Error> for CliError {
             ),
             Error::Timeout { name, waited } => format!(
                 "no permit of {name:?} within {} (timed out)",
-                output::duration(*waited)
+                format::duration(*waited)
             ),
             Error::InvalidArgument(what) => what.clone(),
             Error::NotReplicated { acked, wanted } => format!(

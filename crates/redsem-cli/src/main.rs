@@ -11,6 +11,7 @@ mod cli;
 mod command;
 mod context;
 mod error;
+mod format;
 mod guard;
 mod logging;
 mod output;

@@ -1,28 +1,11 @@
-//! What `redsem` prints: short durations and aligned tables for people, and [`print`], the one
-//! way anything reaches stdout.
+//! What `redsem` prints: [`print`], the one way anything reaches stdout, and JSON; the
+//! formats for people (short durations, aligned tables) are in [`crate::format`].
 
-use std::fmt::Write as _;
 use std::io::Write as _;
-use std::time::Duration;
+
+pub(crate) use crate::format::{duration, millis, table};
 
 use crate::error::{CliError, exit};
-
-/// A duration as a person reads it at a glance: `350ms`, `2.4s`, `3m 20s`, `2h 5m`.
-pub(crate) fn duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    let secs = d.as_secs();
-    match secs {
-        0 => format!("{ms}ms"),
-        1..60 => format!("{:.1}s", d.as_secs_f64()),
-        60..3600 => format!("{}m {}s", secs / 60, secs % 60),
-        _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
-    }
-}
-
-/// Whole milliseconds, for JSON.
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Write `text` and a newline to stdout. A reader that went away (`redsem status | head -1`)
 /// ends the process quietly with exit 0, as it does for `rg` and `cargo`.
@@ -47,54 +30,4 @@ pub(crate) fn write(bytes: &[u8]) -> Result<(), CliError> {
 pub(crate) fn json(value: &impl serde::Serialize) -> Result<String, CliError> {
     serde_json::to_string(value)
         .map_err(|e| CliError::new(exit::FAILURE, format!("cannot write JSON: {e}")))
-}
-
-/// Columns padded to their widest cell, two spaces apart; the last column is not padded.
-pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
-    for row in std::iter::once(&header).chain(rows) {
-        let mut line = String::new();
-        for (i, (cell, width)) in row.iter().zip(&widths).enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<width$}  ");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_at_a_glance() {
-        assert_eq!(duration(Duration::from_millis(350)), "350ms");
-        assert_eq!(duration(Duration::from_millis(2400)), "2.4s");
-        assert_eq!(duration(Duration::from_secs(200)), "3m 20s");
-        assert_eq!(duration(Duration::from_secs(7500)), "2h 5m");
-    }
-
-    #[test]
-    fn tables_align_their_columns() {
-        let rows = vec![
-            vec!["a".to_owned(), "1".to_owned(), "x".to_owned()],
-            vec!["long".to_owned(), "22".to_owned(), "y".to_owned()],
-        ];
-        assert_eq!(
-            table(&["NAME", "N", "LAST"], &rows),
-            "NAME  N   LAST\na     1   x\nlong  22  y\n"
-        );
-    }
 }

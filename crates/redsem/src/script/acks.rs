@@ -16,8 +16,6 @@ use std::sync::atomic::AtomicBool;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use super::library::Scripting;
-use super::reply::millis;
 use crate::error::Error;
 use crate::types::ReplicaAcks;
 
@@ -86,9 +84,11 @@ pub(super) async fn send(conn: &mut impl Scripting, cmd: &Cmd, acks: Option<Repl
     // way round (a refused WAIT must not pass for a refused FCALL and have it sent again).
     pipe.ignore_errors();
     pipe.add_command(cmd.clone());
-    pipe.cmd("WAIT")
-        .arg(acks.replicas)
-        .arg(millis(acks.timeout).max(1));
+    pipe.cmd("WAIT").arg(acks.replicas).arg(
+        u64::try_from(acks.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+    );
     match pipe.query_async::<Vec<RedisResult<Value>>>(conn).await {
         Ok(replies) => {
             let mut replies = replies.into_iter();
@@ -130,6 +130,25 @@ pub(super) fn shortfall(acks: ReplicaAcks, wait: Option<RedisResult<Value>>) -> 
         }),
     }
 }
+
+/// A connection scripts run on.
+pub(crate) trait Scripting: ConnectionLike + Send {
+    /// Where this connection remembers that its server refuses functions; `None`: try them on
+    /// every call.
+    fn functions_refused(&self) -> Option<&AtomicBool> {
+        None
+    }
+
+    /// The replica acknowledgements each change waits for; `None`: no `WAIT`.
+    fn replica_acks(&self) -> Option<ReplicaAcks> {
+        None
+    }
+}
+
+impl Scripting for redis::aio::MultiplexedConnection {}
+
+#[cfg(feature = "cluster")]
+impl Scripting for redis::cluster_async::ClusterConnection {}
 
 #[cfg(test)]
 mod tests {

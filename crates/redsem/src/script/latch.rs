@@ -3,7 +3,8 @@
 
 use redis::Value;
 
-use super::library::{LATCH_COUNT_DOWN, LATCH_DELETE, LATCH_STATE, LATCH_TRY_SET, Scripting};
+use super::acks::Scripting;
+use super::library::{LATCH_COUNT_DOWN, LATCH_DELETE, LATCH_STATE, LATCH_TRY_SET};
 use super::reply::{Reply, confirmed, decode_deleted, decode_set};
 use crate::error::Result;
 use crate::keys::LatchKeys;

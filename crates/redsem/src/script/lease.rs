@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::acks::Acked;
+use super::acks::{Acked, Scripting};
 use super::library::{
     LEASE_ACQUIRE, LEASE_BATCH, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY,
-    LEASE_STATUS, LEASE_TIDY, Scripting,
+    LEASE_STATUS, LEASE_TIDY,
 };
 use super::reply::{Reply, confirmed, millis};
 use crate::error::{Error, Result};

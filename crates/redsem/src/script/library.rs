@@ -19,15 +19,14 @@
 //! where the connection asks for replica acknowledgements (see `acks`).
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{LazyLock, OnceLock};
 
-use redis::aio::ConnectionLike;
 use redis::{
     ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs,
 };
 
-use super::acks::{Acked, Sent, send, shortfall};
+use super::acks::{Acked, Scripting, Sent, send, shortfall};
 use crate::error::Result;
 use crate::types::ReplicaAcks;
 
@@ -248,25 +247,6 @@ impl Op {
         .key(key)
     }
 }
-
-/// A connection scripts run on.
-pub(crate) trait Scripting: ConnectionLike + Send {
-    /// Where this connection remembers that its server refuses functions; `None`: try them on
-    /// every call.
-    fn functions_refused(&self) -> Option<&AtomicBool> {
-        None
-    }
-
-    /// The replica acknowledgements each change waits for; `None`: no `WAIT`.
-    fn replica_acks(&self) -> Option<ReplicaAcks> {
-        None
-    }
-}
-
-impl Scripting for redis::aio::MultiplexedConnection {}
-
-#[cfg(feature = "cluster")]
-impl Scripting for redis::cluster_async::ClusterConnection {}
 
 /// The keys and arguments of one call of an [`Op`].
 pub(crate) struct Call {

@@ -31,5 +31,4 @@ pub(crate) use latch::*;
 pub(crate) use lease::*;
 #[cfg(feature = "lua-dir")]
 pub use library::library_source_with;
-pub(crate) use library::*;
 pub(crate) use permit::*;

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::acks::Acked;
+use super::acks::{Acked, Scripting};
 use super::library::{
     PERMIT_ACQUIRE, PERMIT_ADD, PERMIT_AVAILABLE, PERMIT_BATCH, PERMIT_DELETE, PERMIT_DRAIN,
-    PERMIT_POLL, PERMIT_TRY_SET, PERMIT_WITHDRAW, Scripting,
+    PERMIT_POLL, PERMIT_TRY_SET, PERMIT_WITHDRAW,
 };
 use super::reply::{Reply, confirmed, decode_deleted, decode_set, millis};
 use crate::error::{Error, Result};
