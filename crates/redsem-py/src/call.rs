@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Mutex as StdMutex, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -22,8 +22,8 @@ use pyo3_async_runtimes::generic::{ContextExt, Runtime as AsyncRuntime};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub(crate) use crate::errors::human;
 use crate::errors::{invalid, to_py, wrong_process};
-use crate::permit::Held;
 
 /// How long a blocking wait runs before it checks for a signal (Ctrl-C) again.
 const SLICE: Duration = Duration::from_millis(50);
@@ -46,7 +46,7 @@ pub(crate) struct Generation {
     /// waits for its watcher to let go of the Rust permit, whose drop then starts its release.
     pub(crate) drops: TaskTracker,
     /// The permits alive in this process, for their release at exit.
-    permits: StdMutex<Vec<Weak<Held>>>,
+    permits: StdMutex<Vec<Weak<dyn AtExit>>>,
     /// True once the interpreter exits: no runtime thread calls into Python any more. Every
     /// call into Python from a runtime thread holds the read side for its length.
     exited: RwLock<bool>,
@@ -115,13 +115,21 @@ impl Generation {
     }
 
     /// Follow `held` for its release at exit.
-    pub(crate) fn track(&self, held: Weak<Held>) {
+    pub(crate) fn track(&self, held: Weak<dyn AtExit>) {
         let mut permits = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
         if permits.len() >= 64 && permits.len().is_power_of_two() {
             permits.retain(|p| p.strong_count() > 0);
         }
         permits.push(held);
     }
+}
+
+/// Something held that the interpreter's exit gives back (a permit).
+pub(crate) trait AtExit: Send + Sync {
+    /// Give it back.
+    fn release_at_exit(
+        self: Arc<Self>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 }
 
 /// Call `f` (which takes the GIL) on a thread of the runtime's blocking pool, unless the
@@ -163,7 +171,7 @@ pub(crate) fn _shutdown(py: Python<'_>) {
         generation.runtime.block_on(async {
             let mut releases = tokio::task::JoinSet::new();
             for held in held {
-                releases.spawn(Held::release_at_exit(held));
+                releases.spawn(held.release_at_exit());
             }
             let _ = tokio::time::timeout(AT_EXIT, async {
                 releases.join_all().await;
@@ -394,15 +402,6 @@ impl Settle {
             settle(&client).await;
             Ok(())
         })
-    }
-}
-
-/// A duration for a Python reader: `1.003 s`, `250 ms`, `0 s`.
-pub(crate) fn human(d: Duration) -> String {
-    if d >= Duration::from_secs(1) || d.is_zero() {
-        format!("{:.3} s", d.as_secs_f64())
-    } else {
-        format!("{} ms", d.as_millis())
     }
 }
 

@@ -37,19 +37,6 @@ fn lease_seconds(what: &str, secs: f64) -> PyResult<std::time::Duration> {
     seconds(what, secs)
 }
 
-/// A capacity from Python: an integer from 1 to 2**32 - 1.
-pub(crate) fn capacity(value: i128) -> PyResult<u32> {
-    u32::try_from(value)
-        .ok()
-        .filter(|c| *c >= 1)
-        .ok_or_else(|| {
-            invalid(format!(
-                "capacity must be an integer from 1 to {} (2**32 - 1), got {value}",
-                u32::MAX
-            ))
-        })
-}
-
 /// The options of `connect`, read from its keyword arguments.
 fn options(
     prefix: Option<String>,
@@ -209,7 +196,7 @@ impl Redsem {
         let options = lease_options(lease, waiter_lease, label, one_per_label, keepalive)?;
         let inner = self.inner.get()?;
         let sem = inner
-            .lease_semaphore_with(name, self::capacity(capacity)?, options)
+            .lease_semaphore_with(name, crate::lease::capacity(capacity)?, options)
             .map_err(crate::errors::to_py)?;
         Ok(LeaseSemaphore::new(inner.clone(), sem))
     }

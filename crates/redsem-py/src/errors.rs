@@ -2,9 +2,9 @@
 //! `redsem.Error` (defined in Python, `redsem/_errors.py`, so that some can also be the
 //! built-in exception a Python reader expects: `Timeout` is a `TimeoutError`, ...).
 
-use pyo3::PyErr;
+use std::time::Duration;
 
-use crate::call::human;
+use pyo3::PyErr;
 
 mod py {
     pyo3::import_exception!(redsem._errors, Error);
@@ -98,4 +98,13 @@ pub(crate) fn wrong_process(pid: u32) -> PyErr {
          one (redsem.connect(url)) and make the objects anew",
         std::process::id()
     ))
+}
+
+/// A duration for a Python reader: `1.003 s`, `250 ms`, `0 s`.
+pub(crate) fn human(d: Duration) -> String {
+    if d >= Duration::from_secs(1) || d.is_zero() {
+        format!("{:.3} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
 }

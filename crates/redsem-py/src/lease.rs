@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use crate::call::{
     Owned, Settle, block, detached, human, maybe_seconds, seconds, spawn, spawn_wait,
 };
+use crate::errors::invalid;
 use crate::permit::Permit;
 use crate::status::{Json, status_future};
 
@@ -134,6 +135,19 @@ fn permit_id(id: &str) -> PyResult<redsem::PermitId> {
 /// first-in-first-out (a `try_acquire` fails while anyone waits); each grant has a fencing
 /// token larger than every earlier one and slots in `range(capacity)`; a permit is renewed in
 /// the background, and comes back within one lease if its process dies.
+/// A capacity from Python: an integer from 1 to 2**32 - 1.
+pub(crate) fn capacity(value: i128) -> PyResult<u32> {
+    u32::try_from(value)
+        .ok()
+        .filter(|c| *c >= 1)
+        .ok_or_else(|| {
+            invalid(format!(
+                "capacity must be an integer from 1 to {} (2**32 - 1), got {value}",
+                u32::MAX
+            ))
+        })
+}
+
 #[pyclass(module = "redsem", frozen)]
 pub(crate) struct LeaseSemaphore {
     core: Owned<Core>,
@@ -218,7 +232,7 @@ impl LeaseSemaphore {
     /// Store a new capacity, whoever holds the semaphore (shrinking revokes nothing); returns
     /// the previous one, or None.
     fn set_capacity(&self, py: Python<'_>, capacity: i128) -> PyResult<Option<u32>> {
-        let capacity = crate::client::capacity(capacity)?;
+        let capacity = self::capacity(capacity)?;
         let sem = self.core.get()?.sem.clone();
         block(py, None, async move { sem.set_capacity(capacity).await })
     }
@@ -229,7 +243,7 @@ impl LeaseSemaphore {
         py: Python<'py>,
         capacity: i128,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let capacity = crate::client::capacity(capacity)?;
+        let capacity = self::capacity(capacity)?;
         let sem = self.core.get()?.sem.clone();
         spawn(py, async move { sem.set_capacity(capacity).await })
     }

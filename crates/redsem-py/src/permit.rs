@@ -59,12 +59,18 @@ impl Held {
         self.watch.gone.cancel();
         Some(only(permit).await)
     }
+}
 
+impl crate::call::AtExit for Held {
     /// The release of a permit still held when the interpreter exits.
-    pub(crate) async fn release_at_exit(held: Arc<Held>) {
-        if let Some(permit) = held.take().await {
-            let _ = permit.release().await;
-        }
+    fn release_at_exit(
+        self: Arc<Self>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move {
+            if let Some(permit) = self.take().await {
+                let _ = permit.release().await;
+            }
+        })
     }
 }
 
@@ -172,7 +178,8 @@ impl Permit {
             watch: shared,
             watcher: StdMutex::new(Some(watcher)),
         });
-        generation().track(Arc::downgrade(&held));
+        let weak: std::sync::Weak<Held> = Arc::downgrade(&held);
+        generation().track(weak);
         Permit {
             id,
             token,
