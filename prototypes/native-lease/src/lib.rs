@@ -26,6 +26,13 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString}
 static REPLICATE: AtomicBool = AtomicBool::new(true);
 static ALL_FIELDS: AtomicBool = AtomicBool::new(false);
 
+/// The state hash's constant field names, in the scripts' HMGET order, made once at load.
+struct Fields([*mut RedisModuleString; 11]);
+unsafe impl Send for Fields {}
+unsafe impl Sync for Fields {}
+static FIELDS: std::sync::OnceLock<Fields> = std::sync::OnceLock::new();
+const NAMES: [&[u8]; 11] = [b"cap", b"used", b"qlen", b"seq", b"idle", b"tok", b"nh", b"nt", b"next", b"tnext", b"layout"];
+
 const OK: c_int = 0;
 const ERR: c_int = 1;
 const LAYOUT: &[u8] = b"2";
@@ -120,26 +127,26 @@ impl State {
         let mut v = [ptr::null_mut(); 13];
         let [a, b, c, d, e, f, g, h, i, j, k, l, m] = &mut v;
         let get = api!(RedisModule_HashGet);
-        let cf = raw::REDISMODULE_HASH_CFIELDS as c_int;
+        // The constant field names as strings made once at load (no object per name per call);
+        // the caller's two names made here.
+        let n = &FIELDS.get().unwrap().0;
         unsafe {
+            let (rec, ses) = (create(ctx, record.to_bytes()), create(ctx, session.to_bytes()));
             if ALL_FIELDS.load(Relaxed) {
-                get(key, cf, c"cap".as_ptr(), a as *mut _, c"used".as_ptr(), b as *mut _, c"qlen".as_ptr(), c as *mut _,
-                    c"seq".as_ptr(), d as *mut _, c"idle".as_ptr(), e as *mut _, c"tok".as_ptr(), f as *mut _,
-                    c"nh".as_ptr(), g as *mut _, c"nt".as_ptr(), h as *mut _, c"next".as_ptr(), i as *mut _,
-                    c"tnext".as_ptr(), j as *mut _, c"layout".as_ptr(), k as *mut _, record.as_ptr(), l as *mut _,
-                    session.as_ptr(), m as *mut _, ptr::null::<c_char>());
+                get(key, 0, n[0], a as *mut _, n[1], b as *mut _, n[2], c as *mut _, n[3], d as *mut _, n[4], e as *mut _,
+                    n[5], f as *mut _, n[6], g as *mut _, n[7], h as *mut _, n[8], i as *mut _, n[9], j as *mut _,
+                    n[10], k as *mut _, rec, l as *mut _, ses, m as *mut _, ptr::null::<c_char>());
             } else if acquire {
-                get(key, cf, c"cap".as_ptr(), a as *mut _, c"used".as_ptr(), b as *mut _, c"qlen".as_ptr(), c as *mut _,
-                    c"idle".as_ptr(), e as *mut _, c"tok".as_ptr(), f as *mut _,
-                    c"nh".as_ptr(), g as *mut _, c"next".as_ptr(), i as *mut _,
-                    c"tnext".as_ptr(), j as *mut _, c"layout".as_ptr(), k as *mut _, record.as_ptr(), l as *mut _,
-                    session.as_ptr(), m as *mut _, ptr::null::<c_char>());
+                get(key, 0, n[0], a as *mut _, n[1], b as *mut _, n[2], c as *mut _, n[4], e as *mut _,
+                    n[5], f as *mut _, n[6], g as *mut _, n[8], i as *mut _, n[9], j as *mut _,
+                    n[10], k as *mut _, rec, l as *mut _, ses, m as *mut _, ptr::null::<c_char>());
             } else {
-                get(key, cf, c"cap".as_ptr(), a as *mut _, c"used".as_ptr(), b as *mut _, c"qlen".as_ptr(), c as *mut _,
-                    c"idle".as_ptr(), e as *mut _, c"nh".as_ptr(), g as *mut _, c"next".as_ptr(), i as *mut _,
-                    c"tnext".as_ptr(), j as *mut _, c"layout".as_ptr(), k as *mut _, record.as_ptr(), l as *mut _,
-                    session.as_ptr(), m as *mut _, ptr::null::<c_char>());
+                get(key, 0, n[0], a as *mut _, n[1], b as *mut _, n[2], c as *mut _, n[4], e as *mut _,
+                    n[6], g as *mut _, n[8], i as *mut _, n[9], j as *mut _,
+                    n[10], k as *mut _, rec, l as *mut _, ses, m as *mut _, ptr::null::<c_char>());
             }
+            free(ctx, rec);
+            free(ctx, ses);
         }
         State { ctx, v }
     }
@@ -185,7 +192,17 @@ fn hex(b: &[u8]) -> Option<u64> {
     if b.is_empty() || b.len() > 16 {
         return None;
     }
-    u64::from_str_radix(std::str::from_utf8(b).ok()?, 16).ok()
+    let mut n = 0u64;
+    for &c in b {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            b'A'..=b'F' => c - b'A' + 10,
+            _ => return None,
+        };
+        n = n << 4 | d as u64;
+    }
+    Some(n)
 }
 
 /// Redis time as the scripts read it (TIME: the server's gettimeofday): ms and µs.
@@ -543,6 +560,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(ctx: *mut RedisModuleCtx, argv: *mut
                 _ => return ERR,
             }
         }
+        let _ = FIELDS.set(Fields(NAMES.map(|name| create(ptr::null_mut(), name))));
         let create = api!(RedisModule_CreateCommand);
         type Cmd = unsafe extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
         let commands: [(&CStr, Cmd, &CStr, c_int, c_int); 3] = [
