@@ -25,7 +25,7 @@ import redis
 
 sys.argv = sys.argv[:2]
 MODULE = os.path.abspath(sys.argv[1])
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "crates", "redsem-bench", "scripts"))
 import server_instructions as si  # noqa: E402  (library(), lease_keys(), h())
 
 

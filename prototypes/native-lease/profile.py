@@ -24,7 +24,7 @@ CYCLES = int(ARGS[1]) if len(ARGS) > 1 and not ARGS[1].startswith("--") else 300
 MODULE_ARGS = ARGS[ARGS.index("--module-args") + 1].split() if "--module-args" in ARGS else []
 ROWS = int(ARGS[ARGS.index("--rows") + 1]) if "--rows" in ARGS else 45
 sys.argv = sys.argv[:1]
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "crates", "redsem-bench", "scripts"))
 import server_instructions as si  # noqa: E402
 
 

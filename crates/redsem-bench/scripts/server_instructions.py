@@ -1,6 +1,21 @@
 #!/usr/bin/env python3
 """Instructions Redis executes per semaphore cycle, counted by valgrind's callgrind.
 
+With `--module PATH` the server loads that module (prototypes/native-lease's
+libnative_lease.so, a measurement prototype of the native engine) and four more rows are
+counted, in the same run:
+
+  lease-p     the scripts' lease cycle as `lease`, on a semaphore primed by one cycle first (its
+              state and session record made), like `native`
+  native      the module's RXN.LEASE_ACQUIRE + RXN.LEASE_RELEASE, same KEYS and ARGV as the
+              FCALLs, on a semaphore primed by one FCALL cycle (the module has only the fast
+              paths); every call must take them (any other answer is an error, and stops the run)
+  noop        two RXN.NOOP (+OK, no keys): the floor of two module commands' dispatch
+  ping        two PINGs: the floor of two built-in commands' dispatch
+
+Usage: python3 server_instructions.py [cycles] [--module PATH [--module-args "ARG ..."]] [--only-lease]
+(--module-args: the module's load arguments; --only-lease: stop after the lease rows.)
+
 Wall-clock and `INFO cpu` figures swing by 2-3x on a shared machine; an instruction count does
 not (the same binary and inputs give the same count whatever else runs). This starts a
 throwaway `redis-server` under callgrind, loads the Lua of *this checkout*
@@ -39,8 +54,15 @@ import uuid
 import redis
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LUA = os.path.join(HERE, "..", "..", "redsem", "lua")
-CYCLES = int(sys.argv[1]) if __name__ == "__main__" and len(sys.argv) > 1 else 300
+ROOT = os.path.join(HERE, "..", "..", "..")
+LUA = os.path.join(ROOT, "crates", "redsem", "lua")
+ARGS = sys.argv[1:] if __name__ == "__main__" else []
+MODULE = os.path.abspath(ARGS[ARGS.index("--module") + 1]) if "--module" in ARGS else None
+MODULE_ARGS = ARGS[ARGS.index("--module-args") + 1].split() if "--module-args" in ARGS else []
+ONLY_LEASE = "--only-lease" in ARGS
+POSITIONAL = [a for i, a in enumerate(ARGS)
+              if not a.startswith("--") and (i == 0 or ARGS[i - 1] not in ("--module", "--module-args"))]
+CYCLES = int(POSITIONAL[0]) if POSITIONAL else 300
 OPS = {
     "latch": ["latch_try_set", "latch_count_down", "latch_state", "latch_delete"],
     "lease": ["lease_acquire", "lease_batch", "lease_poll", "lease_refresh", "lease_release",
@@ -48,7 +70,7 @@ OPS = {
     "permit": ["permit_acquire", "permit_batch", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
                "permit_available", "permit_drain", "permit_delete"],
 }
-SEM_RS = os.path.join(HERE, "..", "src", "sem.rs")
+SEM_RS = os.path.join(ROOT, "crates", "redsem-bench", "src", "sem.rs")
 
 
 def h(n):
@@ -90,7 +112,7 @@ class Server:
         self.proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out",
              "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
+             "--appendonly", "no", "--dir", self.dir] + (["--loadmodule", MODULE, *MODULE_ARGS] if MODULE else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.r = redis.Redis(port=self.port, decode_responses=True)
         for _ in range(600):
@@ -190,6 +212,7 @@ def main():
             sent = {"cmdstat_fcall", "cmdstat_evalsha", "cmdstat_config", "cmdstat_info"}
             if label == "polling":
                 sent.add("cmdstat_zrem")
+            sent |= {"cmdstat_rxn.lease_acquire", "cmdstat_rxn.lease_release", "cmdstat_rxn.noop", "cmdstat_ping"}
             inside = sum(v["calls"] for k, v in stats.items() if k not in sent)
             print(f"{label:10} {total / cycles / 1000:8.1f} k instructions per cycle"
                   f"   {inside / cycles:5.1f} commands inside", flush=True)
@@ -221,6 +244,34 @@ def main():
             commands.append(["FCALL", "floor_acquire", 4, *f, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
             commands.append(["FCALL", "floor_release", 4, *f, pid, "c", str(2 * i + 2)])
         measure("floor", commands, CYCLES)
+
+        if MODULE:
+            def primed(name, session):
+                """A semaphore whose state and session record one FCALL cycle made (seq 1, 2)."""
+                k = lease_keys(name)
+                pid = uuid.uuid4().hex
+                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
+                                  h(1), session, h(1))
+                r.execute_command("FCALL", "rx_lease_release", 4, *k, pid, "c", h(2), session, h(2), "r")
+                return k
+
+            def cycle(k, session, acquire, release):
+                commands = []
+                for i, pid in enumerate(ids):
+                    a, rel = 2 * i + 3, 2 * i + 4
+                    commands.append([*acquire, 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
+                                     h(a), session, h(a)])
+                    commands.append([*release, 4, *k, pid, "c", h(rel), session, h(rel), "r"])
+                return commands
+
+            k = primed("lp", "sess")
+            measure("lease-p", cycle(k, "sess", ["FCALL", "rx_lease_acquire"], ["FCALL", "rx_lease_release"]), CYCLES)
+            k = primed("n", "sess")
+            measure("native", cycle(k, "sess", ["RXN.LEASE_ACQUIRE"], ["RXN.LEASE_RELEASE"]), CYCLES)
+            measure("noop", [["RXN.NOOP"]] * (2 * CYCLES), CYCLES)
+            measure("ping", [["PING"]] * (2 * CYCLES), CYCLES)
+        if ONLY_LEASE:
+            return
 
         def contended(name, per_call):
             k = lease_keys(name)
