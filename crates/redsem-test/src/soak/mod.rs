@@ -329,7 +329,7 @@ fn run(args: &Args) -> Vec<Record> {
     } else {
         [("p", 3), ("q", 1)].map(|(n, c)| (n.to_owned(), c)).into()
     };
-    let latch_count = 5;
+    let latch_count = 12;
     rec.push(Record::Meta(Meta {
         seed: args.seed,
         deployment: args.deployment.clone(),
