@@ -52,7 +52,10 @@ async fn sixteen_tries(ctx: &TestContext, sem: &LeaseSemaphore) -> (Vec<LeasePer
 /// Tasks of one client that ask at the same moment share calls, and get exactly what one call
 /// each would have given: capacity 4, 16 concurrent tries: 4 granted (distinct slots, tokens
 /// in grant order), 12 refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: the 16 tasks run in the order they were spawned, each queuing its try behind the
+// first (in flight, its write held) before the sender that batches them runs. On two
+// workers a loaded machine could start them one by one, each sent alone (CI saw 16 calls).
+#[tokio::test]
 async fn concurrent_tries_of_one_client_share_calls_and_keep_their_outcomes() {
     let ctx = TestContext::start().await;
     let sem = ctx
@@ -261,7 +264,10 @@ async fn sixteen_permit_tries(ctx: &TestContext, pool: &PermitSemaphore) -> (usi
 
 /// The permit semaphore's tasks share calls too, with the outcomes one call each would give:
 /// 4 permits, 16 concurrent tries: 4 taken, 12 refused; 4 concurrent releases give all back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: the 16 tasks run in the order they were spawned, each queuing its try behind the
+// first (in flight, its write held) before the sender that batches them runs. On two
+// workers a loaded machine could start them one by one, each sent alone (CI saw 16 calls).
+#[tokio::test]
 async fn concurrent_permit_tries_of_one_client_share_calls_and_keep_their_outcomes() {
     let ctx = TestContext::start().await;
     let pool = ctx.redsem.permit_semaphore("pool").expect("handle");
