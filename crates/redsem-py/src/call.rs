@@ -340,8 +340,10 @@ where
 
 /// `fut` run as a task of its own: awaiting the future returned and dropping it half-way
 /// (a cancelled asyncio call) leaves `fut` running to its end in the background, tracked by
-/// `flush`. For the calls that give something back (releases, count-downs): cancelling the
-/// caller must not strand what they give back.
+/// `flush`. The library's own give-backs (`release_id`, permit releases, count-downs) already
+/// run to their end (`Redsem::run_to_end`); this is for a permit's release and `with` exit,
+/// whose Python-side steps (stopping the watcher, taking the permit) come before the
+/// library's release and must not be cut between.
 pub(crate) fn detached<T: Send + 'static>(
     fut: impl Future<Output = redsem::Result<T>> + Send + 'static,
 ) -> impl Future<Output = redsem::Result<T>> + Send + 'static {

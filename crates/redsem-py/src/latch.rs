@@ -4,7 +4,7 @@ use std::future::Future;
 
 use pyo3::prelude::*;
 
-use crate::call::{Owned, Settle, block, detached, maybe_seconds, spawn, spawn_wait};
+use crate::call::{Owned, Settle, block, maybe_seconds, spawn, spawn_wait};
 use crate::status::{Json, latch_json};
 
 /// A countdown latch shared through Redis, like Redisson's `RCountDownLatch`: set a count
@@ -97,11 +97,9 @@ impl CountDownLatch {
 
     /// `count_down`, as an asyncio awaitable.
     fn count_down_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        // Cancelling the caller does not cancel the count-down: it goes on in the background.
-        spawn(
-            py,
-            detached(self.with(|l| async move { l.count_down().await })?),
-        )
+        // Cancelling the caller does not cancel the count-down: the library runs it to its
+        // end in the background (`CountDownLatch::count_down`).
+        spawn(py, self.with(|l| async move { l.count_down().await })?)
     }
 
     /// The count-downs still to go (0 when not counting).

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::call::{
-    Owned, Settle, block, detached, human, maybe_seconds, seconds, spawn, spawn_wait,
-};
+use crate::call::{Owned, Settle, block, human, maybe_seconds, seconds, spawn, spawn_wait};
 use crate::errors::invalid;
 use crate::permit::Permit;
 use crate::status::{Json, status_future};
@@ -87,7 +85,8 @@ impl Core {
     ) -> PyResult<impl Future<Output = redsem::Result<()>> + Send + 'static> {
         let id = permit_id(id)?;
         let sem = self.sem.clone();
-        Ok(detached(async move { sem.release_id(&id).await }))
+        // Run to its end by the library even if the caller is cancelled.
+        Ok(async move { sem.release_id(&id).await })
     }
 
     /// Extend the lease of the permit `id` of any process to `lease` from now; refused when

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use pyo3::prelude::*;
 
-use crate::call::{Owned, Settle, block, detached, maybe_seconds, spawn, spawn_wait};
+use crate::call::{Owned, Settle, block, maybe_seconds, spawn, spawn_wait};
 
 /// Counted permits shared through Redis, like Redisson's `RSemaphore`: a number of available
 /// permits that anyone may take (`acquire`) and add to (`release`, `add_permits`).
@@ -123,9 +123,10 @@ impl PermitSemaphore {
 
     /// `add_permits`, as an asyncio awaitable.
     fn add_permits_async<'py>(&self, py: Python<'py>, delta: i64) -> PyResult<Bound<'py, PyAny>> {
+        // Run to its end by the library even if the caller is cancelled.
         spawn(
             py,
-            detached(self.with(move |sem| async move { sem.add_permits(delta).await })?),
+            self.with(move |sem| async move { sem.add_permits(delta).await })?,
         )
     }
 
@@ -197,10 +198,11 @@ impl PermitSemaphore {
     /// `release`, as an asyncio awaitable.
     #[pyo3(signature = (permits=1))]
     fn release_async<'py>(&self, py: Python<'py>, permits: u32) -> PyResult<Bound<'py, PyAny>> {
-        // Cancelling the caller does not cancel the release: it goes on in the background.
+        // Cancelling the caller does not cancel the release: the library runs it to its end
+        // in the background (`PermitSemaphore::release`).
         spawn(
             py,
-            detached(self.with(move |sem| async move { sem.release(permits).await })?),
+            self.with(move |sem| async move { sem.release(permits).await })?,
         )
     }
 
