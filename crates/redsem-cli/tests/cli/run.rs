@@ -2,10 +2,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use redsem::redis;
 use redsem_test::eventually;
 
-use crate::support::{LIMIT, Running, World, alive, wait_dead};
+use crate::support::{LIMIT, Running, World, alive, pause_and_read_lease_end, unpause, wait_dead};
 
 /// A `sh -c` script that first writes the shell's pid to `pidfile`, then runs `rest`.
 fn with_pidfile(pidfile: &std::path::Path, rest: &str) -> String {
@@ -436,34 +435,14 @@ fn a_command_ignoring_sigterm_is_dead_before_the_lease_can_end_when_renewals_sto
     ]);
     let child = world.pid_in(&pidfile);
     let id = std::fs::read_to_string(&idfile).expect("the permit id");
-    let mut admin = world.server.connection();
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(5000)
-        .arg("WRITE")
-        .query(&mut admin)
-        .expect("CLIENT PAUSE");
     // No script runs from here on, so the lease end Redis holds can no longer move.
     let asked = Instant::now();
-    let (lease_end_ms, (secs, micros)): (Option<f64>, (u64, u64)) = redis::pipe()
-        .cmd("ZSCORE")
-        .arg("redsem:{lease:jobs}:leases")
-        .arg(id.trim())
-        .cmd("TIME")
-        .query(&mut admin)
-        .expect("ZSCORE, TIME");
-    let lease_end_ms = lease_end_ms.expect("the permit's lease end");
-    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
-    // TIME ran after `asked`, so the lease ends no earlier than this local instant.
-    let left = Duration::from_secs_f64(((lease_end_ms - now_ms) / 1000.0).max(0.0));
-    let lease_end = asked + left;
+    let lease_end = pause_and_read_lease_end(&world, &id);
+    let left = lease_end.saturating_duration_since(asked);
     wait_dead(child, LIMIT);
     let died = Instant::now();
     let out = running.wait();
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query(&mut admin)
-        .expect("CLIENT UNPAUSE");
+    unpause(&world);
     let out = out.expect(76);
     assert!(out.error().contains("SIGKILL"), "{out:?}");
     assert!(

@@ -383,3 +383,36 @@ pub(crate) fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().expect("local addr").port()
 }
+
+/// Hold every write of `world`'s server (`CLIENT PAUSE 5000 WRITE`: no script runs, so no
+/// renewal) and read the end Redis holds for the lease of permit `id` of `jobs`: the local
+/// instant before which it cannot end. Undo with [`unpause`].
+pub(crate) fn pause_and_read_lease_end(world: &World, id: &str) -> Instant {
+    let mut admin = world.server.connection();
+    let () = redsem::redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5000)
+        .arg("WRITE")
+        .query(&mut admin)
+        .expect("CLIENT PAUSE");
+    let asked = Instant::now();
+    let (lease_end_ms, (secs, micros)): (Option<f64>, (u64, u64)) = redsem::redis::pipe()
+        .cmd("ZSCORE")
+        .arg("redsem:{lease:jobs}:leases")
+        .arg(id.trim())
+        .cmd("TIME")
+        .query(&mut admin)
+        .expect("ZSCORE, TIME");
+    let lease_end_ms = lease_end_ms.expect("the permit's lease end");
+    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
+    // TIME ran after `asked`, so the lease ends no earlier than this local instant.
+    asked + Duration::from_secs_f64(((lease_end_ms - now_ms) / 1000.0).max(0.0))
+}
+
+/// `CLIENT UNPAUSE` on `world`'s server.
+pub(crate) fn unpause(world: &World) {
+    let () = redsem::redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut world.server.connection())
+        .expect("CLIENT UNPAUSE");
+}

@@ -6,9 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use redsem::redis;
 
-use crate::support::{LIMIT, World, alive, wait_dead};
+use crate::support::{LIMIT, World, alive, pause_and_read_lease_end, unpause, wait_dead};
 
 /// `cmd &` and its pid written to `pidfile`.
 fn background(cmd: &str, pidfile: &Path) -> String {
@@ -115,32 +114,11 @@ fn a_lost_lease_kills_the_commands_whole_tree_before_the_lease_can_end() {
     ]);
     let job = world.pid_in(&pidfile);
     let id = std::fs::read_to_string(&idfile).expect("the permit id");
-    let mut admin = world.server.connection();
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(5000)
-        .arg("WRITE")
-        .query(&mut admin)
-        .expect("CLIENT PAUSE");
-    // No script runs from here on: the lease end Redis holds can no longer move.
-    let asked = std::time::Instant::now();
-    let (lease_end_ms, (secs, micros)): (Option<f64>, (u64, u64)) = redis::pipe()
-        .cmd("ZSCORE")
-        .arg("redsem:{lease:jobs}:leases")
-        .arg(id.trim())
-        .cmd("TIME")
-        .query(&mut admin)
-        .expect("ZSCORE, TIME");
-    let now_ms = (secs * 1_000_000 + micros) as f64 / 1000.0;
-    let left = lease_end_ms.expect("the permit's lease end") - now_ms;
-    let lease_end = asked + Duration::from_secs_f64((left / 1000.0).max(0.0));
+    let lease_end = pause_and_read_lease_end(&world, &id);
     wait_dead(job, LIMIT);
     let died = std::time::Instant::now();
     let out = running.wait();
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query(&mut admin)
-        .expect("CLIENT UNPAUSE");
+    unpause(&world);
     out.expect(76);
     assert!(
         died < lease_end,
