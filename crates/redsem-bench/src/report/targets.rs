@@ -10,7 +10,7 @@ const S11_GROWTH_MB: f64 = 8.0;
 /// margin of its window-to-window noise: two 60 s runs of the polling baseline in S11's loop
 /// (a workload whose keys do not grow) at a load average of 7.6–9.5 on the shared 2-core VM
 /// gave 24.8–32.2 µs per cycle across their twelve 10 s windows, 1.25× apart at most
-/// (docs/BENCHMARKS.md, "Issue 27: client sessions — before").
+/// (docs/history/2026-11-28-benchmarks.md, "Before: layout 1").
 const S11_LAST_OVER_FIRST: f64 = 1.25;
 
 impl Figures {
