@@ -1,5 +1,5 @@
-//! Holds that run to their lease end, and looks at the server beside them (docs/SOAK.md,
-//! "Lease ends").
+//! Holds that run to their lease end, and looks at the server beside them (docs/SOAK.md:
+//! the edge holds in "What runs", and the rule `lease_end`).
 //!
 //! A hold of the soak's usual rounds lasts a few milliseconds and is renewed, so a lease
 //! rarely ends while someone believes it held: a server that ends leases a little early
