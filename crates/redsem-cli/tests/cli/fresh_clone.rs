@@ -1,4 +1,4 @@
-//! What a new user still trips on (issue 28): a stray word before `--`, `status` of a name
+//! What a new user still trips on: a stray word before `--`, `status` of a name
 //! without permits, a port out of range, and `redsem` alone.
 
 use crate::support::{World, bare, finish};

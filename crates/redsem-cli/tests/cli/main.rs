@@ -13,7 +13,7 @@ mod connect;
 mod doctor;
 /// One test per exit code (0, 1, 2, 69, 75, 76) and every usage error.
 mod exit_codes;
-/// What a new user still trips on (issue 28): a stray word before `--`, `status` of a name
+/// What a new user still trips on: a stray word before `--`, `status` of a name
 /// without permits, a port out of range, `redsem` alone.
 mod fresh_clone;
 /// What users of flock, timeout and consul lock bring: their spellings, `lock`, `-c`, closed

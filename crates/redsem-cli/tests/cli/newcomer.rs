@@ -1,4 +1,4 @@
-//! What a new user trips on (issue 21): typos get clap's suggestion, errors name what is
+//! What a new user trips on: typos get clap's suggestion, errors name what is
 //! accepted, `status` lists every kind of primitive, one JSON schema, a latch never set is
 //! told from an open one, short and long help.
 

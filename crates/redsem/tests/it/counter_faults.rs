@@ -147,7 +147,7 @@ fn hold_back_writes(replica: &RedisServer) {
 
 #[tokio::test]
 async fn a_latch_waiter_is_told_of_lost_state_after_a_restart_and_after_a_flush() {
-    // Issue 9: a latch waiter was released as if the latch had opened when its keys vanished.
+    // A past defect: a latch waiter was released as if the latch had opened when its keys vanished.
     let mut ctx = TestContext::start().await;
     let latch = quick_latch(&ctx.redsem, "boot");
     let channel = "t:{latch:boot}:opened";
@@ -284,7 +284,7 @@ async fn a_permit_waiter_whose_place_a_failover_lost_queues_again_and_is_served(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_channel_rights_still_releases_and_counts_down_and_waiters_are_served() {
-    // Issue 9 #2: PUBLISH refused by the ACL failed the script after it had written.
+    // A past defect: PUBLISH refused by the ACL failed the script after it had written.
     let server = RedisServer::start();
     let () = raw(
         &server,
@@ -336,7 +336,7 @@ async fn a_client_without_channel_rights_still_releases_and_counts_down_and_wait
 
 #[tokio::test]
 async fn a_drain_a_release_and_a_count_down_resent_on_a_cluster_are_applied_once() {
-    // Issue 9 #3: the cluster client resends a request after a lost reply; a drain without a
+    // A past defect: the cluster client resends a request after a lost reply; a drain without a
     // request id then took twice and answered what the second took.
     let (cluster, redsem) = cluster_behind_proxies().await;
     let sem = redsem.permit_semaphore("resend").expect("semaphore");
@@ -389,7 +389,7 @@ async fn a_drain_a_release_and_a_count_down_resent_on_a_cluster_are_applied_once
 
 #[tokio::test]
 async fn volatile_lru_eviction_never_takes_a_live_permit_queue_or_a_counting_latch() {
-    // Issue 9 #4: the bookkeeping of waiting requests and the remembered count-downs carried
+    // A past defect: the bookkeeping of waiting requests and the remembered count-downs carried
     // TTLs, so volatile-* eviction could drop them.
     let server = RedisServer::start_with_eviction("volatile-lru", "4mb");
     let redsem = connect(&server.url()).await;
@@ -435,7 +435,7 @@ async fn volatile_lru_eviction_never_takes_a_live_permit_queue_or_a_counting_lat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waiter_that_lost_its_place_is_not_served_by_an_old_wake_up() {
-    // Issue 9 #5, for the permit semaphore: a waiter stalled past its waiter lease while
+    // A past defect, for the permit semaphore: a waiter stalled past its waiter lease while
     // permits were handed to it (and given back when the lease ran out) queues again; the
     // old wake-up in its mailbox must not make it return while another client holds the only
     // permit. (A permit waiter always collects by a poll, and queues again under a new id.)

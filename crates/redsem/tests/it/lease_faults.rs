@@ -19,7 +19,7 @@ async fn try_acquire_soon(sem: &redsem::LeaseSemaphore) -> redsem::LeasePermit {
 
 #[tokio::test]
 async fn tokens_keep_increasing_across_a_restart_and_a_flush_and_holders_learn_of_the_loss() {
-    // Issue 9 #1: after a restart without persistence the next grant got token 1 again.
+    // A past defect: after a restart without persistence the next grant got token 1 again.
     let mut ctx = TestContext::start().await;
     let sem = ctx
         .redsem
@@ -52,7 +52,7 @@ async fn tokens_keep_increasing_across_a_restart_and_a_flush_and_holders_learn_o
 
 #[tokio::test]
 async fn tokens_keep_increasing_across_a_failover_to_a_replica_that_missed_the_last_grant() {
-    // Issue 9 #1: the old primary and the promoted replica both handed out the same token.
+    // A past defect: the old primary and the promoted replica both handed out the same token.
     let mut primary = RedisServer::start();
     let replica = RedisServer::start_replica_of(&primary);
     let old = connect(&primary.url()).await;
@@ -107,7 +107,7 @@ async fn tokens_keep_increasing_across_a_failover_to_a_replica_that_missed_the_l
 
 #[tokio::test]
 async fn a_resent_acquire_and_release_on_a_cluster_are_applied_once() {
-    // Issue 9 #3: the cluster client resends a request after a dropped connection; the
+    // A past defect: the cluster client resends a request after a dropped connection; the
     // acquire was applied twice (one unit leaked for good), the release answered NotHeld.
     let (cluster, redsem) = cluster_behind_proxies().await;
     let sem = redsem.lease_semaphore("resend", 1).expect("semaphore");
@@ -139,7 +139,7 @@ async fn a_resent_acquire_and_release_on_a_cluster_are_applied_once() {
 
 #[tokio::test]
 async fn eviction_under_volatile_lru_never_takes_live_state() {
-    // Issue 9 #4: the live keys carried TTLs, so volatile-* eviction dropped them and a second
+    // A past defect: the live keys carried TTLs, so volatile-* eviction dropped them and a second
     // client got the only unit while the first still held it.
     let server = RedisServer::start_with_eviction("volatile-lru", "4mb");
     let a = connect(&server.url()).await;
@@ -232,7 +232,7 @@ async fn stays_queued_behind(waiter: Frozen<Seen>, other: redsem::LeasePermit) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_wake_up_never_becomes_a_permit() {
-    // Issue 9 #5: a waiter stalled past the lease of the grant it was sent queued again and
+    // A past defect: a waiter stalled past the lease of the grant it was sent queued again and
     // then built a permit from the old grant still in its mailbox, while another client held
     // the only unit.
     let server = RedisServer::start();
@@ -312,7 +312,7 @@ async fn a_wake_up_for_a_request_resent_after_its_grant_ran_out_never_becomes_a_
 
 #[tokio::test]
 async fn requests_above_max_units_are_refused_and_max_units_is_granted() {
-    // Issue 9 #7: one legal acquire_many could block the server for seconds.
+    // A past defect: one legal acquire_many could block the server for seconds.
     let ctx = TestContext::start().await;
     let sem = ctx
         .redsem

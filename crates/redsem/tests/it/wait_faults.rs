@@ -1,4 +1,4 @@
-//! Waiting through faults (issue 14): the lease of a grant handed to a queued waiter, and a
+//! Waiting through faults: the lease of a grant handed to a queued waiter, and a
 //! waiter whose connection drops.
 
 use std::time::Duration;
@@ -69,7 +69,7 @@ async fn hand_over(lease: Duration, waiter_lease: Duration) -> (Duration, Durati
 }
 
 /// A queued grant's lease on the server is the `lease` asked for, or, until the waiter claims
-/// it, what is left of its waiter lease if that ends sooner (issue 20: a dead waiter costs
+/// it, what is left of its waiter lease if that ends sooner (a dead waiter costs
 /// no more); the local one follows it.
 async fn a_queued_grant_gets_the_lease_it_asked_for(lease: Duration, waiter_lease: Duration) {
     let (server, local) = hand_over(lease, waiter_lease).await;
@@ -297,7 +297,7 @@ async fn a_permit_waiter_cut_off_longer_than_its_waiter_lease_fails_as_unavailab
 }
 
 /// Both semaphores behave alike when a `try_acquire` is dropped after the server granted it
-/// but before the answer arrived (issue 15): what it was granted is given back at once, not
+/// but before the answer arrived: what it was granted is given back at once, not
 /// held for a lease (the lease semaphore kept the unit until its lease ran out).
 #[tokio::test]
 async fn a_try_dropped_before_its_answer_gives_back_what_it_was_granted() {
