@@ -23,7 +23,7 @@ pub(crate) struct Sizes {
     pub(crate) s2_clients: Vec<usize>,
     pub(crate) s2_time: Duration,
     /// S2 with a hold: (tasks, clients) points, each holder sleeping `s2_hold` before it
-    /// releases (issue 10's "64 tasks, capacity 8, hold 1 ms").
+    /// releases (the "64 tasks, capacity 8, hold 1 ms" point).
     pub(crate) s2_hold_points: Vec<(usize, usize)>,
     pub(crate) s2_hold: Duration,
     /// S3: hand-off trials.

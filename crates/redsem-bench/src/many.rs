@@ -1,5 +1,5 @@
 //! S10, many waiters: far more tasks than units, each holding for a while, for redsem's lease
-//! semaphore and the polling baseline (issue 19). Where a fair queue with wake-ups should beat
+//! semaphore and the polling baseline. Where a fair queue with wake-ups should beat
 //! pollers outright: the waiters cost Redis nothing while they wait, and nobody starves.
 
 use std::sync::Arc;

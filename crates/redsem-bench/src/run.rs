@@ -460,7 +460,7 @@ async fn s7(ctx: &Ctx) -> BenchResult<BaselineRun> {
 async fn s9(ctx: &Ctx) -> BenchResult<BaselineRun> {
     let prefix = ctx.prefix("s9");
     let trips = Arc::new(AtomicU64::new(0));
-    // redsem's S1 again, in slices alternating with the baseline's: issue 10's S1 ratio.
+    // redsem's S1 again, in slices alternating with the baseline's: the S1 ratio.
     let redsem = ctx
         .redsem_sems(&prefix, "s1-redsem", 5, LeaseOptions::default(), 1)
         .await?;

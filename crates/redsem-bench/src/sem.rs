@@ -354,7 +354,7 @@ static POLL_REFRESH_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(POLL_REFRESH));
 
 /// The unfair polling semaphore of the npm `redis-semaphore` package (`Semaphore`, its
-/// fastest peer in issue 10), re-implemented with its defaults: one zset of holders (id →
+/// the fastest of the peers surveyed), re-implemented with its defaults: one zset of holders (id →
 /// client clock ms), one script per attempt ([`POLL_ATTEMPT`]: `ZREMRANGEBYSCORE` of the
 /// holders older than the lock timeout, `ZCARD`, and below the limit `ZADD` + `PEXPIRE`),
 /// retried every 10 ms until granted; release is a plain `ZREM`. Ids are random UUID-shaped

@@ -1,4 +1,4 @@
-//! `--hold-stages`: where the time of S2's hold-1 ms loop goes (issue 19). The same loop as
+//! `--hold-stages`: where the time of S2's hold-1 ms loop goes. The same loop as
 //! S2's hold point (64 tasks, capacity 8, each holder sleeping 1 ms before it releases), with
 //! every step of every cycle timestamped in the task that ran it:
 //!

@@ -1,4 +1,4 @@
-//! S11, steady state (issue 27): uncontended cycles flat out on one name for a minute, from
+//! S11, steady state: uncontended cycles flat out on one name for a minute, from
 //! several clients, for the lease semaphore and the permit semaphore. What a semaphore keeps
 //! per cycle shows here: Redis's `used_memory` from start to end, the size of every key under
 //! the semaphore's prefix at the end, and the server time per cycle window by window (a set

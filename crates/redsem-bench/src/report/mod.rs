@@ -47,11 +47,11 @@ pub(crate) struct Figures {
     pub(crate) s8: Option<RawRun>,
     /// The polling baseline (npm `redis-semaphore`'s algorithm).
     pub(crate) s9: Option<BaselineRun>,
-    /// Many waiters: redsem and the polling baseline (issue 19).
+    /// Many waiters: redsem and the polling baseline.
     pub(crate) s10: Option<ManyWaitersRun>,
     /// The S1 and S3 equivalents for the permit semaphore and the latch.
     pub(crate) permit_and_latch: Option<CountersRun>,
-    /// Steady state: a minute of uncontended cycles, lease and permits (issue 27).
+    /// Steady state: a minute of uncontended cycles, lease and permits.
     pub(crate) s11: Option<SteadyStateRun>,
 }
 
