@@ -353,8 +353,8 @@ static POLL_ATTEMPT_SCRIPT: LazyLock<redis::Script> =
 static POLL_REFRESH_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(POLL_REFRESH));
 
-/// The unfair polling semaphore of the npm `redis-semaphore` package (`Semaphore`, its
-/// the fastest of the peers surveyed), re-implemented with its defaults: one zset of holders (id →
+/// The unfair polling semaphore of the npm `redis-semaphore` package (`Semaphore`, the
+/// fastest of the peers surveyed), re-implemented with its defaults: one zset of holders (id →
 /// client clock ms), one script per attempt ([`POLL_ATTEMPT`]: `ZREMRANGEBYSCORE` of the
 /// holders older than the lock timeout, `ZCARD`, and below the limit `ZADD` + `PEXPIRE`),
 /// retried every 10 ms until granted; release is a plain `ZREM`. Ids are random UUID-shaped
