@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """What retry safety costs Redis at a sustained rate: the ids every cycle leaves behind.
 
-Every uncontended cycle leaves ids that the scripts remember for a minute (REMEMBER_MS in
-`crates/redsem/lua/common.lua`), so that a call resent after a lost reply is applied once: a
+Written for layout 1, before client sessions: every uncontended cycle left ids that the
+scripts remembered for a minute, so that a call resent after a lost reply is applied once: a
 lease release's tombstone (in `leases` and the state hash), a permit request's and a release's
-id (in `applied`, and the request's record). The benchmark scenarios last seconds; this runs one
-primitive flat out for longer than that minute and prints, every 10 s, the rate, the server
-time spent inside the scripts per cycle (commandstats), the size of the remembered set and
-Redis's memory, so the steady state shows.
+id (in `applied`, and the request's record). Its calls carry no session numbers; the scripts of
+layout 2 keep one record per client session instead, and redsem-bench's S11 measures what they
+keep at a sustained rate (docs/BENCHMARKS.md). This runs one primitive flat out for longer
+than a minute and prints, every 10 s, the rate, the server time spent inside the scripts per
+cycle (commandstats), the size of the set that held the remembered ids and Redis's memory.
 
 It starts a throwaway `redis-server` on a free port of 127.0.0.1, loads the function library
 of *this checkout* (as `server_instructions.py` assembles it), and sends uncontended
