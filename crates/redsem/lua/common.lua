@@ -378,6 +378,9 @@ local function run(body, name, mode, fast, arg)
   end
   local reply = caught(result, EXPECTED)
   if S.loaded and type(result) == 'table' and result.key then
+    -- What was settled before the failure is kept; S.failed tells the save hook that the
+    -- call itself did not happen (no keep-alive change on its account).
+    S.failed = true
     save()
   end
   return reply

@@ -86,7 +86,8 @@ local function needs_idle_ttl()
 end
 
 -- Give the keys the TTL the state calls for (common's save() then writes the fields back).
--- A release defers the idle TTL to lease_tidy: S.defer_idle.
+-- A release defers the idle TTL to lease_tidy: S.defer_idle. A call that failed on a foreign
+-- value (S.failed) leaves it as it found it, as the fast paths do.
 local function keep()
   if not S.cap then
     return
@@ -95,7 +96,7 @@ local function keep()
     -- Live state carries no TTL. (The slot bitmap and the queue never get one.)
     persist({ STATE, LEASES })
     put('idle', 0)
-  elseif needs_idle_ttl() and not S.defer_idle then
+  elseif needs_idle_ttl() and not S.defer_idle and not S.failed then
     put('idle', S.now + KEEP_IDLE_MS)
     expire_at(S.idle, { STATE, LEASES })
     -- The bitmap has no bit left: it goes (not a foreign value: BITCOUNT would fail).
@@ -345,10 +346,9 @@ end
 
 -- The next fencing token: larger than the last one, and than every token handed out before
 -- the last moment the server clock passed (so a lost state does not send tokens back).
+-- Stored (put('tok')) by the grant that hands it out.
 local function next_token()
-  local token = max(count(S.tok) + 1, S.now_us)
-  put('tok', token)
-  return token
+  return max(count(S.tok) + 1, S.now_us)
 end
 
 -- Set the lease end of a holder or waiter; `next` keeps the earliest one known.
@@ -427,7 +427,14 @@ local function grant(id, k, label, lease, expires)
     from = floor(s / 8)
     i = i + 1
   end
-  add_lease(id, expires)
+  -- The lease entry after the slots: a foreign value at leases fails here, and the slots are
+  -- cleared again, so the call changes nothing and spends no token (as the fast path does).
+  local ok, failure = pcall(add_lease, id, expires)
+  if not ok then
+    set_slots(slots, 0)
+    error(failure)
+  end
+  put('tok', token)
   local token_text = format('%d', token)
   put('r:' .. id, holder_record(token_text, k, lease, slots, label))
   put('used', S.used + k)

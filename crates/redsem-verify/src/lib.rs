@@ -1,0 +1,11 @@
+//! redsem's verification tools.
+//!
+//! * [`diff`]: the differential runner. The same seeded calls of every operation of the
+//!   three primitives go to two engines of the protocol (the Lua library as shipped, the
+//!   same with its fast paths off; a native module next), and every reply, every message
+//!   published and the full contents of the keys must agree after every call. Run it with
+//!   `cargo run -p redsem-verify --bin redsem-diff -- --seeds 1..=20 --steps 5000`.
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod diff;
+mod rng;
