@@ -4,9 +4,11 @@
 mod checker;
 mod edge;
 mod history;
+mod look;
 mod nemesis;
 mod ops;
 mod rng;
+mod task;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -311,14 +313,14 @@ fn run(args: &Args) -> Vec<Record> {
         Deployment::Single(server) => Some(server.url()),
         Deployment::Sentinel(_) => None,
     };
-    let edge_gate = Arc::new(edge::EdgeGate::new((300, 1500)));
+    let edge_gate = Arc::new(task::EdgeGate::new((300, 1500)));
     let targets: Vec<Target> = (0..args.clients as usize)
         .map(|c| match proxies.get(c) {
             Some(proxy) => Target::Url(proxy.url()),
             None => direct.clone(),
         })
         .collect();
-    let rec = Arc::new(ops::Recorder::new());
+    let rec = Arc::new(task::Recorder::new());
     let lease = args.lease;
     let waiter_lease = args.lease;
     let capacity: BTreeMap<String, u32> = [("a", 1), ("b", 2), ("c", 3)]
@@ -399,7 +401,7 @@ fn run(args: &Args) -> Vec<Record> {
                 Arc::clone(&edge_gate),
                 direct.clone(),
                 audit_url.clone(),
-                lease_options.clone().lease(edge::EDGE_LEASE),
+                lease_options.clone().lease(task::EDGE_LEASE),
             )
         });
         let spawned = thread::Builder::new()
@@ -422,10 +424,10 @@ fn run(args: &Args) -> Vec<Record> {
                         None => None,
                     };
                     // One connection for the looks after cancelled calls, shared by the tasks.
-                    let looker: Option<ops::Looker> = look_url
+                    let looker: Option<look::Looker> = look_url
                         .as_deref()
                         .filter(|_| cancels)
-                        .and_then(edge::Auditor::new)
+                        .and_then(look::Auditor::new)
                         .map(|a| Arc::new(tokio::sync::Mutex::new(a)));
                     let mut handles = Vec::new();
                     if c == 0 && !volatile {
@@ -462,7 +464,7 @@ fn run(args: &Args) -> Vec<Record> {
                         });
                         let r = redsem.clone();
                         let client = u32::try_from(c).unwrap_or(0);
-                        let task = ops::Task {
+                        let task = task::Task {
                             client,
                             task: t,
                             rec: Arc::clone(&rec),
@@ -586,18 +588,18 @@ fn run(args: &Args) -> Vec<Record> {
 /// What one task needs for its edge holds: handles with the edge lease (without and with
 /// keep-alive) and on the direct probe client, per lease semaphore, and an auditor.
 fn edge_kit(
-    gate: &Arc<edge::EdgeGate>,
+    gate: &Arc<task::EdgeGate>,
     redsem: &Redsem,
     probe: &Redsem,
     audit_url: Option<&str>,
     options: &LeaseOptions,
     capacity: &BTreeMap<String, u32>,
-) -> edge::EdgeKit {
+) -> task::EdgeKit {
     let sem = |r: &Redsem, name: &str, cap: u32, options: LeaseOptions| {
         r.lease_semaphore_with(name, cap, options)
             .unwrap_or_else(|e| panic!("{e}"))
     };
-    edge::EdgeKit {
+    task::EdgeKit {
         gate: Arc::clone(gate),
         leases: capacity
             .iter()
@@ -612,7 +614,7 @@ fn edge_kit(
             .iter()
             .map(|(name, &cap)| sem(probe, name, cap, options.clone()))
             .collect(),
-        auditor: audit_url.and_then(edge::Auditor::new),
+        auditor: audit_url.and_then(look::Auditor::new),
     }
 }
 

@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 use redsem_test::FaultProxy;
 
 use super::Deployment;
-use super::edge::{EDGE_LEASE, EdgeGate};
 use super::history::{Fault, Record};
-use super::ops::Recorder;
 use super::rng::Rng;
+use super::task::{EDGE_LEASE, EdgeGate, Recorder};
 
 /// Every kind of fault, in the order of the summary.
 pub const KINDS: &[&str] = &[

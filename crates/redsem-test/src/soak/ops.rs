@@ -1,141 +1,14 @@
 //! The clients' tasks: random operations on a few names, each recorded.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redsem::{CountDownLatch, LeasePermit, LeaseSemaphore, PermitSemaphore};
+use redsem::{CountDownLatch, LeasePermit, PermitSemaphore};
 use tokio::sync::watch;
 
-use super::edge::Auditor;
 use super::history::{LOOK_AFTER_MS, LatchOp, LeaseOp, Look, PermitOp, Record};
-use super::rng::Rng;
-
-/// A client's connection for looks at the server (no proxy), shared by its tasks and the
-/// looks they leave to run later.
-pub type Looker = Arc<tokio::sync::Mutex<Auditor>>;
-
-/// Where every client writes its records; times are microseconds since `start`.
-#[derive(Debug)]
-pub struct Recorder {
-    pub start: Instant,
-    pub records: Mutex<Vec<Record>>,
-}
-
-impl Recorder {
-    pub fn new() -> Recorder {
-        Recorder {
-            start: Instant::now(),
-            records: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub fn now(&self) -> u64 {
-        self.at(Instant::now())
-    }
-
-    pub fn at(&self, instant: Instant) -> u64 {
-        u64::try_from(instant.saturating_duration_since(self.start).as_micros()).unwrap_or(u64::MAX)
-    }
-
-    pub fn push(&self, record: Record) {
-        self.records
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(record);
-    }
-}
-
-/// One task's handles and identity.
-pub struct Task {
-    pub client: u32,
-    pub task: u32,
-    pub rec: Arc<Recorder>,
-    pub leases: Vec<LeaseSemaphore>,
-    /// Each permit semaphore with the permits it was set to.
-    pub permits: Vec<(PermitSemaphore, u32)>,
-    /// Latches by epoch: the task moves to the next one once it saw the current one open.
-    pub latch: Box<dyn Fn(u64) -> Option<CountDownLatch> + Send + Sync>,
-    /// The latches set so far (by [`latch_setter`], once each: setting an opened latch again
-    /// would start it over), and the furthest epoch a task has reached.
-    pub latches_set: Arc<AtomicU64>,
-    pub latch_reached: Arc<AtomicU64>,
-    pub stop: watch::Receiver<bool>,
-    pub rng: Rng,
-    /// Weights of lease, permit and latch rounds.
-    pub weights: [u32; 3],
-    /// A limit for the permit waits that have none (`acquire`): where permits can be lost
-    /// for good (a failover), a wait without one could block the task to the end.
-    pub permit_wait_limit: Option<Duration>,
-    /// The holds that run to their lease end (`super::edge`); `None`: none (`--no-edges`).
-    pub edge: Option<super::edge::EdgeKit>,
-    /// Whether calls are cancelled at random points (off with `--no-cancels`).
-    pub cancels: bool,
-    /// Looks at the server after a cancelled lease call (`None`: behind Sentinels).
-    pub looker: Option<Looker>,
-}
-
-/// When each check-in of a wait answered "queued" (the first is when the request was
-/// queued), gathered by the progress callback and written into the operation.
-#[derive(Clone)]
-pub struct Progress {
-    reports: Arc<Mutex<Vec<u64>>>,
-    rec: Arc<Recorder>,
-}
-
-impl Progress {
-    pub fn new(rec: &Arc<Recorder>) -> Progress {
-        Progress {
-            reports: Arc::new(Mutex::new(Vec::new())),
-            rec: Arc::clone(rec),
-        }
-    }
-
-    /// The callback for `acquire_with_progress`.
-    pub fn reporter(&self) -> impl FnMut(u64) + Send + 'static {
-        let this = self.clone();
-        move |_ahead: u64| {
-            this.reports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(this.rec.now());
-        }
-    }
-
-    /// `queued_us` and `max_gap_us` of `op` (its `inv_us` and `ret_us` set).
-    pub fn finish(&self, op: &mut LeaseOp) {
-        let reports = std::mem::take(
-            &mut *self
-                .reports
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        op.queued_us = reports.first().copied();
-        if !reports.is_empty() {
-            let mut times = vec![op.inv_us];
-            times.extend(&reports);
-            times.push(op.ret_us);
-            op.max_gap_us = times.windows(2).map(|w| w[1].saturating_sub(w[0])).max();
-        }
-    }
-}
-
-pub fn outcome(err: &redsem::Error) -> String {
-    if err.is_not_acquired() {
-        "busy".into()
-    } else if err.is_timeout() {
-        "timeout".into()
-    } else {
-        // The whole chain: "redis error" alone does not tell a LOADING from a refusal.
-        let mut text = format!("error: {err}");
-        let mut source = std::error::Error::source(err);
-        while let Some(cause) = source {
-            text.push_str(&format!(": {cause}"));
-            source = cause.source();
-        }
-        text
-    }
-}
+use super::task::{Progress, Recorder, Task, outcome};
 
 /// Whether `err` is the server's `LOADING` refusal (it ran nothing).
 fn loading(err: &redsem::Error) -> bool {
