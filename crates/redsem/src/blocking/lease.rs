@@ -165,8 +165,8 @@ impl LeasePermit {
     /// # Errors
     ///
     /// As [`crate::LeasePermit::release`].
-    pub fn release(mut self) -> Result<()> {
-        self.runtime.block_on(self.inner.release_in_place())
+    pub fn release(self) -> Result<()> {
+        self.runtime.block_on(self.inner.release_shared())
     }
 
     /// Stop renewing and leave the permit held until its lease runs out, as
@@ -183,7 +183,7 @@ impl Drop for LeasePermit {
             // permit's own drop releases it in the background, on that runtime.
             return;
         }
-        if let Err(err) = self.runtime.block_on(self.inner.release_in_place()) {
+        if let Err(err) = self.runtime.block_on(self.inner.release_shared()) {
             tracing::warn!(id = %self.inner.id(), error = %crate::error::Chain(&err),
                 "could not release a dropped permit; its lease will end by itself");
         }

@@ -28,7 +28,9 @@ use crate::types::{FencingToken, PermitId};
 /// no later than the lease could have ended on the server.
 ///
 /// Dropping the permit stops the renewal and releases it in the background; call
-/// [`LeasePermit::release`] to know that it was released.
+/// [`LeasePermit::release`] to know that it was released. A permit shared between tasks (in
+/// an `Arc`) is released through a shared reference with [`LeasePermit::release_shared`]:
+/// the first call releases it, later ones answer as a released permit does.
 ///
 /// # Examples
 ///
@@ -44,8 +46,12 @@ use crate::types::{FencingToken, PermitId};
 #[clippy::has_significant_drop]
 pub struct LeasePermit {
     state: Arc<PermitState>,
-    /// Released or forgotten: nothing left for `Drop` to do.
-    settled: bool,
+    /// Released (or its release under way) or forgotten: nothing left for `Drop` or another
+    /// release to do. Set once, by whichever call gets there first.
+    settled: AtomicBool,
+    /// Cancelled when the release that settled the permit has ended, answered or not: a later
+    /// [`LeasePermit::release_shared`] waits for it before it answers.
+    released: CancellationToken,
 }
 
 /// What the permit and the keepalive share.
@@ -204,7 +210,8 @@ impl LeasePermit {
         state.keepalive().schedule(state.clone(), renew);
         LeasePermit {
             state,
-            settled: false,
+            settled: AtomicBool::new(false),
+            released: CancellationToken::new(),
         }
     }
 
@@ -320,12 +327,16 @@ impl LeasePermit {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] if the permit was already known lost, or Redis says it is not held
-    /// (then it is marked lost); [`Error::Unavailable`] if Redis cannot be reached.
+    /// (then it is marked lost); [`Error::NotHeld`] once it was released
+    /// ([`LeasePermit::release_shared`]); [`Error::Unavailable`] if Redis cannot be reached.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a renewal that happened is kept, one that did not changes nothing.
     pub async fn refresh(&self) -> Result<()> {
+        if self.settled.load(Ordering::Acquire) {
+            return Err(self.state.sem.not_held(&self.state.id));
+        }
         if self.state.lost.is_cancelled() {
             return Err(self.lost_error());
         }
@@ -363,22 +374,47 @@ impl LeasePermit {
     /// Cancel safe in effect: once called, the release happens. If this future is dropped
     /// before it answers, the release goes on in the background (as for a dropped permit,
     /// tracked by [`Redsem::flush`](crate::Redsem::flush)); only its answer is lost.
-    pub async fn release(mut self) -> Result<()> {
-        self.release_in_place().await
+    pub async fn release(self) -> Result<()> {
+        self.release_shared().await
     }
 
-    /// [`LeasePermit::release`] through `&mut` (for `blocking::LeasePermit`, whose `Drop`
-    /// waits for it); nothing happens if the permit is settled already.
-    #[cfg_attr(not(feature = "blocking"), allow(dead_code))]
-    pub(crate) fn is_settled(&self) -> bool {
-        self.settled
-    }
-
-    pub(crate) async fn release_in_place(&mut self) -> Result<()> {
-        if self.settled {
-            return Ok(());
+    /// [`LeasePermit::release`] through a shared reference, for a permit that several tasks
+    /// hold (in an `Arc`): the first call releases it; a later call (or one made while the
+    /// first is under way) waits until that release has ended and answers [`Error::NotHeld`],
+    /// as a released permit does. Once any call has answered, the release has run its course.
+    /// After it, [`LeasePermit::is_held`] is false,
+    /// [`LeasePermit::lost`] resolves and [`LeasePermit::refresh`] answers
+    /// [`Error::NotHeld`]; dropping the permit does nothing more.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn work(_: &redsem::LeasePermit) {}
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = std::sync::Arc::new(sem.acquire().await?);
+    /// let worker = tokio::spawn({
+    ///     let permit = permit.clone();
+    ///     async move { work(&permit).await }
+    /// });
+    /// // Give the units back when the work is done, whoever still holds a clone.
+    /// let _ = worker.await;
+    /// permit.release_shared().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`LeasePermit::release`]; [`Error::NotHeld`] once it was released (or forgotten).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeasePermit::release`]: once called, the release happens.
+    pub async fn release_shared(&self) -> Result<()> {
+        if self.settled.swap(true, Ordering::AcqRel) {
+            self.released.cancelled().await;
+            return Err(self.state.sem.not_held(&self.state.id));
         }
-        self.settled = true;
         // No renewal starts after this, so none can answer NOTHELD after the release.
         self.state.keepalive().unschedule(self.state.ticket);
         if self.state.lost.is_cancelled() {
@@ -386,6 +422,7 @@ impl LeasePermit {
             // not held, at once. Its units may still be held on the server if only the time
             // ran out: they are released in the background, as for a dropped permit.
             self.release_in_background();
+            self.released.cancel();
             return Err(self.state.sem.not_held(&self.state.id));
         }
         self.state.lost.cancel();
@@ -395,13 +432,19 @@ impl LeasePermit {
         // release): the permit is settled and no longer renewed, so a release left half-way
         // would strand its units until the lease ends.
         let state = self.state.clone();
+        let done = self.released.clone().drop_guard();
         let released = self
             .state
             .sem
             .redsem
             .run_to_end(
                 "lease_release",
-                async move { state.sem.release(state.id.as_str()).await }.instrument(span.clone()),
+                async move {
+                    let released = state.sem.release(state.id.as_str()).await;
+                    drop(done);
+                    released
+                }
+                .instrument(span.clone()),
             )
             .await;
         span.record(
@@ -416,6 +459,13 @@ impl LeasePermit {
             Release::Released => Ok(()),
             Release::Dequeued | Release::NotHeld => Err(self.state.sem.not_held(&self.state.id)),
         }
+    }
+
+    /// Settled already (released, or forgotten): for `blocking::LeasePermit`, whose `Drop`
+    /// waits for the release.
+    #[cfg_attr(not(feature = "blocking"), allow(dead_code))]
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
     }
 
     /// Stop renewing and leave the permit held until its lease runs out.
@@ -433,7 +483,8 @@ impl LeasePermit {
     }
 
     pub(crate) fn forget_in_place(&mut self) {
-        self.settled = true;
+        *self.settled.get_mut() = true;
+        self.released.cancel();
         self.state.keepalive().unschedule(self.state.ticket);
         self.state.end_as(true);
     }
@@ -448,7 +499,7 @@ impl LeasePermit {
 
 impl Drop for LeasePermit {
     fn drop(&mut self) {
-        if self.settled {
+        if *self.settled.get_mut() {
             return;
         }
         self.state.keepalive().unschedule(self.state.ticket);

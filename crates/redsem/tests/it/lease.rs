@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::AsyncCommands;
@@ -288,6 +289,93 @@ async fn dropping_a_permit_releases_it(ctx: &TestContext<Topology>) {
         .expect("acquire");
     assert!(again.token() > token);
     again.release().await.expect("release");
+}
+
+both_topologies!(
+    a_permit_released_through_a_shared_reference_by_two_tasks_at_once_is_released_once,
+    multi_thread,
+    node_wide
+);
+async fn a_permit_released_through_a_shared_reference_by_two_tasks_at_once_is_released_once(
+    ctx: &TestContext<Topology>,
+) {
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("s", 1, LeaseOptions::default().keepalive(false))
+        .expect("semaphore");
+    let permit = Arc::new(sem.try_acquire().await.expect("acquire"));
+    ctx.reset_stats().await;
+    let start = Arc::new(tokio::sync::Barrier::new(2));
+    let releases: Vec<_> = (0..2)
+        .map(|_| {
+            let (permit, start) = (permit.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                permit.release_shared().await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for release in releases {
+        answers.push(within(LIMIT, "a release", release).await.expect("no panic"));
+    }
+    let released = answers.iter().filter(|a| a.is_ok()).count();
+    let not_held = answers
+        .iter()
+        .filter(|a| matches!(a, Err(Error::NotHeld { .. })))
+        .count();
+    assert_eq!((released, not_held), (1, 1), "{answers:?}");
+    assert_eq!(ctx.script_calls().await, 1, "one release reached Redis");
+    // Both answered: the release is done, whichever answered first.
+    assert_eq!(sem.status().await.expect("status").in_use, 0);
+    assert!(!permit.is_held() && permit.is_lost());
+    within(LIMIT, "lost() of a released permit", permit.lost()).await;
+    // (The idle semaphore's tidy-up goes now, not in the middle of the count below.)
+    within(LIMIT, "flush", ctx.redsem.flush()).await;
+    ctx.reset_stats().await;
+    // Later calls answer as a released permit does, without a round trip.
+    match permit.release_shared().await {
+        Err(Error::NotHeld { id, .. }) => assert_eq!(id, permit.id().to_string()),
+        other => panic!("a release after the release: {other:?}"),
+    }
+    match permit.refresh().await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("a refresh after the release: {other:?}"),
+    }
+    // The last handle dropped: nothing more to release.
+    drop(Arc::into_inner(permit).expect("the last handle"));
+    within(LIMIT, "flush", ctx.redsem.flush()).await;
+    assert_eq!(
+        ctx.script_calls().await,
+        0,
+        "nothing sent after the release"
+    );
+    cycle(&sem).await.expect("the unit is free");
+}
+
+both_topologies!(a_release_through_a_shared_reference_dropped_half_way_still_happens);
+async fn a_release_through_a_shared_reference_dropped_half_way_still_happens(
+    ctx: &TestContext<Topology>,
+) {
+    let sem = ctx.redsem.lease_semaphore("s", 1).expect("semaphore");
+    let permit = sem.try_acquire().await.expect("acquire");
+    {
+        // Polled once, then dropped: the release goes on in the background.
+        let mut first = std::pin::pin!(permit.release_shared());
+        let polled = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+        assert!(
+            polled.is_pending(),
+            "the first release answered on its first poll"
+        );
+    }
+    // A later call waits for that release to end, then answers as a released permit does.
+    match within(LIMIT, "the second release", permit.release_shared()).await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("a release after the first: {other:?}"),
+    }
+    assert_eq!(sem.status().await.expect("status").in_use, 0, "released");
+    drop(permit);
+    cycle(&sem).await.expect("the unit is free");
 }
 
 both_topologies!(status_shows_holders_with_labels_tokens_slots_and_time_left);
