@@ -11,6 +11,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::error_handling::HandleErrorLayer;
@@ -20,11 +21,11 @@ use axum::{Extension, Router};
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use redsem::tower::{HeldLease, LeaseLimitLayer, LimitError, OnLost};
+use redsem::tower::{HeldLease, LeaseLimitLayer, LimitError, OnLost, ResponseFuture};
 use redsem::{LeaseOptions, LeaseSemaphore, Redsem, RedsemOptions};
 use redsem_test::{RedisServer, within};
 use tokio::sync::watch;
-use tower::{ServiceBuilder, ServiceExt as _, service_fn};
+use tower::{Service as _, ServiceBuilder, ServiceExt as _, service_fn};
 
 /// The bound of every wait.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -579,4 +580,101 @@ async fn the_inner_error_comes_through_and_the_permit_still_goes_back() {
         // Given back before the call answered: the next (shedding) call finds it free.
         assert_eq!(usage(&sem).await, (0, 0));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permit_goes_back_with_the_response_even_if_the_handler_keeps_its_lease() {
+    let fleet = Fleet::start().await;
+    let [sem, _] = fleet.semaphores("kept", 1, Duration::from_secs(30));
+    let kept: Arc<Mutex<Vec<HeldLease>>> = Arc::default();
+    let keeping = service_fn({
+        let kept = kept.clone();
+        move |request: http::Request<()>| {
+            let kept = kept.clone();
+            async move {
+                let lease = request.extensions().get::<HeldLease>().cloned();
+                let lease = lease.expect("the lease in the request's extensions");
+                let token = lease.token();
+                // A clone outlives the response (as one moved into a spawned task would).
+                kept.lock().unwrap_or_else(|p| p.into_inner()).push(lease);
+                Ok::<_, Infallible>(token)
+            }
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(LeaseLimitLayer::shedding(sem.clone()))
+        .service(keeping);
+    for n in 0..3 {
+        let token = within(
+            LIMIT,
+            "a call",
+            service.clone().oneshot(http::Request::new(())),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("call {n}: {err}"));
+        // Given back before the call answered, clone or not: the next (shedding) call of a
+        // limit of 1 finds it free.
+        assert_eq!(usage(&sem).await, (0, 0), "call {n}");
+        let kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+        let lease = kept.last().expect("the kept lease");
+        assert_eq!(lease.token(), token);
+        assert!(lease.is_lost(), "the kept clone reads a released permit");
+    }
+    let kept = std::mem::take(&mut *kept.lock().unwrap_or_else(|p| p.into_inner()));
+    for lease in &kept {
+        within(LIMIT, "lost() of a kept clone", lease.lost()).await;
+    }
+    drop(kept);
+    within(LIMIT, "flush", fleet.clients[0].flush()).await;
+    assert_eq!(usage(&sem).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_future_is_a_named_type_that_shows_its_lease_while_the_request_runs() {
+    let fleet = Fleet::start().await;
+    let [sem, _] = fleet.semaphores("named", 1, Duration::from_secs(30));
+    let (gate_tx, gate) = watch::channel(false);
+    let gated = service_fn(move |request: http::Request<()>| {
+        let mut gate = gate.clone();
+        async move {
+            let _ = gate.wait_for(|open| *open).await;
+            let token = request
+                .extensions()
+                .get::<HeldLease>()
+                .map(HeldLease::token);
+            Ok::<_, Infallible>(token)
+        }
+    });
+    let mut service = ServiceBuilder::new()
+        .layer(LeaseLimitLayer::shedding(sem.clone()).on_lost(OnLost::Continue))
+        .service(gated);
+    let ready = within(LIMIT, "ready", service.ready())
+        .await
+        .expect("ready");
+    let future: ResponseFuture<_, http::Request<()>> = ready.call(http::Request::new(()));
+    fn spawnable<F: Future + Send + 'static>(_: &F) {}
+    spawnable(&future);
+    assert!(future.is_waiting() && future.lease().is_none());
+    assert_eq!(future.on_lost(), OnLost::Continue);
+    assert!(format!("{future:?}").contains("acquiring"), "{future:?}");
+    let mut future = std::pin::pin!(future);
+    // Polled until the permit is held and the request runs (behind the closed gate).
+    let deadline = Instant::now() + LIMIT;
+    while future.lease().is_none() {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+        assert!(
+            polled.is_pending(),
+            "answered behind a closed gate: {polled:?}"
+        );
+        assert!(Instant::now() < deadline, "no permit within {LIMIT:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let token = future.lease().map(HeldLease::token);
+    assert!(!future.is_waiting());
+    assert!(format!("{future:?}").contains("running"), "{future:?}");
+    assert_eq!(usage(&sem).await, (1, 0), "the request holds the unit");
+    gate_tx.send_replace(true);
+    let answer = within(LIMIT, "the answer", future).await.expect("answered");
+    assert_eq!(answer, token, "the handler saw the future's lease");
+    assert_eq!(usage(&sem).await, (0, 0));
 }

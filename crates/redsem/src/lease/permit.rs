@@ -313,6 +313,13 @@ impl LeasePermit {
         self.state.lost.cancelled().await;
     }
 
+    /// [`LeasePermit::lost`] as a future that owns what it waits for (for the tower layer's
+    /// response future, which holds the permit beside it).
+    #[cfg(feature = "tower")]
+    pub(crate) fn lost_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.state.lost.clone().cancelled_owned()
+    }
+
     /// Renew the lease now (the keepalive does this by itself every third of the lease).
     ///
     /// # Examples

@@ -9,9 +9,9 @@ use crate::{FencingToken, LeasePermit, PermitId};
 /// The permit a request holds, as its handler sees it: in the extensions of an
 /// [`http::Request`] (axum: `Extension<HeldLease>`), or handed to [`CarryLease::carry`].
 ///
-/// Cloning shares the one permit. The layer releases it when the response future completes;
-/// a clone kept beyond that (moved into a spawned task, say) keeps the unit held until the
-/// last clone is dropped.
+/// Cloning shares the one permit. The layer releases it when the response future completes,
+/// even if the handler kept a clone (moved into a spawned task, say): from then on that clone
+/// reads a released permit ([`HeldLease::is_lost`] is true, [`HeldLease::lost`] resolves).
 #[derive(Clone)]
 pub struct HeldLease {
     pub(super) permit: Arc<LeasePermit>,

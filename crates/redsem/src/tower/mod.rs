@@ -24,16 +24,18 @@
 //! # Where the permit is taken and given back
 //!
 //! * `poll_ready` only asks the inner service; it never touches Redis. The permit is
-//!   requested inside the future that `call` returns, so dropping that future always cleans
-//!   up: a request still queued leaves the queue (the library's acquire withdraws it on
-//!   drop), and a held permit is released.
+//!   requested inside the future that `call` returns (a [`ResponseFuture`]), so dropping that
+//!   future always cleans up: a request still queued leaves the queue (the library's acquire
+//!   withdraws it on drop), and a held permit is released.
 //! * The inner service that was found ready is the one that gets the request, once the permit
 //!   is held (the usual clone-and-swap of tower middleware, so the service must be `Clone`).
 //! * When the inner future completes, the permit is released and the release is awaited
 //!   before the response is handed on, so a client that sends its next request after reading
 //!   the last response never finds its own earlier request still holding a unit. Dropping
 //!   the response future in the middle of the release cannot stop it: the release runs to
-//!   its end in the background.
+//!   its end in the background. The permit goes back then even if the handler kept a clone
+//!   of its [`HeldLease`]: the layer releases it through a shared reference
+//!   ([`LeasePermit::release_shared`](crate::LeasePermit::release_shared)).
 //! * A response future dropped before completion (the HTTP client went away and the server
 //!   dropped the handler) drops the permit, which releases it in the background.
 //!
@@ -125,20 +127,20 @@
 //! ```
 
 mod error;
+mod future;
 mod lease;
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use tower_layer::Layer;
 use tower_service::Service;
 
 pub use error::LimitError;
+pub use future::ResponseFuture;
 pub use lease::{CarryLease, HeldLease};
 
-use crate::{Error, LeasePermit, LeaseSemaphore};
+use crate::LeaseSemaphore;
 
 /// How a request meets a semaphore whose units are all held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,15 +255,12 @@ impl<S> LeaseLimit<S> {
 
 impl<S, Req> Service<Req> for LeaseLimit<S>
 where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    S::Response: Send + 'static,
-    Req: CarryLease + Send + 'static,
+    S: Service<Req> + Clone,
+    Req: CarryLease,
 {
     type Response = S::Response;
     type Error = LimitError<S::Error>;
-    type Future = BoxFuture<'static, Result<S::Response, LimitError<S::Error>>>;
+    type Future = ResponseFuture<S, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Readiness of the inner service only: the permit is taken in the call's future, so
@@ -269,73 +268,16 @@ where
         self.inner.poll_ready(cx).map_err(LimitError::Inner)
     }
 
-    fn call(&mut self, mut request: Req) -> Self::Future {
+    fn call(&mut self, request: Req) -> ResponseFuture<S, Req> {
         // The instance that was polled ready serves this request; a clone takes its place.
         let replacement = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, replacement);
-        let sem = self.sem.clone();
-        let admission = self.admission;
-        let on_lost = self.on_lost;
-        Box::pin(async move {
-            let permit = Arc::new(take(&sem, admission).await?);
-            request.carry(HeldLease {
-                permit: permit.clone(),
-            });
-            let response = inner.call(request);
-            let outcome = match on_lost {
-                OnLost::Abort => {
-                    // The loss first: once it is known, a response is not returned even if
-                    // it is ready in the same wake-up (it may have been made after the loss).
-                    tokio::select! {
-                        biased;
-                        () = permit.lost() => {
-                            return Err(LimitError::LeaseLost(Error::LeaseLost {
-                                name: permit.semaphore().to_owned(),
-                                id: permit.id().to_string(),
-                            }));
-                        }
-                        outcome = response => outcome,
-                    }
-                }
-                OnLost::Continue => response.await,
-            };
-            give_back(permit).await;
-            outcome.map_err(LimitError::Inner)
-        })
-    }
-}
-
-/// One unit of `sem`, as `admission` says.
-async fn take<E>(sem: &LeaseSemaphore, admission: Admission) -> Result<LeasePermit, LimitError<E>> {
-    let taken = match admission {
-        Admission::Wait(timeout) => sem.acquire_timeout(timeout).await,
-        Admission::Shed => sem.try_acquire().await,
-    };
-    taken.map_err(|err| match err {
-        Error::NoPermit { .. } => LimitError::Busy(err),
-        Error::Timeout { .. } => LimitError::TimedOut(err),
-        err => LimitError::Redis(err),
-    })
-}
-
-/// Release `permit` and wait for the release to be done. The release runs to its end even if
-/// this future is dropped half-way ([`LeasePermit::release`] is cancel safe in effect).
-async fn give_back(permit: Arc<LeasePermit>) {
-    let Ok(permit) = Arc::try_unwrap(permit) else {
-        // The handler kept a clone of its `HeldLease`: the last clone releases it on drop.
-        return;
-    };
-    let name = permit.semaphore().to_owned();
-    match permit.release().await {
-        Ok(()) => {}
-        // Lost while the request ran (`OnLost::Continue`), or released by id meanwhile.
-        Err(err) if err.is_not_held() => {
-            tracing::debug!(semaphore = %name, error = %err, "the permit of a finished request was no longer held");
-        }
-        Err(err) => tracing::warn!(
-            semaphore = %name,
-            error = %err,
-            "the permit of a finished request could not be released; its lease ends by itself"
-        ),
+        let inner = std::mem::replace(&mut self.inner, replacement);
+        ResponseFuture::new(
+            inner,
+            request,
+            self.sem.clone(),
+            self.admission,
+            self.on_lost,
+        )
     }
 }
