@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use pyo3::PyTraverseError;
 use pyo3::gc::PyVisit;
@@ -35,8 +34,8 @@ struct Watch {
 
 /// The Rust permit and its watcher.
 pub(crate) struct Held {
-    /// `None` once released. The watcher holds the only other `Arc` (and `refresh`, for the
-    /// length of one call).
+    /// `None` once released. The watcher holds another `Arc` (and `refresh`, for the length
+    /// of one call): the release goes through a shared reference, whoever else holds one.
     permit: StdMutex<Option<Arc<redsem::LeasePermit>>>,
     watch: Arc<Watch>,
     watcher: StdMutex<Option<JoinHandle<()>>>,
@@ -47,9 +46,9 @@ impl Held {
         lock(&self.permit).clone()
     }
 
-    /// Let go of the Rust permit: `None` if it was released already. The watcher is stopped
-    /// and has let go of its `Arc`, so the permit returned is the only one.
-    async fn take(&self) -> Option<redsem::LeasePermit> {
+    /// Let go of the Rust permit, to release it: `None` if it was released already. The
+    /// watcher is stopped first, so the release does not read as a loss.
+    async fn take(&self) -> Option<Arc<redsem::LeasePermit>> {
         let permit = lock(&self.permit).take()?;
         self.watch.stop.cancel();
         let watcher = lock(&self.watcher).take();
@@ -57,7 +56,7 @@ impl Held {
             let _ = watcher.await;
         }
         self.watch.gone.cancel();
-        Some(only(permit).await)
+        Some(permit)
     }
 }
 
@@ -68,7 +67,7 @@ impl crate::call::AtExit for Held {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
         Box::pin(async move {
             if let Some(permit) = self.take().await {
-                let _ = permit.release().await;
+                let _ = permit.release_shared().await;
             }
         })
     }
@@ -126,19 +125,6 @@ fn call_back(callbacks: Vec<Py<PyAny>>) {
             }
         }
     });
-}
-
-/// The only `Arc` of `permit`, once a `refresh` in flight has let go of its own.
-async fn only(mut permit: Arc<redsem::LeasePermit>) -> redsem::LeasePermit {
-    loop {
-        match Arc::try_unwrap(permit) {
-            Ok(permit) => return permit,
-            Err(shared) => {
-                permit = shared;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
-    }
 }
 
 /// A permit of a lease semaphore: some units held under a lease that is renewed in the
@@ -206,7 +192,7 @@ impl Permit {
         let not_held = self.not_held();
         Ok(async move {
             match held.take().await {
-                Some(permit) => permit.release().await,
+                Some(permit) => permit.release_shared().await,
                 None => Err(not_held),
             }
         })

@@ -49,6 +49,38 @@ def test_a_second_release_raises_not_held(url):
     assert permit.id in str(raised.value) and "not held" in str(raised.value)
 
 
+def test_releases_from_two_threads_at_once_release_once_while_refreshes_run(url):
+    sem = redsem.connect(url).lease_semaphore("exports", 1, lease=30.0)
+    permit = sem.try_acquire()
+    answers = []
+    start = threading.Barrier(4)
+
+    def release():
+        start.wait()
+        try:
+            permit.release()
+            answers.append("released")
+        except redsem.NotHeld:
+            answers.append("not held")
+
+    def refresh():
+        start.wait()
+        try:
+            permit.refresh()
+        except (redsem.NotHeld, redsem.LeaseLost):
+            pass
+
+    threads = [threading.Thread(target=f) for f in (release, release, refresh, refresh)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10.0)
+    assert sorted(answers) == ["not held", "released"]
+    assert not permit.is_held() and not permit.is_lost()
+    assert sem.status()["in_use"] == 0
+    assert sem.try_acquire() is not None
+
+
 def test_a_permit_released_by_id_elsewhere_raises_not_held_on_release(url):
     r = redsem.connect(url)
     sem = r.lease_semaphore("exports", 1, lease=30.0)
