@@ -1388,3 +1388,26 @@ async fn a_batch_withdraws_a_queued_request_and_a_collection_it_made_answers_a_l
 // The tests that sharpen the net for redsem-mutants (a file of their own: this one is long).
 #[path = "tests_net.rs"]
 mod tests_net;
+
+/// The waiters key lost while someone waits: the sweep of ended waiter leases finds no entry
+/// there, and sets the count of waiters to 0 instead of keeping one nobody can drop.
+#[tokio::test]
+async fn a_waiters_key_lost_under_a_waiter_leaves_no_waiter_counted_once_its_lease_ends() {
+    let server = RedisServer::start();
+    let mut conn = connect(&server).await;
+    let k = pk();
+    let queued = acquire(&mut conn, "a", 1, true, Duration::from_millis(30)).await;
+    assert!(
+        matches!(queued, PermitAcquire::Queued { position: 0, .. }),
+        "nothing is set: the request waits, not {queued:?}"
+    );
+    assert_eq!(fields(&mut conn, &["wlen"]).await, [Some("1".into())]);
+    let () = conn.del(&k.all[2]).await.expect("DEL waiters");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    permit_available(&mut conn, &k).await.expect("available");
+    assert_eq!(
+        fields(&mut conn, &["wlen"]).await,
+        [Some("0".into())],
+        "the waiter lease ended with no entry left to drop"
+    );
+}
