@@ -5,7 +5,7 @@ use std::future::Future;
 use pyo3::prelude::*;
 
 use crate::call::{Owned, Settle, block, maybe_seconds, spawn, spawn_wait};
-use crate::status::{Json, latch_json};
+use crate::status::{Json, json};
 
 /// A countdown latch shared through Redis, like Redisson's `RCountDownLatch`: set a count
 /// once, count it down from anywhere, and every waiter in every process returns at zero.
@@ -55,7 +55,7 @@ impl CountDownLatch {
     fn state_future(
         &self,
     ) -> PyResult<impl Future<Output = redsem::Result<Json>> + Send + 'static> {
-        self.with(|latch| async move { Ok(Json(latch_json(latch.state().await?))) })
+        self.with(|latch| async move { json(&latch.state().await?, "latch_state") })
     }
 }
 

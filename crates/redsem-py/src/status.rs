@@ -1,10 +1,10 @@
-//! `status()`: the object of the CLI's `redsem status NAME --json` (crates/redsem-cli/README.md,
-//! "The status JSON"), as a Python dict.
+//! `status()`: the library's `StatusReport`, the object of the CLI's `redsem status NAME --json`
+//! (crates/redsem-cli/README.md, "The status JSON"), as a Python dict.
 
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// A JSON value on its way to Python (dicts, lists, ints, floats, strings, None).
 pub(crate) struct Json(pub(crate) Value);
@@ -46,42 +46,22 @@ fn to_python<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     }
 }
 
-/// The latch state as the CLI's JSON writes it: `{"state": ..., "count": n}`.
-pub(crate) fn latch_json(state: redsem::LatchState) -> Value {
-    let (state, count) = match state {
-        redsem::LatchState::NeverSet => ("never-set", 0),
-        redsem::LatchState::Counting(n) => ("counting", n),
-        redsem::LatchState::Done => ("open", 0),
-    };
-    json!({ "state": state, "count": count })
+/// `value` (the library's `StatusReport` or `LatchState`) as its `serde` feature writes it:
+/// the objects of the CLI's JSON.
+pub(crate) fn json(value: &impl serde::Serialize, script: &'static str) -> redsem::Result<Json> {
+    serde_json::to_value(value)
+        .map(Json)
+        .map_err(|e| redsem::Error::Protocol {
+            script,
+            detail: format!("cannot write the status as JSON: {e}"),
+        })
 }
 
-/// Read the semaphore's status, and the permits and latch of the same name (three reads, in
-/// parallel), into the CLI's JSON object.
+/// The library's report of the semaphore's name: its status, and the permits and latch of the
+/// same name (three reads, at once).
 pub(crate) async fn status_future(
     client: redsem::Redsem,
     sem: redsem::LeaseSemaphore,
 ) -> redsem::Result<Json> {
-    let name = sem.name().to_owned();
-    let permits = client.permit_semaphore(&name)?;
-    let latch_of = client.count_down_latch(&name)?;
-    let (status, available, state) =
-        tokio::join!(sem.status(), permits.available_permits(), latch_of.state());
-    let Value::Object(lease) =
-        serde_json::to_value(status?).map_err(|e| redsem::Error::Protocol {
-            script: "lease_status",
-            detail: format!("cannot write the status as JSON: {e}"),
-        })?
-    else {
-        return Err(redsem::Error::Protocol {
-            script: "lease_status",
-            detail: "the status is not a JSON object".to_owned(),
-        });
-    };
-    let mut object = serde_json::Map::new();
-    object.insert("name".to_owned(), Value::String(name));
-    object.extend(lease);
-    object.insert("permits".to_owned(), json!({ "available": available? }));
-    object.insert("latch".to_owned(), latch_json(state?));
-    Ok(Json(Value::Object(object)))
+    json(&client.status_report(sem.name()).await?, "lease_status")
 }

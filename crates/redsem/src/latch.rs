@@ -60,6 +60,10 @@ impl LatchOptions {
 
 /// What a [`CountDownLatch`] is doing, from [`CountDownLatch::state`].
 ///
+/// With the `serde` feature it serializes as `{"state":"counting","count":2}`: the state
+/// [`as_str`](Self::as_str) names, and the count-downs to go (0 unless counting), as the
+/// `latch` of a [`StatusReport`](crate::StatusReport).
+///
 /// # Examples
 ///
 /// ```
@@ -67,10 +71,9 @@ impl LatchOptions {
 /// let state = LatchState::Counting(2);
 /// assert!(!state.is_open());
 /// assert!(LatchState::Done.is_open());
+/// assert_eq!(LatchState::Done.as_str(), "open");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum LatchState {
     /// Never set, deleted, or opened more than [`LATCH_DONE_TTL`] ago.
     NeverSet,
@@ -84,6 +87,31 @@ impl LatchState {
     /// True unless counting: a [`CountDownLatch::wait`] would return at once.
     pub fn is_open(self) -> bool {
         !matches!(self, LatchState::Counting(_))
+    }
+
+    /// The state's name, as `redsem status` and the `serde` feature write it: `"never-set"`,
+    /// `"counting"` or `"open"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatchState::NeverSet => "never-set",
+            LatchState::Counting(_) => "counting",
+            LatchState::Done => "open",
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for LatchState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let count = match self {
+            LatchState::Counting(n) => *n,
+            LatchState::NeverSet | LatchState::Done => 0,
+        };
+        let mut out = s.serialize_struct("LatchState", 2)?;
+        out.serialize_field("state", self.as_str())?;
+        out.serialize_field("count", &count)?;
+        out.end()
     }
 }
 

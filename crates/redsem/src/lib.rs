@@ -77,7 +77,7 @@
 //! | `cluster` | on | `Redsem::connect_cluster`: Redis Cluster through redis-rs's async cluster client |
 //! | `sentinel` | on | `Redsem::connect_sentinel` and `redis+sentinel://` URLs: the primary behind Redis Sentinel, followed across failovers |
 //! | `blocking` | off | `redsem::blocking`: the same primitives for code without an async runtime |
-//! | `serde` | off | `serde::Serialize` for [`Status`], [`Holder`], [`Waiter`] and [`LatchState`] |
+//! | `serde` | off | `serde::Serialize` for [`StatusReport`] and its parts ([`Status`], [`Holder`], [`Waiter`], [`PermitsStatus`], [`LatchState`]) |
 //! | `tower` | off | `redsem::tower`: a tower layer holding a lease permit per request, for fleet-wide concurrency limits (axum, tonic) |
 //!
 //! `default-features = false` leaves a library for one plain-text server with fewer
@@ -125,6 +125,7 @@ mod mutex;
 mod notify;
 mod observe;
 mod permits;
+mod report;
 mod retry;
 mod script;
 mod session;
@@ -146,6 +147,7 @@ pub use mutex::{Mutex, MutexGuard};
 pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
+pub use report::{PermitsStatus, StatusReport};
 #[cfg(feature = "lua-dir")]
 #[doc(hidden)]
 pub use script::library_source_with;

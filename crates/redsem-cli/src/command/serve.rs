@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use redsem::{Redsem, Status};
 
+use super::status::Shown;
 use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output::duration;
@@ -36,11 +37,13 @@ Routes:
   /metrics      Prometheus text: per semaphore redsem_semaphore_capacity,
                 _used, _holders, _waiters, _oldest_wait_seconds,
                 _next_lease_end_seconds; redsem_up (Redis answered)
-  /status.json  the same as JSON
+  /status.json  each lease semaphore as `redsem status NAME --json` shows it
+                (with the permits and the latch of its name)
 
 Each request reads Redis: one SCAN for the names (none when NAMEs are given) and
-one status script per semaphore. Without NAMEs every lease semaphore under the
-prefix is shown: give NAMEs to bound the series a scrape makes.
+one status script per semaphore (for /status.json three reads, at once: the
+semaphore, the permits and the latch). Without NAMEs every lease semaphore under
+the prefix is shown: give NAMEs to bound the series a scrape makes.
 
 If Redis cannot be reached at start, serve starts anyway: /metrics says
 redsem_up 0, the page and /status.json (503) say why, and it connects again every
@@ -175,13 +178,27 @@ async fn connect_until_up(ctx: &Context, served: &Served) -> std::convert::Infal
     std::future::pending().await
 }
 
-/// One read of every semaphore shown (or why it failed, in one line), and how long it took.
-struct Snapshot {
-    semaphores: Result<Vec<(String, Status)>, String>,
+/// One read of every semaphore shown (or why it failed, in one line), and how long it took:
+/// each one's [`Status`] for the metrics and the page, its [`redsem::StatusReport`] for the JSON.
+struct Snapshot<T = Status> {
+    semaphores: Result<Vec<(String, T)>, String>,
     took: Duration,
 }
 
+/// Every semaphore's [`Status`]: one status script each.
 async fn snapshot(served: &Served) -> Snapshot {
+    // The capacity only matters when acquiring: status reads the one stored.
+    read_each(served, async |redsem, name| {
+        redsem.lease_semaphore(name, 1)?.status().await
+    })
+    .await
+}
+
+/// Every semaphore shown, each read with `read`.
+async fn read_each<T>(
+    served: &Served,
+    read: impl AsyncFn(&Redsem, &str) -> redsem::Result<T>,
+) -> Snapshot<T> {
     let started = Instant::now();
     let Some(redsem) = served.redsem.get() else {
         return Snapshot {
@@ -200,9 +217,8 @@ async fn snapshot(served: &Served) -> Snapshot {
         };
         let mut all = Vec::with_capacity(names.len());
         for name in names {
-            // The capacity only matters when acquiring: status reads the one stored.
-            let status = redsem.lease_semaphore(&name, 1)?.status().await?;
-            all.push((name, status));
+            let read = read(redsem, &name).await?;
+            all.push((name, read));
         }
         Ok(all)
     }
@@ -233,24 +249,13 @@ async fn metrics(State(served): State<Arc<Served>>) -> Response {
 }
 
 async fn json(State(served): State<Arc<Served>>) -> Response {
-    #[derive(serde::Serialize)]
-    /// An entry of `status --json` without its permits and latch: one schema for both.
-    struct Entry<'a> {
-        name: &'a str,
-        #[serde(flatten)]
-        status: &'a Status,
-        server: &'a str,
-    }
-    let snap = snapshot(&served).await;
+    // Each entry is an entry of `status --json`: the library's report, and the server.
+    let snap = read_each(&served, Redsem::status_report).await;
     match &snap.semaphores {
         Ok(all) => {
-            let entries: Vec<Entry<'_>> = all
+            let entries: Vec<Shown<'_>> = all
                 .iter()
-                .map(|(name, status)| Entry {
-                    name,
-                    status,
-                    server: &served.server,
-                })
+                .map(|(_, report)| Shown::new(report, &served.server))
                 .collect();
             axum::Json(entries).into_response()
         }

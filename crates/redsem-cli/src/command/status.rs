@@ -6,8 +6,7 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redsem::{LatchState, Redsem, Status};
-use serde::Serialize;
+use redsem::{LatchState, Redsem, Status, StatusReport};
 
 use crate::context::Context;
 use crate::error::CliError;
@@ -33,9 +32,10 @@ Examples:
 
 A NAME can be a lease semaphore (run, lock, acquire), counted permits (permits) and a latch
 (latch) at once: status shows each that has state. Without NAME, --json prints a list of
-these objects, one per name. The lease part is the schema of serve's /status.json (and of the
-library's Status): \"capacity\" is the limit in force (null when none is stored: never used,
-or idle a long time); expired holders are not listed; \"waiters\" lists the queue in order.
+these objects, one per name. Each is the library's StatusReport and the server (serve's
+/status.json lists the same objects): \"capacity\" is the limit in force (null when none is
+stored: never used, or idle a long time); expired holders are not listed; \"waiters\" lists
+the queue in order.
 \"permits\".\"available\" may be negative, and is 0 both when never set and when all are
 taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
 \"server\" is the --url read, its password hidden; the table's first line names it too, and
@@ -72,29 +72,20 @@ pub(crate) struct Args {
 }
 
 /// `status NAME --json`, and each entry of `status --json` and `serve`'s `/status.json`: the
-/// name, then the library's [`Status`] as its `serde` feature writes it (one schema for all
-/// three), then (here only) the permits and the latch under the same name, and the server
-/// read.
-#[derive(Debug, Serialize)]
-struct Report<'a> {
-    name: &'a str,
+/// library's [`StatusReport`] as its `serde` feature writes it (one schema for all three, and
+/// for the Python binding's `status()`), then the server read.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Shown<'a> {
     #[serde(flatten)]
-    lease: &'a Status,
-    permits: PermitsReport,
-    latch: LatchReport,
+    report: &'a StatusReport,
     /// `--url` with any password hidden.
     server: &'a str,
 }
 
-#[derive(Debug, Serialize)]
-struct PermitsReport {
-    available: i64,
-}
-
-#[derive(Debug, Serialize)]
-struct LatchReport {
-    state: &'static str,
-    count: u64,
+impl<'a> Shown<'a> {
+    pub(crate) fn new(report: &'a StatusReport, server: &'a str) -> Shown<'a> {
+        Shown { report, server }
+    }
 }
 
 impl Args {
@@ -151,7 +142,7 @@ impl Args {
             Some(name) => {
                 let all = everything(redsem, name).await?;
                 if self.json {
-                    output::json(&report(name, &all, &server.url))?
+                    output::json(&Shown::new(&all.report, &server.url))?
                 } else {
                     format!("{}\n\n{}", server.header, describe(name, &all))
                 }
@@ -165,9 +156,9 @@ impl Args {
                     all.push((name, found));
                 }
                 if self.json {
-                    let reports: Vec<Report<'_>> = all
+                    let reports: Vec<Shown<'_>> = all
                         .iter()
-                        .map(|(name, found)| report(name, found, &server.url))
+                        .map(|(_, found)| Shown::new(&found.report, &server.url))
                         .collect();
                     output::json(&reports)?
                 } else {
@@ -200,31 +191,20 @@ async fn every_name(redsem: &Redsem) -> Result<(Vec<String>, Vec<String>), CliEr
     Ok((names, pools))
 }
 
-async fn status_of(redsem: &Redsem, name: &str) -> Result<Status, CliError> {
-    // The capacity only matters when acquiring: `status` reads the one stored.
-    Ok(redsem.lease_semaphore(name, 1)?.status().await?)
-}
-
 /// What is stored under one name: the lease semaphore, the permits and the latch.
 #[derive(Debug)]
 struct Everything {
-    lease: Status,
-    available: i64,
+    report: StatusReport,
     /// Whether NAME has a permit pool (its count was set): known when listing every name,
     /// otherwise only when `available` is not 0.
     pool: bool,
-    latch: LatchState,
 }
 
 async fn everything(redsem: &Redsem, name: &str) -> Result<Everything, CliError> {
-    let lease = status_of(redsem, name).await?;
-    let available = redsem.permit_semaphore(name)?.available_permits().await?;
-    let latch = redsem.count_down_latch(name)?.state().await?;
+    let report = redsem.status_report(name).await?;
     Ok(Everything {
-        lease,
-        available,
-        pool: available != 0,
-        latch,
+        pool: report.permits.available != 0,
+        report,
     })
 }
 
@@ -233,48 +213,27 @@ fn in_use(status: &Status) -> bool {
     status.capacity.is_some() || !status.holders.is_empty() || !status.waiters.is_empty()
 }
 
-fn report<'a>(name: &'a str, all: &'a Everything, server: &'a str) -> Report<'a> {
-    let (state, count) = latch_state(all.latch);
-    Report {
-        name,
-        lease: &all.lease,
-        permits: PermitsReport {
-            available: all.available,
-        },
-        latch: LatchReport { state, count },
-        server,
-    }
-}
-
-/// The latch's state as the JSON says it, and its count.
-fn latch_state(latch: LatchState) -> (&'static str, u64) {
-    match latch {
-        LatchState::NeverSet => ("never-set", 0),
-        LatchState::Counting(n) => ("counting", n),
-        LatchState::Done => ("open", 0),
-    }
-}
-
 /// What a person reads at a glance: a line for each kind of state NAME has, and the tables of
 /// the lease semaphore's holders and queue.
 fn describe(name: &str, all: &Everything) -> String {
     let mut out = String::new();
-    let latch = match all.latch {
+    let available = all.report.permits.available;
+    let latch = match all.report.latch {
         LatchState::NeverSet => None,
         LatchState::Counting(n) => Some(format!("{name}: latch counting, {n} to go\n")),
         LatchState::Done => Some(format!("{name}: latch open (reached 0 within the hour)\n")),
     };
-    if all.available != 0 {
-        let noun = if all.available.abs() == 1 {
+    if available != 0 {
+        let noun = if available.abs() == 1 {
             "permit"
         } else {
             "permits"
         };
-        out += &format!("{name}: {} {noun} available\n", all.available);
+        out += &format!("{name}: {available} {noun} available\n");
     }
     out += latch.as_deref().unwrap_or_default();
-    if in_use(&all.lease) || out.is_empty() {
-        out.insert_str(0, &lease_table(name, &all.lease, all.available));
+    if in_use(&all.report.lease) || out.is_empty() {
+        out.insert_str(0, &lease_table(name, &all.report.lease, available));
     }
     out
 }
@@ -348,8 +307,8 @@ fn list(all: &[(String, Everything)], prefix: &str) -> String {
     let rows: Vec<Vec<String>> = all
         .iter()
         .map(|(name, found)| {
-            let lease = &found.lease;
-            let latch = match found.latch {
+            let lease = &found.report.lease;
+            let latch = match found.report.latch {
                 LatchState::NeverSet => "-".to_owned(),
                 LatchState::Counting(n) => format!("{n} to go"),
                 LatchState::Done => "open".to_owned(),
@@ -371,7 +330,7 @@ fn list(all: &[(String, Everything)], prefix: &str) -> String {
                     "-".to_owned()
                 },
                 if found.pool {
-                    found.available.to_string()
+                    found.report.permits.available.to_string()
                 } else {
                     "-".to_owned()
                 },

@@ -172,7 +172,7 @@ fn status_without_a_name_lists_permit_pools_and_latches_too() {
 }
 
 #[test]
-fn status_json_and_serves_status_json_share_one_schema() {
+fn status_json_and_serves_status_json_are_one_type() {
     use std::io::{Read as _, Write as _};
     let world = World::new();
     world.acquire("jobs", 2, &["--holder", "web-1", "--lease", "20s"]);
@@ -234,4 +234,8 @@ fn status_json_and_serves_status_json_share_one_schema() {
     assert_eq!(cli["holders"][0]["label"], "web-1");
     assert!(cli["waiters"].is_array(), "{cli}");
     assert!(entry["waiters"].is_array(), "{entry}");
+    // One type, one schema: the same fields, the permits and the latch included.
+    assert_eq!(fields(entry), fields(&cli));
+    assert_eq!(entry["permits"], cli["permits"]);
+    assert_eq!(entry["latch"], cli["latch"]);
 }

@@ -365,7 +365,75 @@ async fn status_serializes_with_ids_tokens_and_milliseconds() {
     assert!(holder["held_for_ms"].is_u64());
     assert_eq!(json["waiters"], serde_json::json!([]));
     let state = serde_json::to_value(redsem::LatchState::Counting(3)).expect("serialize");
-    assert_eq!(state, serde_json::json!({"counting": 3}));
+    assert_eq!(state, serde_json::json!({"state": "counting", "count": 3}));
+    permit.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn the_status_report_of_a_name_serializes_as_the_cli_and_python_show_it() {
+    let ctx = TestContext::start().await;
+    let sem = ctx
+        .redsem
+        .lease_semaphore_with("jobs", 2, redsem::LeaseOptions::default().label("web-1"))
+        .expect("sem");
+    let permit = within(LIMIT, "acquire", sem.acquire())
+        .await
+        .expect("acquire");
+    let latch = ctx.redsem.count_down_latch("jobs").expect("latch");
+    latch.try_set_count(3).await.expect("set the latch");
+    let report = within(LIMIT, "report", ctx.redsem.status_report("jobs"))
+        .await
+        .expect("report");
+    assert_eq!(report.name, "jobs");
+    assert_eq!((report.lease.capacity, report.lease.in_use), (Some(2), 1));
+    assert_eq!(report.lease.holders[0].id, *permit.id());
+    assert_eq!(report.permits.available, 0);
+    assert_eq!(report.latch, redsem::LatchState::Counting(3));
+    let json = serde_json::to_value(&report).expect("serialize");
+    let mut keys: Vec<&str> = json
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "capacity", "holders", "in_use", "latch", "name", "permits", "waiters"
+        ],
+        "{json}"
+    );
+    assert_eq!(json["name"], "jobs");
+    assert_eq!(json["capacity"], 2);
+    assert_eq!(json["holders"][0]["id"], permit.id().as_str());
+    assert_eq!(json["holders"][0]["label"], "web-1");
+    assert_eq!(json["permits"], serde_json::json!({"available": 0}));
+    assert_eq!(
+        json["latch"],
+        serde_json::json!({"state": "counting", "count": 3})
+    );
+    for (state, shown) in [
+        (
+            redsem::LatchState::NeverSet,
+            serde_json::json!({"state": "never-set", "count": 0}),
+        ),
+        (
+            redsem::LatchState::Done,
+            serde_json::json!({"state": "open", "count": 0}),
+        ),
+    ] {
+        assert_eq!(serde_json::to_value(state).expect("serialize"), shown);
+    }
+    // A name with nothing stored reads as empty, and nothing is created by reading it.
+    let empty = ctx.redsem.status_report("none").await.expect("report");
+    assert_eq!(empty.lease.capacity, None);
+    assert_eq!(empty.latch, redsem::LatchState::NeverSet);
+    assert!(
+        ctx.keys().await.iter().all(|key| !key.contains("none")),
+        "{:?}",
+        ctx.keys().await
+    );
     permit.release().await.expect("release");
 }
 
