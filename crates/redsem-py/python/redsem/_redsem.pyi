@@ -1,14 +1,42 @@
 """Type stubs of the native module (the Rust half of redsem).
 
 The blocking classes below are the ones ``import redsem`` exports; the ``*_async`` methods
-are what ``redsem.aio`` wraps.
+are what ``redsem.aio`` wraps. ``tests/test_stubs.py`` checks this file against the built
+module with ``mypy.stubtest``. The classes are final: the native types cannot be subclassed.
 """
 
 from __future__ import annotations
 
 from os import PathLike
-from typing import Any, Awaitable, Callable, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Tuple,
+    Type,
+    Union,
+    final,
+)
 from types import TracebackType
+
+__all__ = [
+    "connect",
+    "connect_async",
+    "_shutdown",
+    "_after_fork",
+    "Redsem",
+    "LeaseSemaphore",
+    "Mutex",
+    "Permit",
+    "Settle",
+    "PermitSemaphore",
+    "CountDownLatch",
+    "VERSION",
+]
 
 VERSION: str
 
@@ -48,11 +76,13 @@ def _shutdown() -> None:
 def _after_fork() -> None:
     """In a forked child (``os.register_at_fork``): fresh random ids."""
 
+@final
 class Settle:
     """What a cancelled asyncio wait leaves to finish (used by ``redsem.aio``)."""
 
     def wait(self) -> Awaitable[None]: ...
 
+@final
 class Redsem:
     """A connection to one Redis deployment: one command and one pub/sub connection,
     shared by every primitive and permit made from it, and by every thread."""
@@ -95,6 +125,7 @@ class Redsem:
         """The lease semaphores with state under this prefix."""
     def lease_semaphore_names_async(self) -> Awaitable[List[str]]: ...
 
+@final
 class Permit:
     """A permit of a lease semaphore, renewed in the background while it lives; a context
     manager that releases it."""
@@ -134,6 +165,7 @@ class Permit:
     ) -> None: ...
     def exit_async(self, raising: bool) -> Awaitable[None]: ...
 
+@final
 class LeaseSemaphore:
     """A fair counting semaphore whose permits are leases."""
 
@@ -164,6 +196,7 @@ class LeaseSemaphore:
     def refresh_id(self, id: str, lease: float) -> None: ...
     def refresh_id_async(self, id: str, lease: float) -> Awaitable[None]: ...
 
+@final
 class Mutex:
     """A distributed mutex: a fair lease semaphore of capacity 1."""
 
@@ -187,6 +220,7 @@ class Mutex:
     def refresh_id(self, id: str, lease: float) -> None: ...
     def refresh_id_async(self, id: str, lease: float) -> Awaitable[None]: ...
 
+@final
 class PermitSemaphore:
     """Counted permits without owners or leases, with FIFO waiting."""
 
@@ -214,6 +248,7 @@ class PermitSemaphore:
     def try_acquire(self, permits: int = 1) -> bool: ...
     def try_acquire_async(self, permits: int = 1) -> Awaitable[bool]: ...
 
+@final
 class CountDownLatch:
     """A countdown latch: at zero, every waiter in every process returns."""
 
