@@ -109,6 +109,16 @@ pub(super) async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
     msg.get_payload().expect("payload")
 }
 
+/// `SCRIPT LOAD` of `script`: a pipeline or a `MULTI` runs a script by `EVALSHA` alone, and
+/// does not send it again on `NOSCRIPT`.
+pub(super) async fn load_script(conn: &mut MultiplexedConnection, script: &redis::Script) {
+    let _: String = script
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .expect("SCRIPT LOAD");
+}
+
 /// The key's `PTTL`.
 pub(super) async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     conn.pttl(key).await.expect("PTTL")
