@@ -168,6 +168,17 @@ pub(super) async fn evict_by_filling(conn: &mut MultiplexedConnection, evictions
     .await;
 }
 
+/// Clear the keys `all` and put a list at `key`, one of them: a value of a type that no
+/// primitive keeps at any of its keys.
+pub(super) async fn only_a_foreign_list_at(
+    conn: &mut MultiplexedConnection,
+    all: &[String],
+    key: &str,
+) {
+    let _: () = conn.del(all).await.expect("del");
+    let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+}
+
 /// Assert that each `(script, result)` is the [`Error::WrongType`] that names `key`, the
 /// primitive's key `#i`, where the test put a foreign value.
 #[track_caller]

@@ -7,9 +7,8 @@ use super::support::*;
 async fn every_permit_script_reports_a_foreign_key_and_leaves_it_alone() {
     let (_server, mut conn, k) = start().await;
     for (i, key) in k.all.iter().enumerate() {
-        let _: () = conn.del(&k.all[..]).await.expect("del");
         // A list where we keep a string or a zset; text where we keep a number.
-        let _: () = conn.rpush(key, "foreign").await.expect("rpush");
+        only_a_foreign_list_at(&mut conn, &k.all, key).await;
         let mut conn2 = conn.clone();
         let results: Vec<(&str, Result<()>)> = vec![
             (

@@ -23,7 +23,8 @@ pub(super) use crate::script::permit as script;
 pub(super) use crate::script::permit::*;
 pub(super) use crate::script::test_support::{
     CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, number, plant_now, pttl, server_millis, session, subscribe,
+    evict_by_filling, next_message, number, only_a_foreign_list_at, plant_now, pttl, server_millis,
+    session, subscribe,
 };
 pub(super) use crate::session::{Caller, Hex, Session};
 
