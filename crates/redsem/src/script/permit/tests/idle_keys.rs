@@ -66,7 +66,7 @@ async fn live_permit_state_carries_no_ttl_and_survives_volatile_lru_eviction() {
     permit_withdraw(&mut conn, &k, "queued")
         .await
         .expect("withdraw");
-    for key in &k.all[3..] {
+    for key in [&k.records, &k.meta, &k.applied] {
         let ttl = pttl(&mut conn, key).await;
         assert!(ttl > 0, "{key}: {ttl}");
     }
