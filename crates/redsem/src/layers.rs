@@ -4,7 +4,8 @@
 //!
 //! The test reads the sources as text. A module's names are the `crate::<module>` paths in
 //! its files (also inside `crate::{...}` groups), outside comments and outside test code
-//! (files named `tests.rs` or `test_support.rs`, and a trailing `#[cfg(test)] mod tests`).
+//! (files named `tests.rs` or `test_support.rs`, files in a `tests` folder, and a trailing
+//! `#[cfg(test)] mod tests`).
 //! Paths to the crate root's re-exports (`crate::Redsem`) name the public API, not a module.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,11 +72,14 @@ fn module_word(path: &str) -> Option<String> {
     (!word.is_empty() && next != Some('!') && !path[word.len()..].starts_with('(')).then_some(word)
 }
 
-/// The code of a source file that counts: `None` for a test file, the text before a trailing
-/// test module otherwise.
+/// The code of a source file that counts (`path` is under `src`): `None` for a test file, the
+/// text before a trailing test module otherwise.
 fn library_code(path: &Path, text: &str) -> Option<String> {
     let name = path.file_name()?.to_str()?;
-    if name == "tests.rs" || name == "test_support.rs" {
+    let in_tests = path
+        .parent()
+        .is_some_and(|dir| dir.iter().any(|part| part == "tests"));
+    if in_tests || name == "tests.rs" || name == "test_support.rs" {
         return None;
     }
     let mut code = text;
@@ -114,7 +118,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
             }
             let text = std::fs::read_to_string(&path).expect("read source");
             let names: &mut BTreeSet<String> = graph.entry(module.clone()).or_default();
-            if let Some(code) = library_code(&path, &text) {
+            if let Some(code) = library_code(relative, &text) {
                 named_modules(&code, names);
             }
             names.remove(&module);

@@ -8,8 +8,9 @@
 //!   acknowledgements, and how its answer is judged.
 //! - `reply`: the cursor every wrapper reads its operation's reply with.
 //! - `lease`, `permit`, `latch`: one primitive's wrappers and reply types each. Their tests
-//!   (`<primitive>/tests.rs`, helpers in `test_support`) call every operation directly,
-//!   with raw KEYS and ARGV, on a throwaway server.
+//!   (`<primitive>/tests/`, a file per behaviour, with that primitive's `support` and the
+//!   shared `test_support`) call every operation directly, with raw KEYS and ARGV, on a
+//!   throwaway server.
 //!
 //! Wrappers of operations that change state run them by [`Call::invoke_acked`] and act on a
 //! shortfall of replica acknowledgements (`RedsemOptions::replica_acks`): the call fails with

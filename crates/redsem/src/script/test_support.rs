@@ -109,6 +109,16 @@ pub(super) async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
     msg.get_payload().expect("payload")
 }
 
+/// `SCRIPT LOAD` of `script`: a pipeline or a `MULTI` runs a script by `EVALSHA` alone, and
+/// does not send it again on `NOSCRIPT`.
+pub(super) async fn load_script(conn: &mut MultiplexedConnection, script: &redis::Script) {
+    let _: String = script
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .expect("SCRIPT LOAD");
+}
+
 /// The key's `PTTL`.
 pub(super) async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     conn.pttl(key).await.expect("PTTL")
@@ -156,6 +166,17 @@ pub(super) async fn evict_by_filling(conn: &mut MultiplexedConnection, evictions
         }
     })
     .await;
+}
+
+/// Clear the keys `all` and put a list at `key`, one of them: a value of a type that no
+/// primitive keeps at any of its keys.
+pub(super) async fn only_a_foreign_list_at(
+    conn: &mut MultiplexedConnection,
+    all: &[String],
+    key: &str,
+) {
+    let _: () = conn.del(all).await.expect("del");
+    let _: () = conn.rpush(key, "foreign").await.expect("rpush");
 }
 
 /// Assert that each `(script, result)` is the [`Error::WrongType`] that names `key`, the
