@@ -7,7 +7,7 @@
 -- run() starts the call (begin() has named its keys), then around the body:
 --   fast    run(body, field, mode, fast, arg): fast(arg, field) first, if given; a reply
 --           from it is the call's (nothing below runs but save, which finds nothing to
---           write), nil goes on (the lease's uncontended paths, lease_prelude.lua).
+--           write), nil goes on (the lease's uncontended paths, lease/fast.lua).
 --   load    hooks.load(field, mode) reads the primitive's state (and the hash field `field`,
 --           usually the caller's record) with the time; it answers whether there is state
 --           to settle. mode "bare": nothing is loaded (nor saved).

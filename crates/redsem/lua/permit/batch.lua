@@ -2,7 +2,7 @@
 -- additions (releases), withdrawals and check-ins its tasks have in flight, applied in the
 -- order given with the outcomes each would have had one by one, on one read of the time and
 -- the records and one write-back.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] the caller's wake channel   ARGV[2] its session id   ARGV[3] the session's low
 -- mark, then the operations one after another, each with its number in the session:
 --   "a", request id, permits k, "try" | "wait", waiter lease ms, number   (as permit_acquire)

@@ -3,7 +3,7 @@
 -- expiring (the latch counts again).
 -- Applied once per call: the same call resent after a lost reply (its number marked T in its
 -- session's record) answers "SET" again, and a late copy of a call answered changes nothing.
--- KEYS: see latch_prelude.lua
+-- KEYS: see latch/prelude.lua
 -- ARGV[1] this call's sequence number in the client's session   ARGV[2] the session id
 -- ARGV[3] the session's low mark (see common.lua)   ARGV[4] count (1 .. 2^53 - 1)
 -- Returns: {"SET"} | {"EXISTS", count} | {"WRONGTYPE", key, actual, expected}

@@ -1,6 +1,6 @@
 -- lease_set_capacity: change the capacity in force. Live permits are never revoked: after a
 -- shrink, new grants wait until the units in use fall below the new capacity.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] new capacity
 -- Returns: {"OK", previous capacity (-1 if none)} | {"WRONGTYPE", key, actual, expected}
 return run(function()

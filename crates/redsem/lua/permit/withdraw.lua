@@ -2,7 +2,7 @@
 -- or not: the caller never learned of them) are given back, so it takes nothing; the call
 -- of it that went unanswered (its enqueue or a check-in), if any, is named and marked
 -- withdrawn, so a late copy of it is refused.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id   ARGV[2] the number of its unanswered call ("0" if none)
 -- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"WITHDRAWN"}              (it was waiting; nothing was taken)

@@ -2,7 +2,7 @@
 -- hand permits to requests that queued before it was set.
 -- Applied once per call: its number is marked in the client's session ("S"), and a resend
 -- answers "SET" again.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id (not used)   ARGV[2] permits (>= 0)   ARGV[3] this call's number in the
 -- client's session   ARGV[4] the session id   ARGV[5] the session's low mark (common.lua)
 -- Returns: {"SET"} | {"EXISTS", available} | {"WRONGTYPE", key, actual, expected}

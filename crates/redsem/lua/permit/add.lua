@@ -2,7 +2,7 @@
 -- count may go below zero), then hand what is available to the head of the queue.
 -- Applied once per call: its number is marked in the client's session, so a resend changes
 -- nothing.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id (not used: the call is named by its number)   ARGV[2] delta (integer)
 -- ARGV[3] this call's number in the client's session   ARGV[4] the session id
 -- ARGV[5] the session's low mark (see common.lua)
@@ -11,7 +11,7 @@
 --        | {"RANGE", available}      (the delta or the count would leave +-(2^53 - 1); nothing
 --                                     changed)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
--- (With nobody waiting, fast_add, in permit_prelude.lua.)
+-- (With nobody waiting, fast_add, in permit/fast.lua.)
 S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
 return run(function()
   return add_op(ARGV[2], ARGV[3] or '0')

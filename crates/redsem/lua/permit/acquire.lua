@@ -1,5 +1,5 @@
 -- permit_acquire: take K permits for a new request now, or (mode "wait") queue it.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id   ARGV[2] permits k (>= 1)   ARGV[3] mode "try" | "wait"
 -- ARGV[4] waiter lease ms   ARGV[5] wake channel   ARGV[6] this call's number in the
 -- client's session   ARGV[7] the session id   ARGV[8] the session's low mark (common.lua)
@@ -12,7 +12,7 @@
 -- request is never granted or queued twice. A new wait request is never granted past the
 -- queue, and never granted more than the count holds.
 -- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
--- permit_prelude.lua.)
+-- permit/fast.lua.)
 S.sess, S.low = 's:' .. (ARGV[7] or ''), seqno(ARGV[8])
 return run(function()
   return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] or '0')

@@ -1,6 +1,6 @@
 -- lease_poll: a queued request checks in. Renews its place in the queue, or, if it was
 -- granted while it waited, renews the grant's lease from now and collects the grant.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] request id   ARGV[2] lease ms   ARGV[3] waiter lease ms
 -- Returns: {"GRANTED", token, slot, slot, ...}
 --        | {"QUEUED", position, recheck ms}

@@ -1,6 +1,6 @@
 -- lease_acquire: grant K units to a new request now, or (mode "wait") queue it. A request id
 -- seen before (the same request, resent after a lost reply) is answered as by lease_poll.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] request id   ARGV[2] capacity   ARGV[3] units k   ARGV[4] lease ms
 -- ARGV[5] label ("" for none)   ARGV[6] "1" = one live request per label
 -- ARGV[7] mode "try" | "wait"   ARGV[8] waiter lease ms   ARGV[9] wake channel
@@ -15,8 +15,8 @@
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
 --        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
--- (The body is acquire_op, in lease_prelude.lua: lease_batch runs it too.)
--- (The uncontended grant takes fast_acquire, in lease_prelude.lua.)
+-- (The body is acquire_op, in lease/requests.lua: lease_batch runs it too.)
+-- (The uncontended grant takes fast_acquire, in lease/fast.lua.)
 S.sess, S.low = 's:' .. (ARGV[11] or ''), seqno(ARGV[12])
 return run(function()
   return acquire_op(ARGV, 0, ARGV[9], ARGV[10])

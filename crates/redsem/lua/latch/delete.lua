@@ -1,7 +1,7 @@
 -- latch_delete: remove the latch (count, session records). If it was counting, the done marker
 -- says "deleted" for DONE_MS, so its waiters return rather than report a lost latch, and
 -- "opened" is published on its channel (last, with pcall); otherwise the done marker goes too.
--- KEYS: see latch_prelude.lua
+-- KEYS: see latch/prelude.lua
 -- ARGV[1] the latch's channel
 -- Returns: {"DELETED", 1 if it was counting else 0} | {"WRONGTYPE", key, actual, expected}
 return run(function()

@@ -3,7 +3,7 @@
 -- latch's channel (last, with pcall): every waiter wakes.
 -- Applied once per call: the same call resent after a lost reply (its number marked C in its
 -- session's record) changes nothing, nor does a late copy of a call answered.
--- KEYS: see latch_prelude.lua
+-- KEYS: see latch/prelude.lua
 -- ARGV[1] this call's sequence number in the client's session   ARGV[2] the session id
 -- ARGV[3] the session's low mark (see common.lua)   ARGV[4] the latch's channel
 -- Returns: {"COUNTED", count left}

@@ -1,5 +1,5 @@
--- latch_prelude: the latch's keys, records and rules, after common.lua and in front of every
--- latch_*.lua operation, so every operation sees the same KEYS layout and helpers.
+-- latch/prelude: the latch's keys, records and rules, after common.lua and in front of every
+-- latch operation, so every operation sees the same KEYS layout and helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
 --   1 count    STRING the count, 1 .. 2^53 - 1; absent when never set, opened (reached 0) or
@@ -83,5 +83,3 @@ local function begin(keys)
   COUNT, DONE, APPLIED, SESSIONS = keys[1], keys[2], keys[3], keys[4]
   start(SESSIONS, expected, HOOKS)
 end
-
----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 -- lease_refresh: extend the lease of a live permit to now + lease ms.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] permit id   ARGV[2] lease ms
 -- Returns: {"OK"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
 return run(function()

@@ -1,6 +1,6 @@
 -- permit_poll: a queued request checks in. Renews its place in the queue, or, if permits
 -- were handed to it while it waited, collects them.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id   ARGV[2] waiter lease ms   ARGV[3] this check-in's number in the
 -- client's session   ARGV[4] the session id   ARGV[5] the session's low mark (common.lua)
 -- Returns: {"GRANTED"}                       (also when resent after a collection)

@@ -2,7 +2,7 @@
 -- its tasks have in flight, applied in the order given with the outcomes each would have
 -- had one by one, on one read of the time and the state and one write-back (the cost of a
 -- call is mostly what every call does: the dispatch, TIME, the state's HMGET, the HSET).
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] the caller's wake channel   ARGV[2] its session id   ARGV[3] the session's low
 -- mark, then the operations one after another:
 --   "a", request id, capacity, units k, lease ms, label, "1" | "0", "try" | "wait",
