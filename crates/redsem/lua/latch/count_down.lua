@@ -10,14 +10,14 @@
 --        | {"REPEATED", count left}   (this call was applied already; nothing changed)
 --        | {"ABSENT"}                 (no latch counting: never set, opened, deleted or lost)
 --        | {"WRONGTYPE", key, actual, expected}
+local seq, session, low, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 return run(function()
-  local seq = ARGV[1]
   local count = read_count()
   if not count or count <= 1 then
     -- (Read first: written when the latch opens.)
     call(DONE, 'GET', DONE)
   end
-  if seen(seq, ARGV[2], ARGV[3]) then
+  if seen(seq, session, low) then
     return { 'REPEATED', count or 0 }
   end
   if not count then
@@ -28,7 +28,7 @@ return run(function()
     redis.call('DEL', COUNT)
     redis.call('SET', DONE, '1', 'PX', DONE_MS)
     expire_at(S.now + SESSION_MS, { APPLIED, SESSIONS })
-    wake(ARGV[4], 'opened')
+    wake(channel, 'opened')
     return { 'COUNTED', 0 }
   end
   return { 'COUNTED', redis.call('DECR', COUNT) }

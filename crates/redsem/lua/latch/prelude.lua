@@ -48,7 +48,7 @@ end
 -- Reads the caller's record: the first access of sessions and applied (a foreign value in
 -- either is reported by every call that reads or writes the count).
 local function seen(seq, sid, low)
-  S.sess, S.low = 's:' .. (sid or ''), seqno(low)
+  open_session(sid, low)
   S[S.sess] = call(SESSIONS, 'HGET', SESSIONS, S.sess)
   call(APPLIED, 'ZCARD', APPLIED)
   return session_stale(seq) or session_mark(seq) ~= nil

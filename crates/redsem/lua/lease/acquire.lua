@@ -15,9 +15,14 @@
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
 --        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
--- (The body is acquire_op, in lease/requests.lua: lease_batch runs it too.)
--- (The uncontended grant takes fast_acquire, in lease/fast.lua.)
-S.sess, S.low = 's:' .. (ARGV[11] or ''), seqno(ARGV[12])
+local request = {
+  id = ARGV[1], cap = ARGV[2], k = ARGV[3], lease = ARGV[4], label = ARGV[5], exclusive = ARGV[6],
+  mode = ARGV[7], waiter_lease = ARGV[8], channel = ARGV[9], seq = ARGV[10],
+}
+open_session(ARGV[11], ARGV[12])
+-- The uncontended grant of one unit takes fast_acquire (lease/fast.lua); every other request
+-- goes by acquire() (lease/requests.lua, which lease_batch runs too), on the state read with
+-- the request's record and the session's, and settled.
 return run(function()
-  return acquire_op(ARGV, 0, ARGV[9], ARGV[10])
-end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)
+  return acquire(request)
+end, 'r:' .. request.id, nil, fast_acquire, request)

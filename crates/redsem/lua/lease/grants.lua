@@ -1,6 +1,8 @@
 -- lease/grants: labels, fencing tokens, lease entries, the slot bitmap, and a grant made or
 -- dropped.
 
+-- Count one more (delta 1) or one fewer (-1) holder or waiter with the label `label` (none
+-- for no label, ""): the field label:<label>, gone at 0.
 local function label_add(label, delta)
   if label ~= '' then
     local name = 'label:' .. label
@@ -11,6 +13,11 @@ local function label_add(label, delta)
       put(name, false)
     end
   end
+end
+
+-- Whether a holder or waiter has the label `label` (never for no label, "").
+local function label_held(label)
+  return label ~= '' and (tonumber(field('label:' .. label)) or 0) > 0
 end
 
 -- The next fencing token: larger than the last one, and than every token handed out before
@@ -105,6 +112,8 @@ local function grant(id, k, label, lease, expires)
   return token, slots, token_text
 end
 
+-- A holder's units freed: its slots cleared, its record gone, the counters and its label
+-- counted down.
 local function drop_holder(id, r)
   set_slots(r.s, 0)
   put('r:' .. id, false)

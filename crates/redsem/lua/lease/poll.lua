@@ -7,8 +7,11 @@
 --        | {"GONE"}   (neither queued nor granted: its lease ran out, it was withdrawn, the
 --                      capacity shrank below it, or the state was lost)
 --        | {"WRONGTYPE", key, actual, expected}
+local id, lease, waiter_lease = ARGV[1], number(ARGV[2]), number(ARGV[3])
+-- In order: GONE without a state or a record; a waiter without its place in the queue is
+-- GONE (the counters repaired); its lease entry renewed (a holder's lease, or a waiter's);
+-- a grant collected (GRANTED), or its place (QUEUED).
 return run(function()
-  local id, lease, waiter_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
   if not S.cap then
     return { 'GONE' }
   end
@@ -32,4 +35,4 @@ return run(function()
     return granted(tonumber(r.t), r.s)
   end
   return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
-end, 'r:' .. ARGV[1])
+end, 'r:' .. id)

@@ -1,5 +1,6 @@
 -- lease/queue: waiters leave the queue, its head is read a window at a time and promoted.
 
+-- A waiter leaves the queue: its entry and record go, qlen and its label counted down.
 local function drop_waiter(id, r)
   S.heads = nil -- (perhaps inside the window peek() read: read it again)
   call(QUEUE, 'ZREM', QUEUE, id)
@@ -111,4 +112,19 @@ local function recheck_ms(id, waiter_lease, behind)
     wait = math.min(wait, S.next - S.now + 1)
   end
   return math.max(wait, 1)
+end
+
+-- Queue a new request `id` for `k` units behind everyone (its ticket the next of seq), with
+-- its lease entry at the end of its waiter lease, its record and its label counted; the
+-- QUEUED reply.
+local function enqueue(id, k, lease, waiter_lease, channel, label)
+  local position = S.qlen
+  call(QUEUE, 'ZADD', QUEUE, digits(S.seq + 1), id)
+  add_lease(id, S.now + waiter_lease)
+  put('seq', S.seq + 1)
+  put('qlen', position + 1)
+  put('r:' .. id, waiter_record(k, lease, waiter_lease, channel, label))
+  label_add(label, 1)
+  -- Queued behind others (their tickets are lower): not the head.
+  return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
 end

@@ -13,11 +13,14 @@
 -- Returns: {"RELEASED" | "DEQUEUED" | "NOTHELD", idle (1: send lease_tidy), "id|token|slots|delay", ...}
 --          (after the idle flag, the grants made to waiters on the caller's channel)
 --        | {"WRONGTYPE", key, actual, expected}
--- (The body is release_op, in lease/requests.lua: lease_batch runs it too.)
+local request = { id = ARGV[1], seq = ARGV[3], kind = ARGV[6] }
 S.mine, S.defer_idle = ARGV[2], true
-S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
--- (A holder's release with nobody queued takes fast_release, in lease/fast.lua.)
+open_session(ARGV[4], ARGV[5])
+-- A holder's release of one unit with nobody queued takes fast_release (lease/fast.lua);
+-- every other goes by release() (lease/requests.lua, which lease_batch runs too), on the
+-- state read with the id's record and the session's, and settled; the reply says whether
+-- the semaphore is left idle.
 return run(function()
-  local outcome = release_op(ARGV[1], ARGV[3], ARGV[6])
+  local outcome = release(request)
   return released(outcome, needs_idle_ttl())
-end, 'r:' .. ARGV[1], nil, fast_release, ARGV)
+end, 'r:' .. request.id, nil, fast_release, request)

@@ -11,7 +11,7 @@ local function granted(token, slots)
   return reply
 end
 
--- {outcome, idle flag, grants handed back...}: a release's reply (see lease_release.lua).
+-- {outcome, idle flag, grants handed back...}: a release's reply (see lease/release.lua).
 local function released(outcome, idle)
   local reply, handed = { outcome, idle and 1 or 0 }, S.handed
   if handed then
@@ -22,16 +22,43 @@ local function released(outcome, idle)
   return reply
 end
 
--- The two operations a group commit carries (lease_batch), also run one at a time by
+-- A request seen before, resent after a lost reply (its record `mine` is there): answered as
+-- the first attempt was, renewing what it got (its lease, or its place in the queue).
+local function answer_resend(id, mine, lease, waiter_lease)
+  add_lease(id, S.now + (mine.h and lease or waiter_lease))
+  if mine.h then
+    return granted(tonumber(mine.t), mine.s)
+  end
+  return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
+end
+
+-- Whether `k` units may be granted now: nobody waits, and they fit in the capacity `cap`.
+local function fits(k, cap)
+  return S.qlen == 0 and S.used + k <= cap
+end
+
+-- Grant `k` units to `id` now, for `lease` ms, and count its label; the GRANTED reply.
+local function grant_now(id, k, label, lease)
+  local token, slots = grant(id, k, label, lease, S.now + lease)
+  label_add(label, 1)
+  return granted(token, slots)
+end
+
+-- The two requests a group commit carries (lease_batch), also run one at a time by
 -- lease_acquire and lease_release: the body of each, on a loaded and settled state.
 
--- A new request (see lease_acquire.lua): its arguments are A[o + 1] .. A[o + 8] (id,
--- capacity, units, lease ms, label, one per label, mode, waiter lease ms), its wake channel
--- `channel`, its sequence number in the caller's session `seq` (text).
-local function acquire_op(A, o, channel, seq)
-  local id, cap, k, lease = A[o + 1], number(A[o + 2]), number(A[o + 3]), number(A[o + 4])
-  local label, exclusive, mode = A[o + 5], A[o + 6] == '1', A[o + 7]
-  local waiter_lease = number(A[o + 8])
+-- A new request (lease_acquire), its arguments named in `request` as given (text): id, cap
+-- (the capacity), k (units), lease (ms), label ("" for none), exclusive ("1": one live
+-- request per label), mode ("try" | "wait"), waiter_lease (ms), channel (its wake channel)
+-- and seq (its number in the caller's session). In order: refused unless its counts are
+-- numbers and it asks at most MAX_UNITS; GONE if it is a late copy; a resend answered as the
+-- first attempt was; the capacity checked against the one in force (and stored if none is
+-- in use); its label checked; granted now if nobody waits and it fits (after a repair of the
+-- counters, if they disagree with the keys); else BUSY, or (mode "wait") queued.
+local function acquire(request)
+  local id, label, seq = request.id, request.label, request.seq
+  local cap, k = number(request.cap), number(request.k)
+  local lease, waiter_lease = number(request.lease), number(request.waiter_lease)
   if not (cap and k and lease and waiter_lease) then
     return redis.error_reply('lease_acquire: a count is not a number')
   elseif k > MAX_UNITS then
@@ -43,12 +70,7 @@ local function acquire_op(A, o, channel, seq)
   end
   local mine = record(id)
   if mine then
-    -- Resent: answer as the first attempt did, renewing what it got.
-    add_lease(id, S.now + (mine.h and lease or waiter_lease))
-    if mine.h then
-      return granted(tonumber(mine.t), mine.s)
-    end
-    return { 'QUEUED', redis.call('ZRANK', QUEUE, id) or 0, recheck_ms(id, waiter_lease) }
+    return answer_resend(id, mine, lease, waiter_lease)
   end
 
   if S.cap ~= cap then
@@ -60,38 +82,33 @@ local function acquire_op(A, o, channel, seq)
   if k > cap then
     return { 'TOOBIG', cap }
   end
-  if exclusive and label ~= '' and (tonumber(field('label:' .. label)) or 0) > 0 then
+  if request.exclusive == '1' and label_held(label) then
     return { 'LABEL', label }
   end
 
-  if not (S.qlen == 0 and S.used + k <= cap) and check() then
+  if not fits(k, cap) and check() then
     promote()
   end
-  if S.qlen == 0 and S.used + k <= cap then
-    local token, slots = grant(id, k, label, lease, S.now + lease)
-    label_add(label, 1)
-    return granted(token, slots)
+  if fits(k, cap) then
+    return grant_now(id, k, label, lease)
   end
-  if mode ~= 'wait' then
+  if request.mode ~= 'wait' then
     return { 'BUSY', S.used, S.qlen }
   end
-
-  local position = S.qlen
-  call(QUEUE, 'ZADD', QUEUE, digits(S.seq + 1), id)
-  add_lease(id, S.now + waiter_lease)
-  put('seq', S.seq + 1)
-  put('qlen', position + 1)
-  put('r:' .. id, waiter_record(k, lease, waiter_lease, channel, label))
-  label_add(label, 1)
-  -- Queued behind others (their tickets are lower): not the head.
-  return { 'QUEUED', position, recheck_ms(id, waiter_lease, position > 0) }
+  return enqueue(id, k, lease, waiter_lease, request.channel, label)
 end
 
--- A holder's release ("r") or a withdrawal ("w") of `id`, by the call numbered `seq` (text)
--- in the caller's session (see lease_release.lua); answers its outcome. Grants it makes to
--- waiters on S.mine are collected in S.handed.
+-- A holder's release or a withdrawal (lease_release), its arguments named in `request`: id,
+-- kind ("r" a holder's release, "w" a withdrawal) and seq (text: the number of this release
+-- in the caller's session, or of the enqueue a withdrawal names as unanswered, "0" if none).
+-- In order: NOTHELD without a state; a release that is a late copy answers NOTHELD, and a
+-- resend the outcome marked by its first attempt; the holder's units freed or the waiter
+-- dropped; the call marked (R released, D withdrawn, X: a late copy of the enqueue a
+-- withdrawal names is refused); the freed units promoted to the queue. Answers the outcome;
+-- grants made to waiters on S.mine are collected in S.handed.
 local OUTCOMES = { R = 'RELEASED', D = 'DEQUEUED' }
-local function release_op(id, seq, kind)
+local function release(request)
+  local id, seq, kind = request.id, request.seq, request.kind
   if not S.cap then
     return 'NOTHELD'
   end

@@ -28,44 +28,60 @@ end
 
 local repair, adopt
 
--- Read the state fields (and the field `name`, the caller's record, if given, and the
--- caller's session record S.sess), and the time; true if there is a state to settle.
-local function load(name)
-  local r
-  if type(name) == 'table' then
-    -- A batch: the records of all its requests (the same id twice reads the same field),
-    -- then the session's.
-    r = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
-      'tnext', 'layout', unpack(name))
-    for i = 1, #name do
-      S[name[i]] = r[11 + i]
-    end
-  else
-    -- (Read already by a fast path whose case this is not: see read_state().)
-    r = S.read or call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt',
-      'next', 'tnext', 'layout', name or 'r:', S.sess or 's:')
-    if name then
-      S[name] = r[12]
-    end
-    if S.sess then
-      S[S.sess] = r[13]
-    end
+-- The state's fields in what read_state() and read_batch() answer (their HMGET), by name:
+-- stored[CAP] is the field cap as stored (text; false if absent). (The reply itself, not a
+-- table of named fields: filling one costs a call more than all its reads.)
+local CAP, USED, QLEN, SEQ, IDLE, TOK, NH, NT, NEXT, TNEXT, LAYOUT_AT = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+-- And after them, in read_state()'s: the caller's record (the field `name`) and session
+-- record (S.sess).
+local RECORD, SESSION = 12, 13
+
+-- The state hash as stored, by one HMGET (see CAP...), with the caller's record `name` and
+-- session record S.sess, which also go to the field cache S.
+local function read_state(name)
+  local stored = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+    'tnext', 'layout', name or 'r:', S.sess or 's:')
+  if name then
+    S[name] = stored[RECORD]
   end
-  if r[1] and r[11] ~= LAYOUT then
-    if (r[11] or '1') ~= '1' or count(r[2]) > 0 or count(r[3]) > 0 then
+  if S.sess then
+    S[S.sess] = stored[SESSION]
+  end
+  return stored
+end
+
+-- The same for a batch: the state with the fields `names` (the records of its requests, then
+-- the session's), which go to the field cache S (the same id twice reads the same field).
+local function read_batch(names)
+  local stored = call(STATE, 'HMGET', STATE, 'cap', 'used', 'qlen', 'seq', 'idle', 'tok', 'nh', 'nt', 'next',
+    'tnext', 'layout', unpack(names))
+  for i = 1, #names do
+    S[names[i]] = stored[LAYOUT_AT + i]
+  end
+  return stored
+end
+
+-- Read the state (and the caller's record `name` and session record, see read_state()), and
+-- the time; true if there is a state to settle. The counters become numbers in S (S.cap,
+-- S.used, S.qlen, S.seq, S.idle, S.nh, S.nt, S.next, S.tnext); the last token stays text
+-- (S.tok, converted only to make the next one: next_token()).
+local function load(name)
+  -- (Read already by a fast path whose case this is not: see read_ahead().)
+  local stored = S.read or (type(name) == 'table' and read_batch(name) or read_state(name))
+  if stored[CAP] and stored[LAYOUT_AT] ~= LAYOUT then
+    if (stored[LAYOUT_AT] or '1') ~= '1' or count(stored[USED]) > 0 or count(stored[QLEN]) > 0 then
       -- Written by a version of redsem that keeps another layout: touch nothing.
-      error({ 'LAYOUT', STATE, r[11] or '1', LAYOUT })
+      error({ 'LAYOUT', STATE, stored[LAYOUT_AT] or '1', LAYOUT })
     end
-    r = adopt(r)
+    stored = adopt(stored)
   end
   clock()
-  if r[1] then
-    S.cap = count(r[1])
+  if stored[CAP] then
+    S.cap = count(stored[CAP])
   end
-  S.used, S.qlen, S.seq, S.idle = count(r[2]), count(r[3]), count(r[4]), count(r[5])
-  -- (The last token is converted only to make the next one: next_token().)
-  S.tok, S.nh, S.nt = r[6], count(r[7]), count(r[8])
-  S.next, S.tnext = count(r[9]), count(r[10])
+  S.used, S.qlen, S.seq, S.idle = count(stored[USED]), count(stored[QLEN]), count(stored[SEQ]), count(stored[IDLE])
+  S.tok, S.nh, S.nt = stored[TOK], count(stored[NH]), count(stored[NT])
+  S.next, S.tnext = count(stored[NEXT]), count(stored[TNEXT])
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
     -- (evicted, or expired a moment apart): check their types, then clear them.
@@ -77,25 +93,23 @@ local function load(name)
     if leftover > 0 or slots == 'string' then
       redis.call('DEL', LEASES, QUEUE, SLOTS)
     end
-  elseif not r[7] or (S.used > 0) ~= (S.nh > 0) then
+  elseif not stored[NH] or (S.used > 0) ~= (S.nh > 0) then
     repair() -- counters missing (a state from an older version) or disagreeing
   end
   S.loaded = true
   return S.cap ~= nil
 end
 
--- Store a capacity; a new state starts with every counter at 0, names its layout and is
--- kept as a hash table (WIDE).
 -- An idle state of layout 1 (before client sessions: a minute of tombstones), taken over:
 -- every key goes but the capacity and the last token, which start a state of this layout.
--- Answers the fields as load() reads them.
-adopt = function(r)
+-- Answers the fields as read_state() does.
+adopt = function(stored)
   redis.call('DEL', STATE, LEASES, QUEUE, SLOTS)
   for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt', 'seq', 'idle', 'next', 'tnext' }) do
     put(name, 0)
   end
-  put('cap', r[1])
-  put('tok', r[6] or '0')
+  put('cap', stored[CAP])
+  put('tok', stored[TOK] or '0')
   put('layout', LAYOUT)
   put('wide', WIDE)
   for name in pairs(S) do
@@ -103,9 +117,16 @@ adopt = function(r)
       S[name] = false
     end
   end
-  return { r[1], '0', '0', '0', '0', r[6], '0', '0', '0', '0', LAYOUT }
+  local fresh = {}
+  fresh[CAP], fresh[TOK], fresh[LAYOUT_AT] = stored[CAP], stored[TOK], LAYOUT
+  for _, at in ipairs({ USED, QLEN, SEQ, IDLE, NH, NT, NEXT, TNEXT }) do
+    fresh[at] = '0'
+  end
+  return fresh
 end
 
+-- Store a capacity; a new state starts with every counter at 0, names its layout and is
+-- kept as a hash table (WIDE).
 local function set_cap(cap)
   if not S.cap then
     for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt' }) do

@@ -13,7 +13,11 @@
 -- queue, and never granted more than the count holds.
 -- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
 -- permit/fast.lua.)
-S.sess, S.low = 's:' .. (ARGV[7] or ''), seqno(ARGV[8])
+local request = {
+  id = ARGV[1], k = ARGV[2], mode = ARGV[3], waiter_lease = ARGV[4], channel = ARGV[5], seq = ARGV[6],
+}
+open_session(ARGV[7], ARGV[8])
 return run(function()
-  return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] or '0')
-end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)
+  return acquire_op(request.id, request.k, request.mode, tonumber(request.waiter_lease), request.channel,
+    request.seq or '0')
+end, 'r:' .. request.id, nil, fast_acquire, request)

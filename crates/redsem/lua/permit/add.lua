@@ -12,7 +12,8 @@
 --                                     changed)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 -- (With nobody waiting, fast_add, in permit/fast.lua.)
-S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
+local request = { delta = ARGV[2], seq = ARGV[3] }
+open_session(ARGV[4], ARGV[5])
 return run(function()
-  return add_op(ARGV[2], ARGV[3] or '0')
-end, nil, 'lazy', fast_add, ARGV)
+  return add_op(request.delta, request.seq or '0')
+end, nil, 'lazy', fast_add, request)

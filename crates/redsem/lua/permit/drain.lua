@@ -6,8 +6,8 @@
 -- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"DRAINED", permits taken} | {"WRONGTYPE", key, actual, expected}
 --        | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[3] or ''), seqno(ARGV[4])
 local seq = ARGV[2] or '0'
+open_session(ARGV[3], ARGV[4])
 return run(function()
   if session_stale(seq) then
     return { 'DRAINED', 0 }

@@ -7,53 +7,52 @@
 -- session record. Otherwise it answers nil before its first write, and the general path runs
 -- on the same read (load() takes S.read, and the count if read).
 
--- The time and the fields load() reads, with the field `name` and the caller's session
--- record (as load() reads them).
-local function read_records(name)
+-- The time, and the fields load() reads with the field `name` and the caller's session
+-- record, as load() reads them (kept for it in S.read).
+local function read_ahead(name)
   clock()
-  local r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
-    name, S.sess)
-  S.read = r
-  S[S.sess] = r[10]
-  return r
+  local stored = read_records(name)
+  S.read = stored
+  return stored
 end
 
--- Whether the fields read (`r`) let a fast path run (see above).
-local function quiet(r)
-  if r[6] or not (r[1] and r[2] and r[7]) or r[8] ~= LAYOUT or (r[3] and r[3] ~= '0')
-    or (r[5] and r[5] ~= '0') then
+-- Whether the fields read (`stored`) let a fast path run (see above).
+local function quiet(stored)
+  if stored[LIVE] or not (stored[KEEP] and stored[PRUNE] and stored[WIDE_AT]) or stored[LAYOUT_AT] ~= LAYOUT
+    or (stored[WLEN] and stored[WLEN] ~= '0') or (stored[QLEN] and stored[QLEN] ~= '0') then
     return false
   end
-  local prune = tonumber(r[2])
+  local prune = tonumber(stored[PRUNE])
   return prune and S.now < prune
 end
 
 -- The caller's session record with the call numbered `seq` marked `mark`, unless the call is
 -- stale or marked already, or the record needs renewing or keeps other marks (the general
 -- path then): nil.
-local function fast_mark(r, seq, mark_text)
-  if r[10] and (session_stale(seq) or session_mark(seq)) then
+local function fast_mark(stored, seq, mark_text)
+  if stored[SESSION] and (session_stale(seq) or session_mark(seq)) then
     return nil
   end
   local value, renewed = session_put(S.low, seq, mark_text)
   if renewed or not value then
-    S[S.sess], S.sl, S.smarks = r[10], nil, nil -- (read afresh by the general path)
+    S[S.sess], S.sl, S.smarks = stored[SESSION], nil, nil -- (read afresh by the general path)
     return nil
   end
   return value
 end
 
--- permit_acquire of a new request that the count holds, with nobody waiting.
-local function fast_acquire(A, name)
-  local r = read_records(name)
-  if r[9] or not quiet(r) then
+-- permit_acquire of a new request (see permit/acquire.lua) that the count holds, with
+-- nobody waiting.
+local function fast_acquire(request, name)
+  local stored = read_ahead(name)
+  if stored[RECORD] or not quiet(stored) then
     return nil
   end
-  local k, count = tonumber(A[2]), read_count()
+  local k, count = tonumber(request.k), read_count()
   if not (count and k) or count < k then
     return nil
   end
-  local session = fast_mark(r, A[6], 'G' .. A[2])
+  local session = fast_mark(stored, request.seq, 'G' .. request.k)
   if not session then
     return nil
   end
@@ -62,29 +61,29 @@ local function fast_acquire(A, name)
   return { 'GRANTED' }
 end
 
--- permit_add of `delta` within +-MAX_INT, with nobody waiting (the count is not read: INCRBY
--- answers it).
-local function fast_add(A)
-  local r = read_records('keep')
-  if not quiet(r) then
+-- permit_add (see permit/add.lua) of `delta` within +-MAX_INT, with nobody waiting (the
+-- count is not read: INCRBY answers it).
+local function fast_add(request)
+  local stored = read_ahead('keep')
+  if not quiet(stored) then
     return nil
   end
-  local delta = tonumber(A[2])
+  local delta = tonumber(request.delta)
   if not delta or math.abs(delta) > MAX_INT then
     return nil
   end
-  local session = fast_mark(r, A[3], 'A')
+  local session = fast_mark(stored, request.seq, 'A')
   if not session then
     return nil
   end
-  local count = call(COUNT, 'INCRBY', COUNT, A[2])
+  local count = call(COUNT, 'INCRBY', COUNT, request.delta)
   if math.abs(count) <= MAX_INT and math.abs(count - delta) <= MAX_INT then
     rcall('HSET', RECORDS, S.sess, session)
     return { 'ADDED', count }
   end
   -- Out of range: taken back, and the call not marked (nothing changed). A count beyond
   -- +-MAX_INT before the call is not one of ours: reported as foreign, as a read reports it.
-  count = redis.call('DECRBY', COUNT, A[2])
+  count = redis.call('DECRBY', COUNT, request.delta)
   if math.abs(count) > MAX_INT then
     error({ key = COUNT })
   end

@@ -9,7 +9,8 @@
 --                           or its record or place in the queue was lost; the caller queues
 --                           again under a new request id)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[4] or ''), seqno(ARGV[5])
+local id, waiter_lease, seq = ARGV[1], tonumber(ARGV[2]), ARGV[3] or '0'
+open_session(ARGV[4], ARGV[5])
 return run(function()
-  return check_in(ARGV[1], tonumber(ARGV[2]), ARGV[3] or '0')
-end, 'r:' .. ARGV[1])
+  return check_in(id, waiter_lease, seq)
+end, 'r:' .. id)

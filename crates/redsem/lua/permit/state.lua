@@ -1,36 +1,55 @@
 -- permit/state: the records hash read (load), an idle layout-1 state taken over, lost
 -- bookkeeping rebuilt, and the keep-alive at the save (keep).
 
+-- The records hash's own fields in what read_records() and read_batch() answer (their
+-- HMGET), by name: stored[KEEP] is the field keep as stored (text; false if absent). (The
+-- reply itself, not a table of named fields: filling one costs a call more than all its
+-- reads.)
+local KEEP, PRUNE, WLEN, WNEXT, QLEN, LIVE, WIDE_AT, LAYOUT_AT = 1, 2, 3, 4, 5, 6, 7, 8
+-- And after them, in read_records()'s: the caller's record (the field `name`) and session
+-- record (S.sess).
+local RECORD, SESSION = 9, 10
+
+-- The records hash's own fields as stored, by one HMGET (see KEEP...), with the caller's
+-- record `name` (or `keep` again) and session record S.sess, which also goes to the field
+-- cache S.
+local function read_records(name)
+  local stored = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide',
+    'layout', name or 'keep', S.sess or 's:')
+  if S.sess then
+    S[S.sess] = stored[SESSION]
+  end
+  return stored
+end
+
+-- The same for a batch: the fields with `names` (the records of its requests, then the
+-- session's), which go to the field cache S.
+local function read_batch(names)
+  local stored = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide',
+    'layout', unpack(names))
+  for i, each in ipairs(names) do
+    S[each] = stored[LAYOUT_AT + i]
+  end
+  return stored
+end
+
 -- Read the time, the fields of records (and the field `name`, or each of the list `name`,
--- if given) and the count (with
--- mode "lazy", only if this call needs it: else S.unread is set). True if there is
--- bookkeeping to settle.
+-- if given: see read_records(), read_batch()) and the count (with mode "lazy", only if this call needs
+-- it: else S.unread is set). The fields become S.keep, S.prune, S.wlen, S.wnext, S.qlen
+-- (numbers), S.live and S.wide (text). True if there is bookkeeping to settle.
 local function load(name, mode)
   local now = clock()
   -- (Read already if a fast path did not apply: `name` is then a string or nil.)
-  local r = S.read
-  if not r and type(name) == 'table' then
-    -- (A batch: its requests' records, then the session's.)
-    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
-      unpack(name))
-    for i, each in ipairs(name) do
-      S[each] = r[8 + i]
-    end
-  elseif not r then
-    r = call(RECORDS, 'HMGET', RECORDS, 'keep', 'prune', 'wlen', 'wnext', 'qlen', 'live', 'wide', 'layout',
-      name or 'keep', S.sess or 's:')
-    if S.sess then
-      S[S.sess] = r[10]
-    end
-  end
-  if r[8] ~= LAYOUT and (r[1] or r[7]) then
+  local stored = S.read or (type(name) == 'table' and read_batch(name) or read_records(name))
+  if stored[LAYOUT_AT] ~= LAYOUT and (stored[KEEP] or stored[WIDE_AT]) then
     -- Records of another layout. Layout 1, idle: taken over; else refused, untouched.
-    if (r[8] or '1') ~= '1' or r[6] or (r[3] and r[3] ~= '0') or (r[5] and r[5] ~= '0') then
-      error({ 'LAYOUT', RECORDS, r[8] or '1', LAYOUT })
+    if (stored[LAYOUT_AT] or '1') ~= '1' or stored[LIVE] or (stored[WLEN] and stored[WLEN] ~= '0')
+      or (stored[QLEN] and stored[QLEN] ~= '0') then
+      error({ 'LAYOUT', RECORDS, stored[LAYOUT_AT] or '1', LAYOUT })
     end
     call(APPLIED, 'ZCARD', APPLIED)
     redis.call('DEL', RECORDS, APPLIED)
-    r, S.sl = {}, nil
+    stored, S.sl = {}, nil
     for each in pairs(S) do
       if type(each) == 'string' and (string.sub(each, 1, 2) == 'r:' or string.sub(each, 1, 2) == 's:') then
         S[each] = false
@@ -38,14 +57,14 @@ local function load(name, mode)
     end
   end
   -- (Absent fields are false; most calls find wlen and qlen absent or "0".)
-  S.keep, S.prune = tonumber(r[1]) or 0, tonumber(r[2])
-  S.wlen = r[3] and r[3] ~= '0' and tonumber(r[3]) or 0
-  S.qlen = r[5] and r[5] ~= '0' and tonumber(r[5]) or 0
-  S.wnext = r[4] and tonumber(r[4])
-  S.live, S.wide = r[6], r[7]
+  S.keep, S.prune = tonumber(stored[KEEP]) or 0, tonumber(stored[PRUNE])
+  S.wlen = stored[WLEN] and stored[WLEN] ~= '0' and tonumber(stored[WLEN]) or 0
+  S.qlen = stored[QLEN] and stored[QLEN] ~= '0' and tonumber(stored[QLEN]) or 0
+  S.wnext = stored[WNEXT] and tonumber(stored[WNEXT])
+  S.live, S.wide = stored[LIVE], stored[WIDE_AT]
   S.loaded = true
   if type(name) == 'string' and S[name] == nil then
-    S[name] = r[9] or false
+    S[name] = stored[RECORD] or false
   end
   -- (A fast path that did not apply may have read the count: S.unread is false then.)
   if S.unread == nil then

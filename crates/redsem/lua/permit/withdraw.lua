@@ -9,7 +9,8 @@
 --        | {"RETURNED", permits}      (it had been granted; the permits were given back)
 --        | {"UNKNOWN"}                (no such request, or already withdrawn)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[3] or ''), seqno(ARGV[4])
+local id, seq = ARGV[1], ARGV[2] or '0'
+open_session(ARGV[3], ARGV[4])
 return run(function()
-  return withdraw_op(ARGV[1], ARGV[2] or '0')
-end, 'r:' .. ARGV[1])
+  return withdraw_op(id, seq)
+end, 'r:' .. id)
