@@ -17,7 +17,7 @@ return run(function()
   end
 
   local r = record(id)
-  if not r or r.x then
+  if not r then
     return { 'GONE' }
   end
   local rank
