@@ -11,8 +11,11 @@
 -- A resend (the same id and number, after a lost reply) answers as a poll would: the same
 -- request is never granted or queued twice. A new wait request is never granted past the
 -- queue, and never granted more than the count holds.
--- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
--- permit/fast.lua.)
+-- A new request that the count holds, with nobody waiting, takes fast_acquire
+-- (permit/fast.lua); every other goes by acquire_op() (permit/requests.lua, which
+-- permit_batch runs too), on the records read with the request's and the session's, and
+-- settled: a late copy is GONE, a call marked answers as it did, a known id checks in; then
+-- granted now if nobody waits and the count holds k, else BUSY, or (mode "wait") queued.
 local request = {
   id = ARGV[1], k = ARGV[2], mode = ARGV[3], waiter_lease = ARGV[4], channel = ARGV[5], seq = ARGV[6],
 }

@@ -11,7 +11,10 @@
 --        | {"RANGE", available}      (the delta or the count would leave +-(2^53 - 1); nothing
 --                                     changed)
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
--- (With nobody waiting, fast_add, in permit/fast.lua.)
+-- With nobody waiting, fast_add (permit/fast.lua); else add_op() (permit/requests.lua, which
+-- permit_batch runs too), on the records read and settled, the count read only if needed:
+-- a call marked or late answers REPEATED; the count changed (RANGE if it would leave the
+-- range) and the call marked; what is available handed to the head of the queue.
 local request = { delta = ARGV[2], seq = ARGV[3] }
 open_session(ARGV[4], ARGV[5])
 return run(function()

@@ -11,6 +11,9 @@
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 local id, waiter_lease, seq = ARGV[1], tonumber(ARGV[2]), ARGV[3] or '0'
 open_session(ARGV[4], ARGV[5])
+-- check_in() (permit/requests.lua, which permit_batch runs too), on the records read with
+-- the request's and the session's, and settled: a grant collected (the call marked with the
+-- permits taken), a wait renewed, or GONE.
 return run(function()
   return check_in(id, waiter_lease, seq)
 end, 'r:' .. id)

@@ -11,6 +11,10 @@
 --        | {"WRONGTYPE", key, actual, expected} | {"LAYOUT", key, found, ours}
 local id, seq = ARGV[1], ARGV[2] or '0'
 open_session(ARGV[3], ARGV[4])
+-- withdraw_op() (permit/requests.lua, which permit_batch runs too), on the records read with
+-- the request's and the session's, and settled: out of the queue, or what it was granted
+-- given back (or what its unanswered call took); the call marked withdrawn; the queue
+-- promoted.
 return run(function()
   return withdraw_op(id, seq)
 end, 'r:' .. id)
