@@ -2117,3 +2117,5 @@ async fn a_batch_with_an_acquire_before_its_release_reads_each_operation_whole()
 }
 
 mod edges;
+
+mod records;

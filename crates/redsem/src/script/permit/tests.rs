@@ -1388,3 +1388,7 @@ async fn a_batch_withdraws_a_queued_request_and_a_collection_it_made_answers_a_l
 // The tests that sharpen the net for redsem-mutants (a file of their own: this one is long).
 #[path = "tests_net.rs"]
 mod tests_net;
+
+// The waiters counted as the waiters zset holds them.
+#[path = "tests_waiters.rs"]
+mod tests_waiters;
