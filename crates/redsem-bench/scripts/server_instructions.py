@@ -44,6 +44,7 @@ Needs valgrind, redis-server and the `redis` Python package.
 """
 import glob
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ import redis
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..", "..")
 LUA = os.path.join(ROOT, "crates", "redsem", "lua")
+LIBRARY_RS = os.path.join(ROOT, "crates", "redsem", "src", "script", "library.rs")
 ARGS = sys.argv[1:] if __name__ == "__main__" else []
 MODULE = os.path.abspath(ARGS[ARGS.index("--module") + 1]) if "--module" in ARGS else None
 MODULE_ARGS = ARGS[ARGS.index("--module-args") + 1].split() if "--module-args" in ARGS else []
@@ -85,17 +87,33 @@ def poll_attempt():
     return source[start:source.index('";', start)]
 
 
+def lua_file(primitive, op):
+    """The path of an operation's Lua file: lua/<primitive>/<op>.lua (lua/<primitive>_<op>.lua
+    in an older checkout)."""
+    path = os.path.join(LUA, primitive, op[len(primitive) + 1:] + ".lua")
+    return path if os.path.exists(path) else os.path.join(LUA, op + ".lua")
+
+
+def prelude_files(primitive):
+    """A primitive's prelude files, in the order script/library.rs joins them (its
+    <PRIMITIVE>_PRELUDE list); one file, lua/<primitive>_prelude.lua, in an older checkout."""
+    source = open(LIBRARY_RS).read() if os.path.exists(LIBRARY_RS) else ""
+    found = re.search(r"const %s_PRELUDE[^=]*=\s*lua_files!\[(.*?)\]" % primitive.upper(), source, re.S)
+    names = re.findall(r'"([^"]+)"', found.group(1)) if found else [primitive + "_prelude"]
+    return [os.path.join(LUA, name + ".lua") for name in names]
+
+
 def library():
     """The function library from the Lua files, as script/library.rs builds it."""
-    read = lambda name: open(os.path.join(LUA, name + ".lua")).read()
-    source = "#!lua name=rx\n" + read("common") + "\n"
+    read = lambda path: open(path).read()
+    source = "#!lua name=rx\n" + read(os.path.join(LUA, "common.lua")) + "\n"
     for primitive in ["latch", "lease", "permit"]:
-        source += "do\n" + read(primitive + "_prelude")
+        source += "do\n" + "".join(read(path) for path in prelude_files(primitive))
         for op in OPS[primitive]:
-            if not os.path.exists(os.path.join(LUA, op + ".lua")):
+            if not os.path.exists(lua_file(primitive, op)):
                 continue  # (an older checkout: lease_batch came with group commit)
             source += (f"redis.register_function('rx_{op}', function(KEYS, ARGV)\nbegin(KEYS)\n"
-                       + read(op) + "\nend)\n")
+                       + read(lua_file(primitive, op)) + "\nend)\n")
         source += "end\n"
     return source
 
@@ -302,7 +320,7 @@ def main():
             return commands
 
         measure("contended", contended("c", 1), CYCLES)
-        if os.path.exists(os.path.join(LUA, "lease_batch.lua")):
+        if os.path.exists(lua_file("lease", "lease_batch")):
             measure("batched", contended("b", 8), CYCLES // 8 * 8)
             state = r.hmget("b:{lease:b}:state", "used", "qlen")
             if state != ["8", "56"]:
@@ -353,7 +371,7 @@ def main():
             return commands
 
         measure("p-contend", permits_contended("pc", 1), CYCLES)
-        if os.path.exists(os.path.join(LUA, "permit_batch.lua")):
+        if os.path.exists(lua_file("permit", "permit_batch")):
             measure("p-batched", permits_contended("pb", 8), CYCLES // 8 * 8)
             if r.hget("b:{permits:pb}:records", "qlen") != "56":
                 raise SystemExit("the batched permit run did not keep 56 waiters queued")

@@ -1,5 +1,5 @@
 //! The server: the lease scripts as atomic steps on one semaphore's state
-//! (`crates/redsem/lua/lease_prelude.lua` and the operation files).
+//! (`crates/redsem/lua/lease/`: the prelude's topic files and the operation files).
 //!
 //! Kept: the records (holder, waiter), one session record per client (its low mark and its
 //! marks: `lua/common.lua`'s `session_put`, `session_stale`, `session_mark`), the queue in arrival order, lease and

@@ -7,7 +7,7 @@
 -- run() starts the call (begin() has named its keys), then around the body:
 --   fast    run(body, field, mode, fast, arg): fast(arg, field) first, if given; a reply
 --           from it is the call's (nothing below runs but save, which finds nothing to
---           write), nil goes on (the lease's uncontended paths, lease_prelude.lua).
+--           write), nil goes on (the lease's uncontended paths, lease/fast.lua).
 --   load    hooks.load(field, mode) reads the primitive's state (and the hash field `field`,
 --           usually the caller's record) with the time; it answers whether there is state
 --           to settle. mode "bare": nothing is loaded (nor saved).
@@ -32,6 +32,23 @@
 -- path also avoids what Lua makes slow: look-ups of the library functions it calls most
 -- (bound to locals below), closures and tables made per call, and numbers as arguments of
 -- redis.call (see digits()).
+--
+-- Names: an operation file names its arguments at its top (`local id, lease = ARGV[1],
+-- ARGV[2]`, or a table `request` for what a fast path and a group commit share) and uses
+-- the names; a primitive's hash is read by one reader function, beside which its fields are
+-- named (stored[CAP] is the field cap as read: lease/state.lua, permit/state.lua), and load()
+-- keeps them in S by the same names (S.cap).
+--
+-- Numbers: what Redis hands a script is text (ARGV, the fields of a hash, GET), and a
+-- number stays text until arithmetic needs it. It is converted once, where it is named: an
+-- operation's numeric arguments at the top of its body or of the request function it calls
+-- (tonumber(), or the lease's number(), a memo of short texts), a state's counters by load()
+-- (the lease's count(), tonumber() elsewhere), a session number (hexadecimal) by seqno().
+-- Ids, labels, channels, tokens and the times in records stay text unless arithmetic needs
+-- them (a token to make the next one, a time to compute an age). A number goes back to Redis
+-- as text on the hot paths: text() for a field written back (save()), digits() for a
+-- command's argument, format('%x') for a session number. Elsewhere (a time bound, a ticket, a
+-- rank) it may go as the number itself: Redis prints an integer the same, only dearer.
 
 -- The library functions the hot path calls most, as locals: reading a local costs a
 -- fraction of a global and a field look-up. A function library may not read them while it
@@ -199,6 +216,12 @@ local SESSION_RENEW_MS = 60000
 -- A session number (hexadecimal text) as a number; 0 if absent or not one.
 local function seqno(text)
   return text and tonumber(text, 16) or 0
+end
+
+-- Name the caller's session for this call: S.sess, the field of its record ("s:" and the
+-- session id), and S.low, the low mark the call carries (hexadecimal text, as a number).
+local function open_session(id, low)
+  S.sess, S.low = 's:' .. (id or ''), seqno(low)
 end
 
 -- Parse the caller's session record S[S.sess] once per call: S.sl its low mark, S.sx its

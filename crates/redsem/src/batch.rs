@@ -1,5 +1,5 @@
 //! Group commit: the operations that one client's tasks have in flight on one semaphore go
-//! to Redis together, in one call (`lua/lease_batch.lua`, `lua/permit_batch.lua`) that reads
+//! to Redis together, in one call (`lua/lease/batch.lua`, `lua/permit/batch.lua`) that reads
 //! the time and the state once, applies them in order with the outcomes each would have had
 //! alone, and writes back once. A [`Group`] says how a primitive sends a batch; the
 //! [`Batcher`] decides what goes together.

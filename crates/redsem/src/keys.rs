@@ -3,7 +3,7 @@
 //! Keys read `<prefix>:{<kind>:<name>}:<part>`: all keys of one primitive share the text up to
 //! the closing brace, so they hash to one cluster slot whatever the name contains.
 
-/// The keys of one lease semaphore, in the order the `lease_*.lua` scripts expect them.
+/// The keys of one lease semaphore, in the order the `lua/lease/` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseKeys {
     pub(crate) all: [String; 4],
@@ -93,7 +93,7 @@ pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
     format!("{prefix}:wake:{client_id}")
 }
 
-/// The keys of one permit semaphore, in the order the `permit_*.lua` scripts expect them.
+/// The keys of one permit semaphore, in the order the `lua/permit/` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct PermitKeys {
     pub(crate) all: [String; 6],
@@ -116,7 +116,7 @@ impl PermitKeys {
     }
 }
 
-/// The keys of one countdown latch, in the order the `latch_*.lua` scripts expect them, and
+/// The keys of one countdown latch, in the order the `lua/latch/` scripts expect them, and
 /// the channel on which its waiters hear that it opened.
 #[derive(Debug, Clone)]
 pub(crate) struct LatchKeys {

@@ -14,7 +14,7 @@ pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The most units one request may take at once
 /// ([`LeaseSemaphore::acquire_many`](crate::LeaseSemaphore::acquire_many)): a grant costs Redis
 /// a few commands per unit, so this bounds the time one script can take (`MAX_UNITS` in
-/// `lua/lease_prelude.lua`).
+/// `lua/lease/layout.lua`).
 pub const MAX_UNITS: u32 = 4096;
 
 /// Check that `d`, the `what` of some options, is within [`MIN_LEASE`]..=[`MAX_LEASE`].

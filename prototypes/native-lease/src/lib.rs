@@ -1,5 +1,5 @@
 //! Prototype, measurement only (not used by redsem): the lease semaphore's two uncontended fast
-//! paths (`fast_acquire` and `fast_release` in crates/redsem/lua/lease_prelude.lua) as Redis
+//! paths (`fast_acquire` and `fast_release` in crates/redsem/lua/lease/fast.lua) as Redis
 //! module commands working on the keys through the module low-level key API.
 //!
 //!   RXN.LEASE_ACQUIRE 4 leases queue state slots  <ARGV of the FCALL lease_acquire>

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone)]
 pub struct Mutant {
     pub id: String,
-    /// The file's stem: `lease_prelude` for `lua/lease_prelude.lua`.
+    /// The file's path under `lua/` without `.lua`: `lease/grants` for `lua/lease/grants.lua`.
     pub file: String,
     pub line: usize,
     pub operator: String,

@@ -127,11 +127,11 @@ impl Judge {
     /// The test filters for a mutant of `file`: its primitive's script tests and the
     /// library's (a mutant of `common` may break any of them).
     fn filters(file: &str) -> Vec<&'static str> {
-        if file.starts_with("lease_") {
+        if file.starts_with("lease/") {
             vec!["script::lease::", "script::library::"]
-        } else if file.starts_with("permit_") {
+        } else if file.starts_with("permit/") {
             vec!["script::permit::", "script::library::"]
-        } else if file.starts_with("latch_") {
+        } else if file.starts_with("latch/") {
             vec!["script::latch::", "script::library::"]
         } else {
             vec!["script::"]
@@ -148,10 +148,12 @@ impl Judge {
                 };
             }
         };
-        if let Err(e) = std::fs::write(
-            dir.path().join(format!("{}.lua", mutant.file)),
-            &mutant.text,
-        ) {
+        let path = dir.path().join(format!("{}.lua", mutant.file));
+        if let Err(e) = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, &mutant.text))
+        {
             return Outcome::Killed {
                 by: format!("(runner: cannot write the mutant: {e})"),
             };

@@ -112,24 +112,30 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     Ok(args)
 }
 
-/// Every `lua/*.lua`, by name.
+/// Every `.lua` file under `lua/`, by its path there without `.lua` (`lease/grants`).
 fn sources() -> Result<Vec<Source>, String> {
-    let dir = repo_root().join("crates/redsem/lua");
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_some_and(|e| e == "lua")
-            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
-        {
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            out.push(Source {
-                stem: stem.to_owned(),
-                text,
-            });
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<Source>) -> Result<(), String> {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(name) = path.file_name().and_then(|s| s.to_str()) else {
+                continue;
+            };
+            if path.is_dir() {
+                walk(&path, &format!("{prefix}{name}/"), out)?;
+            } else if let Some(stem) = name.strip_suffix(".lua") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                out.push(Source {
+                    stem: format!("{prefix}{stem}"),
+                    text,
+                });
+            }
         }
+        Ok(())
     }
+    let mut out = Vec::new();
+    walk(&repo_root().join("crates/redsem/lua"), "", &mut out)?;
     out.sort_by(|a, b| a.stem.cmp(&b.stem));
     Ok(out)
 }

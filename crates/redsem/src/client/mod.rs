@@ -427,7 +427,7 @@ impl Redsem {
 
     /// Send `lease_tidy` for the semaphore of `keys` in a moment (at once on
     /// [`Redsem::flush`]), unless one is pending: a release left it idle, and its keys get
-    /// their TTL only if nobody took it again meanwhile (see `lua/lease_tidy.lua`).
+    /// their TTL only if nobody took it again meanwhile (see `lua/lease/tidy.lua`).
     pub(crate) fn tidy_later(&self, keys: &crate::keys::LeaseKeys) {
         let key = keys.all[2].clone();
         let fresh = self

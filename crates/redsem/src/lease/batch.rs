@@ -1,4 +1,4 @@
-//! The lease semaphore's group commit (`lua/lease_batch.lua`; see [`crate::batch`]):
+//! The lease semaphore's group commit (`lua/lease/batch.lua`; see [`crate::batch`]):
 //! acquires, releases and withdrawals; grants made to this client's own waiters are handed
 //! over before the operations are answered.
 

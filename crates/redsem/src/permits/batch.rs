@@ -1,4 +1,4 @@
-//! The permit semaphore's group commit (`lua/permit_batch.lua`; see [`crate::batch`]):
+//! The permit semaphore's group commit (`lua/permit/batch.lua`; see [`crate::batch`]):
 //! acquires, additions (releases) and withdrawals.
 
 use crate::batch::{Group, Sent};

@@ -1,4 +1,4 @@
-//! The countdown latch's operations (`lua/latch_*.lua`): their typed call wrappers and reply
+//! The countdown latch's operations (`lua/latch/`): their typed call wrappers and reply
 //! types.
 
 use redis::Value;

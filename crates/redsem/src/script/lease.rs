@@ -1,4 +1,4 @@
-//! The lease semaphore's operations (`lua/lease_*.lua`): their typed call wrappers and reply
+//! The lease semaphore's operations (`lua/lease/`): their typed call wrappers and reply
 //! types.
 
 use std::time::Duration;

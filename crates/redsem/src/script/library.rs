@@ -3,7 +3,8 @@
 //! are not available.
 //!
 //! The library holds `common.lua`, then one `do ... end` block per primitive with its prelude
-//! and one `redis.register_function` per operation, so the helpers are created once when the
+//! (its topic files in `lua/<primitive>/`, joined in a fixed order: `LEASE_PRELUDE`...) and
+//! one `redis.register_function` per operation (`lua/<primitive>/<operation>.lua`), so the helpers are created once when the
 //! library loads, not on every call as in a script. Its name carries a version (a hash of all
 //! the sources), and so do its functions (`redsem_<version>_<operation>`): clients of two
 //! versions load two libraries side by side and never call each other's code.
@@ -32,6 +33,41 @@ use crate::types::ReplicaAcks;
 
 const COMMON: &str = include_str!("../../lua/common.lua");
 
+/// `(file, the text compiled in)` of each named `lua/<file>.lua`, in the order given.
+macro_rules! lua_files {
+    ($($file:literal),* $(,)?) => {
+        &[$(($file, include_str!(concat!("../../lua/", $file, ".lua")))),*]
+    };
+}
+
+/// The lease semaphore's prelude, topic by topic, in the order it is joined: a file may use
+/// what the files before it define.
+const LEASE_PRELUDE: &[(&str, &str)] = lua_files![
+    "lease/layout",
+    "lease/grants",
+    "lease/state",
+    "lease/sessions",
+    "lease/queue",
+    "lease/settle",
+    "lease/requests",
+    "lease/fast",
+];
+
+/// The permit semaphore's prelude, topic by topic, in the order it is joined.
+const PERMIT_PRELUDE: &[(&str, &str)] = lua_files![
+    "permit/layout",
+    "permit/sessions",
+    "permit/count",
+    "permit/queue",
+    "permit/state",
+    "permit/settle",
+    "permit/requests",
+    "permit/fast",
+];
+
+/// The latch's prelude: one file.
+const LATCH_PRELUDE: &[(&str, &str)] = lua_files!["latch/prelude"];
+
 /// Which prelude an operation runs after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Primitive {
@@ -41,21 +77,35 @@ pub(crate) enum Primitive {
 }
 
 impl Primitive {
-    /// Its prelude's file name and the text compiled in.
-    fn prelude_file(self) -> (&'static str, &'static str) {
+    /// Its prelude's files (name and the text compiled in), in the order they are joined.
+    pub(crate) fn prelude_files(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Primitive::Lease => ("lease_prelude", include_str!("../../lua/lease_prelude.lua")),
-            Primitive::Permit => (
-                "permit_prelude",
-                include_str!("../../lua/permit_prelude.lua"),
-            ),
-            Primitive::Latch => ("latch_prelude", include_str!("../../lua/latch_prelude.lua")),
+            Primitive::Lease => LEASE_PRELUDE,
+            Primitive::Permit => PERMIT_PRELUDE,
+            Primitive::Latch => LATCH_PRELUDE,
         }
     }
 
+    /// Its prelude: its files joined, as `read(file, the text compiled in)` gives each.
+    fn prelude_with(
+        self,
+        read: &dyn Fn(&'static str, &'static str) -> Cow<'static, str>,
+    ) -> String {
+        self.prelude_files()
+            .iter()
+            .map(|&(file, builtin)| read(file, builtin))
+            .collect()
+    }
+
+    /// Its prelude as this process runs it (see [`lua`]), joined once.
     fn prelude(self) -> &'static str {
-        let (file, builtin) = self.prelude_file();
-        lua(file, builtin)
+        static JOINED: [OnceLock<String>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        let at = match self {
+            Primitive::Lease => 0,
+            Primitive::Permit => 1,
+            Primitive::Latch => 2,
+        };
+        JOINED[at].get_or_init(|| self.prelude_with(&|file, builtin| lua(file, builtin).into()))
     }
 }
 
@@ -90,26 +140,29 @@ fn lua(file: &'static str, builtin: &'static str) -> &'static str {
     builtin
 }
 
-/// One operation: a Lua body (`lua/<name>.lua`) that runs after its primitive's prelude.
+/// One operation: a Lua body (`lua/<file>.lua`) that runs after its primitive's prelude.
 #[derive(Debug)]
 pub(crate) struct Op {
     pub(crate) name: &'static str,
-    primitive: Primitive,
+    /// Its file in `lua/`, without `.lua`: `lease/acquire` for `lease_acquire`.
+    pub(crate) file: &'static str,
+    pub(crate) primitive: Primitive,
     body: &'static str,
     script: OnceLock<Script>,
     function: OnceLock<String>,
 }
 
-/// `Op`s as statics, one per `lua/<name>.lua` operation file: the one place an operation is
-/// declared. A test (`tests.rs`) checks that every operation file is here exactly once and
-/// starts with its header.
+/// `Op`s as statics, one per operation file `lua/<primitive>/<file>.lua`: the one place an
+/// operation is declared. A test (`tests.rs`) checks that every Lua file is common.lua, a
+/// prelude's or here exactly once, and that an operation file starts with its header.
 macro_rules! ops {
-    ($($konst:ident = $primitive:ident $name:literal;)*) => {
+    ($($konst:ident = $primitive:ident $name:literal $file:literal;)*) => {
         $(
             pub(crate) static $konst: Op = Op {
                 name: $name,
+                file: $file,
                 primitive: Primitive::$primitive,
-                body: include_str!(concat!("../../lua/", $name, ".lua")),
+                body: include_str!(concat!("../../lua/", $file, ".lua")),
                 script: OnceLock::new(),
                 function: OnceLock::new(),
             };
@@ -120,27 +173,27 @@ macro_rules! ops {
 }
 
 ops! {
-    LEASE_ACQUIRE = Lease "lease_acquire";
-    LEASE_BATCH = Lease "lease_batch";
-    LEASE_POLL = Lease "lease_poll";
-    LEASE_REFRESH = Lease "lease_refresh";
-    LEASE_RELEASE = Lease "lease_release";
-    LEASE_STATUS = Lease "lease_status";
-    LEASE_SET_CAPACITY = Lease "lease_set_capacity";
-    LEASE_TIDY = Lease "lease_tidy";
-    PERMIT_ACQUIRE = Permit "permit_acquire";
-    PERMIT_BATCH = Permit "permit_batch";
-    PERMIT_POLL = Permit "permit_poll";
-    PERMIT_WITHDRAW = Permit "permit_withdraw";
-    PERMIT_ADD = Permit "permit_add";
-    PERMIT_TRY_SET = Permit "permit_try_set";
-    PERMIT_AVAILABLE = Permit "permit_available";
-    PERMIT_DRAIN = Permit "permit_drain";
-    PERMIT_DELETE = Permit "permit_delete";
-    LATCH_TRY_SET = Latch "latch_try_set";
-    LATCH_COUNT_DOWN = Latch "latch_count_down";
-    LATCH_STATE = Latch "latch_state";
-    LATCH_DELETE = Latch "latch_delete";
+    LEASE_ACQUIRE = Lease "lease_acquire" "lease/acquire";
+    LEASE_BATCH = Lease "lease_batch" "lease/batch";
+    LEASE_POLL = Lease "lease_poll" "lease/poll";
+    LEASE_REFRESH = Lease "lease_refresh" "lease/refresh";
+    LEASE_RELEASE = Lease "lease_release" "lease/release";
+    LEASE_STATUS = Lease "lease_status" "lease/status";
+    LEASE_SET_CAPACITY = Lease "lease_set_capacity" "lease/set_capacity";
+    LEASE_TIDY = Lease "lease_tidy" "lease/tidy";
+    PERMIT_ACQUIRE = Permit "permit_acquire" "permit/acquire";
+    PERMIT_BATCH = Permit "permit_batch" "permit/batch";
+    PERMIT_POLL = Permit "permit_poll" "permit/poll";
+    PERMIT_WITHDRAW = Permit "permit_withdraw" "permit/withdraw";
+    PERMIT_ADD = Permit "permit_add" "permit/add";
+    PERMIT_TRY_SET = Permit "permit_try_set" "permit/try_set";
+    PERMIT_AVAILABLE = Permit "permit_available" "permit/available";
+    PERMIT_DRAIN = Permit "permit_drain" "permit/drain";
+    PERMIT_DELETE = Permit "permit_delete" "permit/delete";
+    LATCH_TRY_SET = Latch "latch_try_set" "latch/try_set";
+    LATCH_COUNT_DOWN = Latch "latch_count_down" "latch/count_down";
+    LATCH_STATE = Latch "latch_state" "latch/state";
+    LATCH_DELETE = Latch "latch_delete" "latch/delete";
 }
 
 /// The library: its name and its source, built once.
@@ -156,21 +209,18 @@ pub(crate) static LIBRARY: LazyLock<Library> =
 /// its name (and its functions' names) carry a hash of all the texts.
 fn assemble(read: &dyn Fn(&'static str, &'static str) -> Cow<'static, str>) -> Library {
     let common = read("common", COMMON);
-    let preludes: Vec<(Primitive, Cow<'static, str>)> =
+    let preludes: Vec<(Primitive, String)> =
         [Primitive::Latch, Primitive::Lease, Primitive::Permit]
             .into_iter()
-            .map(|primitive| {
-                let (file, builtin) = primitive.prelude_file();
-                (primitive, read(file, builtin))
-            })
+            .map(|primitive| (primitive, primitive.prelude_with(read)))
             .collect();
     let prelude = |primitive: Primitive| {
         preludes
             .iter()
             .find(|(p, _)| *p == primitive)
-            .map_or("", |(_, text)| text.as_ref())
+            .map_or("", |(_, text)| text.as_str())
     };
-    let bodies: Vec<Cow<'static, str>> = ALL.iter().map(|op| read(op.name, op.body)).collect();
+    let bodies: Vec<Cow<'static, str>> = ALL.iter().map(|op| read(op.file, op.body)).collect();
     let mut sources = String::from(common.as_ref());
     for (op, body) in ALL.iter().zip(&bodies) {
         sources.push_str(op.name);
@@ -216,7 +266,7 @@ pub fn library_source_with(dir: &std::path::Path) -> String {
 impl Op {
     /// The operation's Lua body (see [`lua`]).
     fn body(&self) -> &'static str {
-        lua(self.name, self.body)
+        lua(self.file, self.body)
     }
 
     /// The function's name in the library (built once).

@@ -1,4 +1,4 @@
-//! The permit semaphore's operations (`lua/permit_*.lua`): their typed call wrappers and
+//! The permit semaphore's operations (`lua/permit/`): their typed call wrappers and
 //! reply types.
 
 use std::time::Duration;

@@ -1,5 +1,6 @@
-//! The registry and the library: every `lua/*.lua` operation file is registered once and
-//! states its contract, and every operation loads as a script and as a function.
+//! The registry and the library: every `lua/` file is common.lua, a prelude's or an operation
+//! registered once that states its contract, and every operation loads as a script and as a
+//! function.
 
 use std::collections::BTreeMap;
 
@@ -12,28 +13,37 @@ use crate::script::test_support::{LIMIT, connect};
 /// (`PERSIST`, `PEXPIRE`, `PEXPIREAT`) and wake-ups (`PUBLISH`, after the state is saved).
 const RUNTIME_ONLY: [&str; 5] = ["TIME", "PUBLISH", "PERSIST", "PEXPIRE", "PEXPIREAT"];
 
-/// Every `lua/*.lua` file by its stem, with its text.
+/// Every `.lua` file under `lua/` by its path there without `.lua` (`lease/acquire`), with
+/// its text.
 fn lua_files() -> BTreeMap<String, String> {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
-    let mut files = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).expect("the lua directory") {
-        let path = entry.expect("a directory entry").path();
-        if path.extension().is_some_and(|e| e == "lua") {
-            let stem = path
-                .file_stem()
+    fn walk(dir: &std::path::Path, prefix: &str, files: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).expect("a lua directory") {
+            let path = entry.expect("a directory entry").path();
+            let name = path
+                .file_name()
                 .and_then(|s| s.to_str())
                 .expect("a utf-8 name");
-            let text = std::fs::read_to_string(&path).expect("a lua file");
-            files.insert(stem.to_owned(), text);
+            if path.is_dir() {
+                walk(&path, &format!("{prefix}{name}/"), files);
+            } else if let Some(stem) = name.strip_suffix(".lua") {
+                let text = std::fs::read_to_string(&path).expect("a lua file");
+                files.insert(format!("{prefix}{stem}"), text);
+            }
         }
     }
+    let mut files = BTreeMap::new();
+    walk(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/lua")),
+        "",
+        &mut files,
+    );
     files
 }
 
-/// What is wrong with the header of operation `name`: the comment lines it starts with must
-/// say, in this order, `-- <name>: <what it does>`, then `-- KEYS...`, `-- ARGV...` and
-/// `-- Returns: ...`.
-fn header_faults(name: &str, text: &str) -> Vec<String> {
+/// What is wrong with the header of operation `name` (its file `file`): the comment lines it
+/// starts with must say, in this order, `-- <name>: <what it does>`, then `-- KEYS...`,
+/// `-- ARGV...` and `-- Returns: ...`.
+fn header_faults(name: &str, file: &str, text: &str) -> Vec<String> {
     let header: Vec<&str> = text.lines().take_while(|l| l.starts_with("--")).collect();
     let mut faults = Vec::new();
     let says_what = header
@@ -41,7 +51,7 @@ fn header_faults(name: &str, text: &str) -> Vec<String> {
         .and_then(|l| l.strip_prefix(&format!("-- {name}: ")));
     if says_what.is_none_or(|what| what.trim().is_empty()) {
         faults.push(format!(
-            "{name}.lua: the first line is not `-- {name}: <what it does>`"
+            "{file}.lua: the first line is not `-- {name}: <what it does>`"
         ));
     }
     let mut after = 0;
@@ -49,7 +59,7 @@ fn header_faults(name: &str, text: &str) -> Vec<String> {
         match header.iter().skip(after).position(|l| l.starts_with(part)) {
             Some(at) => after += at + 1,
             None => faults.push(format!(
-                "{name}.lua: its header has no `{part}` line (after the ones before it)"
+                "{file}.lua: its header has no `{part}` line (after the ones before it)"
             )),
         }
     }
@@ -74,26 +84,51 @@ fn runtime_calls(text: &str) -> Vec<&'static str> {
 #[test]
 fn every_operation_file_is_registered_once_states_its_contract_and_leaves_the_runtime_to_common() {
     let files = lua_files();
+    let prelude: Vec<(Primitive, &str)> = [Primitive::Lease, Primitive::Permit, Primitive::Latch]
+        .into_iter()
+        .flat_map(|p| p.prelude_files().iter().map(move |(file, _)| (p, *file)))
+        .collect();
     let mut faults = Vec::new();
-    for (name, text) in &files {
-        if name == "common" {
+    for (file, text) in &files {
+        if file == "common" {
             continue;
         }
         let called = runtime_calls(text);
         if !called.is_empty() {
             faults.push(format!(
-                "{name}.lua calls {called:?}: only the runtime in common.lua may"
+                "{file}.lua calls {called:?}: only the runtime in common.lua may"
             ));
         }
-        if name.ends_with("_prelude") {
-            continue;
+        let ops: Vec<&&Op> = ALL.iter().filter(|op| op.file == file).collect();
+        let topic = prelude.iter().filter(|(_, f)| f == file).count();
+        match (ops.as_slice(), topic) {
+            ([], 1) => {}
+            ([op], 0) => faults.extend(header_faults(op.name, file, text)),
+            ([], 0) => faults.push(format!(
+                "{file}.lua is neither an operation in ops! nor a prelude's file"
+            )),
+            _ => faults.push(format!(
+                "{file}.lua is listed {} times in ops! and the preludes",
+                ops.len() + topic
+            )),
         }
-        match ALL.iter().filter(|op| op.name == name).count() {
-            1 => {}
-            0 => faults.push(format!("{name}.lua is not registered in ops!")),
-            n => faults.push(format!("{name}.lua is registered {n} times in ops!")),
+    }
+    for (primitive, file) in &prelude {
+        if !file.starts_with(&format!("{primitive:?}/").to_ascii_lowercase()) {
+            faults.push(format!("{file}.lua is not in the folder of {primitive:?}"));
         }
-        faults.extend(header_faults(name, text));
+    }
+    for op in ALL {
+        if !files.contains_key(op.file) {
+            faults.push(format!("{}: no file {}.lua", op.name, op.file));
+        }
+        let folder = format!("{:?}/", op.primitive).to_ascii_lowercase();
+        if !op.file.starts_with(&folder) || !op.name.starts_with(&folder.replace('/', "_")) {
+            faults.push(format!(
+                "{} ({}.lua) is not in the folder of {:?}",
+                op.name, op.file, op.primitive
+            ));
+        }
     }
     assert!(
         faults.is_empty(),

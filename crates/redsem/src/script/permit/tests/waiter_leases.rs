@@ -290,3 +290,22 @@ async fn a_waiters_key_lost_under_a_waiter_leaves_no_waiter_counted_once_its_lea
         "the waiter lease ended with no entry left to drop"
     );
 }
+
+/// A waiter dropped at the end of its lease leaves the others counted in the records (wlen),
+/// as many as the waiters zset holds.
+#[tokio::test]
+async fn a_waiter_dropped_at_the_end_of_its_lease_leaves_the_others_counted() {
+    let (_server, mut conn, k) = start().await;
+    let short = Duration::from_millis(100);
+    for (id, lease) in [("dead", short), ("alive", LONG)] {
+        assert!(matches!(
+            acquire(&mut conn, id, 1, true, lease).await,
+            PermitAcquire::Queued { .. }
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(available(&mut conn).await, 0);
+    let waiting: u64 = conn.zcard(&k.waiters).await.expect("zcard");
+    let counted: String = conn.hget(&k.records, "wlen").await.expect("hget");
+    assert_eq!((waiting, counted.as_str()), (1, "1"));
+}

@@ -1,9 +1,11 @@
 -- lease_refresh: extend the lease of a live permit to now + lease ms.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] permit id   ARGV[2] lease ms
 -- Returns: {"OK"} | {"NOTHELD"} | {"WRONGTYPE", key, actual, expected}
+local id, lease = ARGV[1], number(ARGV[2])
+-- A holder's lease entry renewed (and the counters checked if it was missing); NOTHELD for
+-- anything else.
 return run(function()
-  local id, lease = ARGV[1], tonumber(ARGV[2])
   if not S.cap then
     return { 'NOTHELD' }
   end
@@ -15,4 +17,4 @@ return run(function()
     check() -- its lease entry was missing
   end
   return { 'OK' }
-end, 'r:' .. ARGV[1])
+end, 'r:' .. id)

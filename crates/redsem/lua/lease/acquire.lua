@@ -1,6 +1,6 @@
 -- lease_acquire: grant K units to a new request now, or (mode "wait") queue it. A request id
 -- seen before (the same request, resent after a lost reply) is answered as by lease_poll.
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV[1] request id   ARGV[2] capacity   ARGV[3] units k   ARGV[4] lease ms
 -- ARGV[5] label ("" for none)   ARGV[6] "1" = one live request per label
 -- ARGV[7] mode "try" | "wait"   ARGV[8] waiter lease ms   ARGV[9] wake channel
@@ -15,9 +15,14 @@
 --        | {"TOOBIG", capacity}                      (k larger than the capacity in force)
 --        | {"TOOMANY", most units per request}
 --        | {"WRONGTYPE", key, actual, expected}
--- (The body is acquire_op, in lease_prelude.lua: lease_batch runs it too.)
--- (The uncontended grant takes fast_acquire, in lease_prelude.lua.)
-S.sess, S.low = 's:' .. (ARGV[11] or ''), seqno(ARGV[12])
+local request = {
+  id = ARGV[1], cap = ARGV[2], k = ARGV[3], lease = ARGV[4], label = ARGV[5], exclusive = ARGV[6],
+  mode = ARGV[7], waiter_lease = ARGV[8], channel = ARGV[9], seq = ARGV[10],
+}
+open_session(ARGV[11], ARGV[12])
+-- The uncontended grant of one unit takes fast_acquire (lease/fast.lua); every other request
+-- goes by acquire() (lease/requests.lua, which lease_batch runs too), on the state read with
+-- the request's record and the session's, and settled.
 return run(function()
-  return acquire_op(ARGV, 0, ARGV[9], ARGV[10])
-end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)
+  return acquire(request)
+end, 'r:' .. request.id, nil, fast_acquire, request)

@@ -1,5 +1,5 @@
 -- latch_state: what the latch is doing.
--- KEYS: see latch_prelude.lua
+-- KEYS: see latch/prelude.lua
 -- ARGV: none
 -- Returns: {"COUNTING", count} | {"DONE"} (opened within DONE_MS)
 --        | {"DELETED"} (deleted while counting, within DONE_MS)

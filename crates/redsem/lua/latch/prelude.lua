@@ -1,5 +1,5 @@
--- latch_prelude: the latch's keys, records and rules, after common.lua and in front of every
--- latch_*.lua operation, so every operation sees the same KEYS layout and helpers.
+-- latch/prelude: the latch's keys, records and rules, after common.lua and in front of every
+-- latch operation, so every operation sees the same KEYS layout and helpers.
 --
 -- KEYS (one hash tag, so one cluster slot):
 --   1 count    STRING the count, 1 .. 2^53 - 1; absent when never set, opened (reached 0) or
@@ -48,7 +48,7 @@ end
 -- Reads the caller's record: the first access of sessions and applied (a foreign value in
 -- either is reported by every call that reads or writes the count).
 local function seen(seq, sid, low)
-  S.sess, S.low = 's:' .. (sid or ''), seqno(low)
+  open_session(sid, low)
   S[S.sess] = call(SESSIONS, 'HGET', SESSIONS, S.sess)
   call(APPLIED, 'ZCARD', APPLIED)
   return session_stale(seq) or session_mark(seq) ~= nil
@@ -83,5 +83,3 @@ local function begin(keys)
   COUNT, DONE, APPLIED, SESSIONS = keys[1], keys[2], keys[3], keys[4]
   start(SESSIONS, expected, HOOKS)
 end
-
----------------------------------------------------------------------------------------

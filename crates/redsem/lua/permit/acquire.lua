@@ -1,5 +1,5 @@
 -- permit_acquire: take K permits for a new request now, or (mode "wait") queue it.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id   ARGV[2] permits k (>= 1)   ARGV[3] mode "try" | "wait"
 -- ARGV[4] waiter lease ms   ARGV[5] wake channel   ARGV[6] this call's number in the
 -- client's session   ARGV[7] the session id   ARGV[8] the session's low mark (common.lua)
@@ -11,9 +11,16 @@
 -- A resend (the same id and number, after a lost reply) answers as a poll would: the same
 -- request is never granted or queued twice. A new wait request is never granted past the
 -- queue, and never granted more than the count holds.
--- (A new request that the count holds, with nobody waiting, takes fast_acquire, in
--- permit_prelude.lua.)
-S.sess, S.low = 's:' .. (ARGV[7] or ''), seqno(ARGV[8])
+-- A new request that the count holds, with nobody waiting, takes fast_acquire
+-- (permit/fast.lua); every other goes by acquire_op() (permit/requests.lua, which
+-- permit_batch runs too), on the records read with the request's and the session's, and
+-- settled: a late copy is GONE, a call marked answers as it did, a known id checks in; then
+-- granted now if nobody waits and the count holds k, else BUSY, or (mode "wait") queued.
+local request = {
+  id = ARGV[1], k = ARGV[2], mode = ARGV[3], waiter_lease = ARGV[4], channel = ARGV[5], seq = ARGV[6],
+}
+open_session(ARGV[7], ARGV[8])
 return run(function()
-  return acquire_op(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6] or '0')
-end, 'r:' .. ARGV[1], nil, fast_acquire, ARGV)
+  return acquire_op(request.id, request.k, request.mode, tonumber(request.waiter_lease), request.channel,
+    request.seq or '0')
+end, 'r:' .. request.id, nil, fast_acquire, request)

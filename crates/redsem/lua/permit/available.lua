@@ -1,6 +1,6 @@
 -- permit_available: the permits available now and the requests waiting, after dropping
 -- waiters whose lease ended.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV: none
 -- Returns: {"AVAILABLE", available (0 if never set), waiting requests, 1 if set else 0}
 --        | {"WRONGTYPE", key, actual, expected}

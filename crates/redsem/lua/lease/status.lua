@@ -1,6 +1,6 @@
 -- lease_status: a snapshot of a lease semaphore, after dropping what has expired (and
 -- repairing the counters if they disagree with the records).
--- KEYS: see lease_prelude.lua
+-- KEYS: see lease/layout.lua
 -- ARGV: none
 -- Returns: {"STATUS", capacity (-1 if none stored), units in use,
 --           {{id, label, token, lease ms left, held for ms, {slots}}, ...}   (grant order)

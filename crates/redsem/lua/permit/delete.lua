@@ -1,6 +1,6 @@
 -- permit_delete: remove the semaphore: its count and every queued request. Waiters find out
 -- at their next check-in ("GONE") and queue again on the semaphore that is then never set.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV: none
 -- Returns: {"DELETED", 1 if the count was set else 0} | {"WRONGTYPE", key, actual, expected}
 return run(function()

@@ -1,13 +1,13 @@
 -- permit_drain: take every available permit. A count at or below zero is left as it is.
 -- Applied once per call: its number is marked in the client's session with the amount taken
 -- ("D<n>"), and a resend takes nothing more and answers that amount.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] request id (not used)   ARGV[2] this call's number in the client's session
 -- ARGV[3] the session id   ARGV[4] the session's low mark (see common.lua)
 -- Returns: {"DRAINED", permits taken} | {"WRONGTYPE", key, actual, expected}
 --        | {"LAYOUT", key, found, ours}
-S.sess, S.low = 's:' .. (ARGV[3] or ''), seqno(ARGV[4])
 local seq = ARGV[2] or '0'
+open_session(ARGV[3], ARGV[4])
 return run(function()
   if session_stale(seq) then
     return { 'DRAINED', 0 }

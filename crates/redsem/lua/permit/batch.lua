@@ -2,7 +2,7 @@
 -- additions (releases), withdrawals and check-ins its tasks have in flight, applied in the
 -- order given with the outcomes each would have had one by one, on one read of the time and
 -- the records and one write-back.
--- KEYS: see permit_prelude.lua
+-- KEYS: see permit/layout.lua
 -- ARGV[1] the caller's wake channel   ARGV[2] its session id   ARGV[3] the session's low
 -- mark, then the operations one after another, each with its number in the session:
 --   "a", request id, permits k, "try" | "wait", waiter lease ms, number   (as permit_acquire)
@@ -11,6 +11,8 @@
 --   "p", request id, waiter lease ms, number                              (as permit_poll)
 -- Returns: {{reply of each operation, in order}} | {"WRONGTYPE", key, actual, expected}
 --        | {"LAYOUT", key, found, ours}
+local channel, session, low = ARGV[1], ARGV[2], ARGV[3]
+-- The fields read up front: the records of the requests named, then the session's.
 local names, at = {}, 4
 while at <= #ARGV do
   local kind = ARGV[at]
@@ -29,24 +31,28 @@ while at <= #ARGV do
     return redis.error_reply('permit_batch: unknown operation ' .. tostring(kind))
   end
 end
-S.sess, S.low = 's:' .. (ARGV[2] or ''), seqno(ARGV[3])
+open_session(session, low)
 names[#names + 1] = S.sess
+-- Each operation in order, as the operation it stands for applies it alone.
 return run(function()
   local replies, i = {}, 4
   while i <= #ARGV do
     local kind = ARGV[i]
     if kind == 'a' then
-      replies[#replies + 1] = acquire_op(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4]), ARGV[1],
-        ARGV[i + 5])
+      local id, k, mode, waiter_lease, seq = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+      replies[#replies + 1] = acquire_op(id, k, mode, tonumber(waiter_lease), channel, seq)
       i = i + 6
     elseif kind == 'm' then
-      replies[#replies + 1] = add_op(ARGV[i + 2], ARGV[i + 3])
+      local delta, seq = ARGV[i + 2], ARGV[i + 3]
+      replies[#replies + 1] = add_op(delta, seq)
       i = i + 4
     elseif kind == 'w' then
-      replies[#replies + 1] = withdraw_op(ARGV[i + 1], ARGV[i + 2])
+      local id, seq = ARGV[i + 1], ARGV[i + 2]
+      replies[#replies + 1] = withdraw_op(id, seq)
       i = i + 3
     else
-      replies[#replies + 1] = check_in(ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3])
+      local id, waiter_lease, seq = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+      replies[#replies + 1] = check_in(id, tonumber(waiter_lease), seq)
       i = i + 4
     end
   end
