@@ -31,8 +31,9 @@ const LAYERS: &[&[&str]] = &[
     &["wait", "batch"],
     &["lease", "permits"],
     &["mutex", "latch"],
-    // Every `Redsem::<primitive>` factory method.
-    &["factory"],
+    // Every `Redsem::<primitive>` factory method; the status report of a name (all three
+    // primitives read at once).
+    &["factory", "report"],
     // The blocking facade and the tower layer, over the public API.
     &["blocking", "tower"],
 ];
