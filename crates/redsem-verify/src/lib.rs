@@ -1,5 +1,7 @@
-//! redsem's verification tools.
+//! redsem's verification tools, each a binary of this crate:
 //!
+//! * `redsem-soak`: a fault soak of the library with a history checker (docs/SOAK.md).
+//! * `redsem-mutants`: mutation testing of the Lua scripts (docs/MUTANTS.md).
 //! * [`diff`]: the differential runner. The same seeded calls of every operation of the
 //!   three primitives go to two engines of the protocol (the Lua library as shipped, the
 //!   same with its fast paths off; a native module next), and every reply, every message
@@ -8,4 +10,4 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 pub mod diff;
-mod rng;
+pub mod rng;

@@ -117,6 +117,11 @@ async fn a_waiter_larger_than_a_shrunk_capacity_is_dropped_and_those_behind_it_s
         matches!(poll("small").await, Acquire::Granted { .. }),
         "served: a holds 1 of 2"
     );
+    let big_lease: Option<f64> = conn.zscore(&k.leases, "big").await.expect("ZSCORE");
+    assert_eq!(
+        big_lease, None,
+        "the dropped waiter's lease entry goes with it"
+    );
 }
 
 #[tokio::test]

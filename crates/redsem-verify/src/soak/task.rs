@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::history::{LeaseOp, Record};
 use super::look::{Auditor, Looker};
-use super::rng::Rng;
+use redsem_verify::rng::Rng;
 
 /// Where every client writes its records; times are microseconds since `start`.
 #[derive(Debug)]

@@ -7,7 +7,6 @@ mod history;
 mod look;
 mod nemesis;
 mod ops;
-mod rng;
 mod task;
 
 use std::collections::BTreeMap;
@@ -474,7 +473,7 @@ fn run(args: &Args) -> Vec<Record> {
                             latches_set: Arc::clone(&latches_set),
                             latch_reached: Arc::clone(&latch_reached),
                             stop: stop_rx.clone(),
-                            rng: rng::Rng::new(
+                            rng: redsem_verify::rng::Rng::new(
                                 seed ^ (u64::from(client) << 32 | u64::from(t)) ^ 0x5eed,
                             ),
                             weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
@@ -516,7 +515,7 @@ fn run(args: &Args) -> Vec<Record> {
     // its own thread; this thread, which owns the servers, lives until the end of the run.
     let nemesis_until = Instant::now() + args.duration.saturating_sub(settle(args.duration));
     let mut nemesis = nemesis::Nemesis {
-        rng: rng::Rng::new(args.seed),
+        rng: redsem_verify::rng::Rng::new(args.seed),
         rec: Arc::clone(&rec),
         proxies: Arc::clone(&proxies),
         runtimes,

@@ -8,8 +8,8 @@ use redsem_test::FaultProxy;
 
 use super::Deployment;
 use super::history::{Fault, Record};
-use super::rng::Rng;
 use super::task::{EDGE_LEASE, EdgeGate, Recorder};
+use redsem_verify::rng::Rng;
 
 /// Every kind of fault, in the order of the summary.
 pub const KINDS: &[&str] = &[

@@ -34,7 +34,7 @@ usage: redsem-mutants [flags]
   --soak-secs SECS       each soak run's length (default 3)
   --no-soak              judge by the script tests alone
   --release              build the test binary and the soak in release
-  --equivalent FILE      ids argued equivalent (default crates/redsem-test/mutants/equivalent.txt)
+  --equivalent FILE      ids argued equivalent (default crates/redsem-verify/mutants/equivalent.txt)
   --json FILE            write every outcome as JSON
   --min-score PCT        fail below this score (default 90)";
 
@@ -73,7 +73,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         soak_seeds: vec![1, 2],
         soak_duration: Duration::from_secs(3),
         release: false,
-        equivalent: repo_root().join("crates/redsem-test/mutants/equivalent.txt"),
+        equivalent: repo_root().join("crates/redsem-verify/mutants/equivalent.txt"),
         json: None,
         min_score: 90.0,
     };
@@ -317,15 +317,7 @@ fn run(args: Result<Args, String>) -> Result<ExitCode, String> {
         PathBuf::new()
     } else {
         build(
-            &[
-                "build",
-                "-p",
-                "redsem-test",
-                "--bin",
-                "redsem-soak",
-                "--features",
-                "redsem/lua-dir",
-            ],
+            &["build", "-p", "redsem-verify", "--bin", "redsem-soak"],
             args.release,
             "redsem-soak",
             false,
