@@ -61,11 +61,11 @@ local NEVER = 4503599627370496
 -- The layout of the keys and records above, stored in the state hash (field `layout`) when
 -- a state is made. A state that names another layout was written by a version of redsem
 -- that keeps its state differently: every operation refuses it ({"LAYOUT", found, ours})
--- and changes nothing. A state without the field is of this layout (written before the
--- field existed): the first call names it (load()). Raise it with any change an older
--- version would misread; the upgrade is "drain, then upgrade" (README). Layout 2 (client
--- sessions in place of a minute of tombstones) adopts an idle state of layout 1 (nobody
--- holds or waits): its tombstones are dropped, the capacity and last token kept.
+-- and changes nothing. A state without the field is of layout 1 (written before the field
+-- existed, with a minute of tombstones in place of client sessions): load() adopts it when
+-- idle (nobody holds or waits: its tombstones dropped, the capacity and last token kept) and
+-- refuses it when live, as any other layout. Raise LAYOUT with any change an older version
+-- would misread; the upgrade is "drain, then upgrade" (README).
 local LAYOUT = '2'
 -- A field longer than a listpack may hold (hash-max-listpack-value, 64 bytes by default):
 -- written in every state hash, it makes Redis keep that hash as a hash table. A small hash is
