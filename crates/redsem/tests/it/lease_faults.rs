@@ -298,6 +298,14 @@ async fn a_wake_up_for_a_request_resent_after_its_grant_ran_out_never_becomes_a_
     .await;
     let status = sem.status().await.expect("status");
     assert_eq!(status.waiters.len(), 1, "the lost enqueue was applied");
+    // The unit is handed over only once the waiter stalls: a wake-up that reached it before
+    // (its thread slow to see the lost reply) would be a grant it may rightly take.
+    within(LIMIT, "the waiter stalls before its resend", async {
+        while !waiter.stalled() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     holder.release().await.expect("release");
     // The unit handed to the frozen waiter stays unclaimed past its waiter lease.
     tokio::time::sleep(Duration::from_millis(400)).await;

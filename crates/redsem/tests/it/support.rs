@@ -302,6 +302,8 @@ pub(crate) struct Frozen<T> {
     freeze: std::sync::mpsc::Sender<Duration>,
     result: std::sync::mpsc::Receiver<T>,
     thread: std::thread::JoinHandle<()>,
+    /// Set once the stall (`spawn_stalling`) has begun.
+    stalled: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Blocks the thread it runs on for `pause` at the first event whose message contains `at`:
@@ -310,6 +312,8 @@ struct StallAt {
     at: &'static str,
     pause: Duration,
     done: std::sync::atomic::AtomicBool,
+    /// Set as the stall begins (the test's `Frozen::stalled`).
+    begun: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StallAt {
@@ -326,6 +330,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StallAt {
         event.record(&mut message);
         if message.0.contains(self.at) && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst)
         {
+            self.begun.store(true, std::sync::atomic::Ordering::SeqCst);
             std::thread::sleep(self.pause);
         }
     }
@@ -355,6 +360,8 @@ impl<T: Send + 'static> Frozen<T> {
         let (go, go_rx) = std::sync::mpsc::channel::<()>();
         let (freeze, freeze_rx) = std::sync::mpsc::channel::<Duration>();
         let (result_tx, result) = std::sync::mpsc::channel();
+        let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let begun = std::sync::Arc::clone(&stalled);
         let thread = std::thread::spawn(move || {
             use tracing_subscriber::layer::SubscriberExt;
             let _stalls = stall.map(|(at, pause)| {
@@ -362,6 +369,7 @@ impl<T: Send + 'static> Frozen<T> {
                     at,
                     pause,
                     done: std::sync::atomic::AtomicBool::new(false),
+                    begun,
                 }))
             });
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -389,7 +397,13 @@ impl<T: Send + 'static> Frozen<T> {
             freeze,
             result,
             thread,
+            stalled,
         }
+    }
+
+    /// Whether the stall given to [`spawn_stalling`](Self::spawn_stalling) has begun.
+    pub(crate) fn stalled(&self) -> bool {
+        self.stalled.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Connect and run the body.
