@@ -378,10 +378,19 @@ pub(crate) fn wait_dead(pid: i32, limit: Duration) -> Duration {
     start.elapsed()
 }
 
-/// A port of 127.0.0.1 with nothing listening on it.
+/// A port of 127.0.0.1 with nothing listening on it, and that nothing of the tests will take:
+/// one below 1024 that refuses a connection now. (A free port of the ephemeral range, found by
+/// binding port 0, could be taken by a server another test starts at the same moment.)
 pub(crate) fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr").port()
+    (1..1024)
+        .find(|port| {
+            std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from(([127, 0, 0, 1], *port)),
+                Duration::from_millis(200),
+            )
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        })
+        .expect("a port below 1024 that refuses connections")
 }
 
 /// Hold every write of `world`'s server (`CLIENT PAUSE 5000 WRITE`: no script runs, so no
