@@ -20,6 +20,12 @@ import pytest
 # The most one test may take, waits included (each wait has a timeout of its own as well).
 TEST_DEADLINE = 60
 
+# Ctrl-C as an interactive interpreter has it, however the tests were started: a runner that
+# starts them as a background job of a non-interactive shell hands on SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler, here nor in the interpreters the tests
+# start (an ignored signal stays ignored across exec; a handled one is reset to the default).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def free_port() -> int:
     with socket.socket() as s:
