@@ -333,3 +333,36 @@ async fn a_settle_keeps_a_lease_that_ends_a_few_ms_later() {
     }
     assert!(told > 0, "no round ran within 2 ms");
 }
+
+/// A grant that a settle makes (a holder's lease ended, the head waiter is promoted) is
+/// settled in its turn when its own lease ends, though the waiter's place would have lasted
+/// longer: the earliest lease end the state keeps counts the new grant's.
+#[tokio::test]
+async fn a_grant_made_by_a_settle_ends_with_its_own_lease_not_the_waiters_place() {
+    let (_server, mut conn, k) = start().await;
+    granted(acquire(&mut conn, req("a", 1, 1, false)).await);
+    let waiter = Request {
+        lease: Duration::from_millis(200),
+        ..req("w", 1, 1, true)
+    };
+    assert!(matches!(
+        acquire(&mut conn, waiter).await,
+        Acquire::Queued { position: 0, .. }
+    ));
+    // a's lease ended long ago (the end a frozen holder leaves): the next call settles it and
+    // hands the unit to w, whose place lasts 30 s and whose grant 200 ms.
+    let () = conn.zadd(&k.leases, "a", 1).await.expect("zadd");
+    let () = conn.hset(&k.state, "next", 1).await.expect("hset");
+    let status = lease_status(&mut conn, &k).await.expect("status");
+    let holding: Vec<&str> = status.holders.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(holding, vec!["w"], "the settle granted w");
+    // w never claims it: once its 200 ms are over, the unit is free again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        matches!(
+            acquire(&mut conn, req("c", 1, 1, false)).await,
+            Acquire::Granted { .. }
+        ),
+        "w's unclaimed grant ended with its lease"
+    );
+}
