@@ -563,7 +563,8 @@ impl RedisServer {
                     .arg(self.dir.path())
                     .arg("--logfile")
                     .arg(self.log_path())
-                    .args(["--enable-debug-command", "yes", "--daemonize", "no"])
+                    .args(debug_command_args())
+                    .args(["--daemonize", "no"])
                     .args(&self.extra_args);
             },
             stderr,
@@ -618,6 +619,29 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// `--enable-debug-command yes` where the server knows the option (Redis 7 and Valkey), nothing
+/// before Redis 7, which refuses the option as a bad directive and allows `DEBUG` always.
+fn debug_command_args() -> &'static [&'static str] {
+    static ARGS: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+    ARGS.get_or_init(|| {
+        let bin = binary("REDSEM_REDIS_SERVER", "redis-server");
+        // "Redis server v=6.2.14 sha=..." (Valkey: "Valkey server v=8.1.8 ...").
+        let major = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|out| {
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let version = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+                version.split('.').next()?.parse::<u32>().ok()
+            });
+        match major {
+            Some(major) if major < 7 => &[],
+            _ => &["--enable-debug-command", "yes"],
+        }
+    })
 }
 
 /// The binary named by the environment variable `var`, or `default` from the `PATH`.
