@@ -47,6 +47,8 @@ pub struct Divergence {
     pub second: String,
     /// The calls up to it, oldest first (the last 30).
     pub history: Vec<String>,
+    /// The first engine's keys of the semaphore just before the call, as read.
+    pub before: Vec<String>,
 }
 
 impl std::fmt::Display for Divergence {
@@ -60,6 +62,10 @@ impl std::fmt::Display for Divergence {
         writeln!(f, "  second: {}", self.second)?;
         writeln!(f, "the calls before it, last one last:")?;
         for line in &self.history {
+            writeln!(f, "  {line}")?;
+        }
+        writeln!(f, "the first engine's keys before it:")?;
+        for line in &self.before {
             writeln!(f, "  {line}")?;
         }
         Ok(())
@@ -195,6 +201,11 @@ pub fn run(server: &RedisServer, config: &Config) -> Result<Report, String> {
         report.resends += u64::from(step.resend);
         report.faults += u64::from(step.fault.is_some());
 
+        let mut before = Vec::new();
+        for key in step.keys() {
+            let read = dump::key(&mut conn, &sided(&key, 0)).map_err(failed("reading a key"))?;
+            before.push(format!("{key}: {read}"));
+        }
         let (replies, put_aside) = call_both(&mut conn, &engines, &step)?;
         let divergence = |what: &str, first: &str, second: &str| Divergence {
             step: number,
@@ -202,6 +213,7 @@ pub fn run(server: &RedisServer, config: &Config) -> Result<Report, String> {
             first: as_second(first),
             second: second.to_owned(),
             history: history.clone(),
+            before: before.clone(),
         };
         let rendered = replies.each_ref().map(dump::render);
         if as_second(&rendered[0]) != rendered[1] {
@@ -260,6 +272,7 @@ pub fn run(server: &RedisServer, config: &Config) -> Result<Report, String> {
                     first: as_second(&first),
                     second,
                     history,
+                    before: Vec::new(),
                 });
                 return Ok(report);
             }
