@@ -94,6 +94,30 @@ pub struct Step {
 }
 
 impl Step {
+    /// A call of `op` by `client` on semaphore `sem`, carrying the session numbers `seqs`;
+    /// its reply arrives, no fault, the clock not moved (the generator decides those after).
+    fn new(
+        primitive: Primitive,
+        sem: usize,
+        op: &'static str,
+        args: Vec<String>,
+        client: usize,
+        seqs: Vec<u64>,
+    ) -> Step {
+        Step {
+            primitive,
+            sem,
+            op,
+            args,
+            client,
+            seqs,
+            lost: false,
+            resend: false,
+            advance_us: 0,
+            fault: None,
+        }
+    }
+
     /// Its KEYS, with [`SIDE`] where the engine's side goes.
     pub fn keys(&self) -> Vec<String> {
         semaphore_keys(self.primitive, self.sem)
@@ -378,18 +402,8 @@ impl Generator {
     }
 
     fn lease(&mut self, client: usize, sem: usize) -> Step {
-        let step = |op, args: Vec<String>, seqs| Step {
-            primitive: Primitive::Lease,
-            sem,
-            op,
-            args,
-            client,
-            seqs,
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        };
+        let step =
+            |op, args: Vec<String>, seqs| Step::new(Primitive::Lease, sem, op, args, client, seqs);
         match self.rng.below(100) {
             0..=34 => {
                 let id = self.id();
@@ -492,18 +506,7 @@ impl Generator {
             c.low(),
             kind.to_owned(),
         ];
-        Step {
-            primitive: Primitive::Lease,
-            sem,
-            op: "lease_release",
-            args,
-            client,
-            seqs,
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        }
+        Step::new(Primitive::Lease, sem, "lease_release", args, client, seqs)
     }
 
     fn permit_withdraw(
@@ -520,18 +523,14 @@ impl Generator {
             c.session.clone(),
             c.low(),
         ];
-        Step {
-            primitive: Primitive::Permit,
+        Step::new(
+            Primitive::Permit,
             sem,
-            op: "permit_withdraw",
+            "permit_withdraw",
             args,
             client,
-            seqs: vec![],
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        }
+            vec![],
+        )
     }
 
     fn permit(&mut self, client: usize, sem: usize) -> Step {
@@ -584,18 +583,7 @@ impl Generator {
             args.push(c.session.clone());
             args.push(c.low());
         }
-        Step {
-            primitive: Primitive::Permit,
-            sem,
-            op,
-            args,
-            client,
-            seqs,
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        }
+        Step::new(Primitive::Permit, sem, op, args, client, seqs)
     }
 
     fn permit_batch(&mut self, client: usize, sem: usize) -> Step {
@@ -625,18 +613,7 @@ impl Generator {
             args.extend(op);
         }
         args[2] = self.clients[client].low();
-        Step {
-            primitive: Primitive::Permit,
-            sem,
-            op: "permit_batch",
-            args,
-            client,
-            seqs,
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        }
+        Step::new(Primitive::Permit, sem, "permit_batch", args, client, seqs)
     }
 
     fn latch(&mut self, client: usize, sem: usize) -> Step {
@@ -670,18 +647,7 @@ impl Generator {
             75..=92 => ("latch_state", vec![], vec![]),
             _ => ("latch_delete", vec![channel], vec![]),
         };
-        Step {
-            primitive: Primitive::Latch,
-            sem,
-            op,
-            args,
-            client,
-            seqs,
-            lost: false,
-            resend: false,
-            advance_us: 0,
-            fault: None,
-        }
+        Step::new(Primitive::Latch, sem, op, args, client, seqs)
     }
 
     /// Learn from the first engine's reply to `step` (and the grants it published).

@@ -31,16 +31,22 @@ impl Auditor {
         })
     }
 
-    /// `TIME` in µs and the score of `id` in `key`, or `None` if the server could not be
-    /// asked.
-    pub async fn look(&mut self, key: &str, id: &str) -> Option<(u64, Option<i64>)> {
+    /// The connection of the looks, made (again) if there is none; `None` if it cannot be made
+    /// within `LOOK_LIMIT`.
+    async fn connection(&mut self) -> Option<&mut MultiplexedConnection> {
         if self.con.is_none() {
             let made =
                 tokio::time::timeout(LOOK_LIMIT, self.client.get_multiplexed_async_connection())
                     .await;
             self.con = made.ok().and_then(Result::ok);
         }
-        let con = self.con.as_mut()?;
+        self.con.as_mut()
+    }
+
+    /// `TIME` in µs and the score of `id` in `key`, or `None` if the server could not be
+    /// asked.
+    pub async fn look(&mut self, key: &str, id: &str) -> Option<(u64, Option<i64>)> {
+        let con = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.atomic().cmd("TIME").cmd("ZSCORE").arg(key).arg(id);
         let read: Result<redis::RedisResult<Look>, _> =
@@ -65,13 +71,7 @@ impl Auditor {
     /// session records are negative) and the ids in its `queue`, read in one transaction;
     /// `None` if the server could not be asked.
     pub async fn list(&mut self, name: &str) -> Option<(u64, Vec<String>, Vec<String>)> {
-        if self.con.is_none() {
-            let made =
-                tokio::time::timeout(LOOK_LIMIT, self.client.get_multiplexed_async_connection())
-                    .await;
-            self.con = made.ok().and_then(Result::ok);
-        }
-        let con = self.con.as_mut()?;
+        let con = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("TIME")
