@@ -16,6 +16,7 @@ fn run(
         steps,
         engines,
         patches,
+        module: None,
     };
     diff::run(server, &config).unwrap_or_else(|e| panic!("seed {seed}: the run failed: {e}"))
 }

@@ -6,10 +6,13 @@
 /// The keys of one lease semaphore, in the order the `lua/lease/` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseKeys {
-    pub(crate) all: [String; 4],
+    pub(crate) all: [String; Self::COUNT],
 }
 
 impl LeaseKeys {
+    /// How many keys its operations take.
+    pub(crate) const COUNT: usize = 4;
+
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let base = format!("{prefix}:{{lease:{name}}}");
         let part = |p: &str| format!("{base}:{p}");
@@ -96,10 +99,13 @@ pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
 /// The keys of one permit semaphore, in the order the `lua/permit/` scripts expect them.
 #[derive(Debug, Clone)]
 pub(crate) struct PermitKeys {
-    pub(crate) all: [String; 6],
+    pub(crate) all: [String; Self::COUNT],
 }
 
 impl PermitKeys {
+    /// How many keys its operations take.
+    pub(crate) const COUNT: usize = 6;
+
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let base = format!("{prefix}:{{permits:{name}}}");
         let part = |p: &str| format!("{base}:{p}");
@@ -120,11 +126,14 @@ impl PermitKeys {
 /// the channel on which its waiters hear that it opened.
 #[derive(Debug, Clone)]
 pub(crate) struct LatchKeys {
-    pub(crate) all: [String; 4],
+    pub(crate) all: [String; Self::COUNT],
     pub(crate) channel: String,
 }
 
 impl LatchKeys {
+    /// How many keys its operations take.
+    pub(crate) const COUNT: usize = 4;
+
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let base = format!("{prefix}:{{latch:{name}}}");
         let part = |p: &str| format!("{base}:{p}");

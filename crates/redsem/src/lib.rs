@@ -151,6 +151,8 @@ pub use report::{PermitsStatus, StatusReport};
 #[cfg(feature = "lua-dir")]
 #[doc(hidden)]
 pub use script::library_source_with;
+#[doc(hidden)]
+pub use script::{protocol_library, protocol_operations};
 pub use types::{FencingToken, PermitId};
 pub use url::{ConnectTarget, TargetHosts};
 

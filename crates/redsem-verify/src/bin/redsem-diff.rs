@@ -16,12 +16,16 @@ struct Args {
     /// Calls per seed.
     #[arg(long, default_value_t = 2_000)]
     steps: u64,
-    /// The first engine: scripts | scripts-general.
+    /// The first engine: scripts | scripts-general | native.
     #[arg(long, default_value = "scripts")]
     first: String,
-    /// The second engine: scripts | scripts-general.
+    /// The second engine: scripts | scripts-general | native.
     #[arg(long, default_value = "scripts-general")]
     second: String,
+    /// The module for the native engine (`cargo build --release -p redsem-module` makes
+    /// target/release/libredsem_module.so).
+    #[arg(long)]
+    module: Option<std::path::PathBuf>,
 }
 
 fn seeds(text: &str) -> Option<Vec<u64>> {
@@ -38,22 +42,32 @@ fn main() -> ExitCode {
         EngineKind::parse(&args.first),
         EngineKind::parse(&args.second),
     ) else {
-        eprintln!("redsem-diff: an engine is one of: scripts, scripts-general");
+        eprintln!("redsem-diff: an engine is one of: scripts, scripts-general, native");
         return ExitCode::from(2);
     };
     let Some(seeds) = seeds(&args.seeds) else {
         eprintln!("redsem-diff: --seeds takes a number, a list (1,2,3) or a range (1..=20)");
         return ExitCode::from(2);
     };
-    let server = redsem_test::RedisServer::start();
+    let base = Config {
+        seed: 0,
+        steps: args.steps,
+        engines: [first, second],
+        patches: Vec::new(),
+        module: args.module.clone(),
+    };
+    let server_args = match base.server_args() {
+        Ok(server_args) => server_args,
+        Err(e) => {
+            eprintln!("redsem-diff: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let server = redsem_test::RedisServer::start_with(&server_args);
     let mut total = 0;
     for seed in seeds {
-        let config = Config {
-            seed,
-            steps: args.steps,
-            engines: [first, second],
-            patches: Vec::new(),
-        };
+        let config = Config { seed, ..base.clone() };
         match diff::run(&server, &config) {
             Ok(report) => {
                 total += report.steps;

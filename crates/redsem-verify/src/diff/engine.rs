@@ -1,11 +1,14 @@
 //! The engines a differential run compares: each serves the protocol's operations (same
 //! KEYS, same ARGV, same replies) on a key space of its own in one server.
 //!
-//! Today these are variants of the Lua library: as shipped, or with its fast paths turned
-//! off (every call takes the general path). Every variant reads the time from a planted
-//! clock, a list key the runner sets before each step, so two engines that run the same call
-//! one after the other see the same "now", and the runner can move time on at will (leases
-//! and sessions expire without waiting).
+//! The engines are variants of the Lua library (as shipped, or with its fast paths turned
+//! off: every call takes the general path) and the native engine, the module of
+//! crates/redsem-module (`REDSEM.<OPERATION>` commands, which run the Lua where they have no
+//! native path). Every engine reads the time from a planted clock, a list key the runner sets
+//! before each step, so two engines that run the same call one after the other see the same
+//! "now", and the runner can move time on at will (leases and sessions expire without
+//! waiting): the Lua variants read it in place of `TIME`, the module is loaded with
+//! `clock <key>` ([`module_args`]).
 
 use redis::{Connection, Value};
 
@@ -19,6 +22,25 @@ pub enum EngineKind {
     Scripts,
     /// The Lua library with every fast path turned off: the general path answers every call.
     ScriptsGeneral,
+    /// The module (crates/redsem-module), loaded by the server with [`module_args`]: its
+    /// native paths, and the Lua library (as shipped, the clock planted) for every other call.
+    Native,
+}
+
+/// The name of the library the module runs its Lua from in a run (`library <name>`).
+const NATIVE_LIBRARY: &str = "diff_native";
+
+/// The arguments that make `redis-server` load the module at `path` as a run needs it: its
+/// Lua from the library the runner loads, its time from the planted clock.
+pub fn module_args(path: &std::path::Path) -> Vec<String> {
+    vec![
+        "--loadmodule".to_owned(),
+        path.display().to_string(),
+        "library".to_owned(),
+        NATIVE_LIBRARY.to_owned(),
+        "clock".to_owned(),
+        CLOCK_KEY.to_owned(),
+    ]
 }
 
 impl EngineKind {
@@ -27,12 +49,13 @@ impl EngineKind {
         match self {
             EngineKind::Scripts => "scripts",
             EngineKind::ScriptsGeneral => "scripts-general",
+            EngineKind::Native => "native",
         }
     }
 
     /// The kind named `name` on the command line.
     pub fn parse(name: &str) -> Option<EngineKind> {
-        [EngineKind::Scripts, EngineKind::ScriptsGeneral]
+        [EngineKind::Scripts, EngineKind::ScriptsGeneral, EngineKind::Native]
             .into_iter()
             .find(|kind| kind.name() == name)
     }
@@ -52,8 +75,8 @@ pub struct Patch {
 /// An engine loaded into the server: calls go to its functions.
 #[derive(Debug)]
 pub struct Engine {
-    /// The prefix of its functions' names (`<library>_`).
-    functions: String,
+    /// The prefix of its functions' names (`<library>_`); None: the module's commands.
+    functions: Option<String>,
 }
 
 /// Replace the one occurrence of `find` in `text`; an error names `what` if there is not
@@ -102,34 +125,47 @@ fn source_for(kind: EngineKind, name: &str, patches: &[Patch]) -> Result<String,
 }
 
 impl Engine {
-    /// Load `kind` (with `patches`) into the server behind `conn`, as library `name`.
+    /// Load `kind` (with `patches`) into the server behind `conn`, as library `name` (the
+    /// native engine: its Lua, as the library the module was told to run).
     pub fn load(
         conn: &mut Connection,
         kind: EngineKind,
         name: &str,
         patches: &[Patch],
     ) -> Result<Engine, String> {
-        let source = source_for(kind, name, patches)?;
+        let (lua, name) = match kind {
+            EngineKind::Native => (EngineKind::Scripts, NATIVE_LIBRARY),
+            other => (other, name),
+        };
+        let source = source_for(lua, name, patches)?;
         redis::cmd("FUNCTION")
             .arg("LOAD")
             .arg("REPLACE")
             .arg(&source)
             .query::<String>(conn)
             .map_err(|e| format!("loading {}: {e}", kind.name()))?;
+        if kind == EngineKind::Native {
+            redis::cmd("REDSEM.ENGINE")
+                .query::<Value>(conn)
+                .map_err(|e| format!("the native engine needs the module loaded ({e})"))?;
+        }
         Ok(Engine {
-            functions: format!("{name}_"),
+            functions: (kind != EngineKind::Native).then(|| format!("{name}_")),
         })
     }
 
     /// Run operation `op` (a Lua file's name, e.g. `lease_acquire`) with `keys` and `args`:
     /// its reply, an error reply as a value.
     pub fn call(&self, conn: &mut Connection, op: &str, keys: &[String], args: &[String]) -> Value {
-        let reply = redis::cmd("FCALL")
-            .arg(format!("{}{op}", self.functions))
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args)
-            .query::<Value>(conn);
+        let mut cmd = match &self.functions {
+            Some(prefix) => {
+                let mut fcall = redis::cmd("FCALL");
+                fcall.arg(format!("{prefix}{op}")).arg(keys.len());
+                fcall
+            }
+            None => redis::cmd(&format!("REDSEM.{}", op.to_ascii_uppercase())),
+        };
+        let reply = cmd.arg(keys).arg(args).query::<Value>(conn);
         match reply {
             Ok(value) => value,
             Err(e) => Value::SimpleString(format!("error reply: {e}")),

@@ -32,6 +32,27 @@ pub struct Config {
     pub engines: [EngineKind; 2],
     /// Changes to the second engine's library (a bug put back, to show the runner sees it).
     pub patches: Vec<Patch>,
+    /// The module to load, for the native engine (crates/redsem-module's
+    /// `libredsem_module.so`).
+    pub module: Option<std::path::PathBuf>,
+}
+
+impl Config {
+    /// The `redis-server` arguments a run of this configuration needs (the module, if an
+    /// engine is native).
+    pub fn server_args(&self) -> Result<Vec<String>, String> {
+        if !self.engines.contains(&EngineKind::Native) {
+            return Ok(Vec::new());
+        }
+        if self.engines == [EngineKind::Native; 2] {
+            return Err("the native engine can be compared with a Lua engine, not with itself".to_owned());
+        }
+        let module = self
+            .module
+            .as_deref()
+            .ok_or("the native engine needs the module's path (libredsem_module.so)")?;
+        Ok(engine::module_args(module))
+    }
 }
 
 /// The first difference between the two engines.
@@ -166,7 +187,9 @@ fn put_back(conn: &mut Connection, aside: Aside) -> Result<(), String> {
 
 /// Run `config` on a fresh server of its own.
 pub fn run_fresh(config: &Config) -> Result<Report, String> {
-    let server = RedisServer::start();
+    let args = config.server_args()?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = RedisServer::start_with(&args);
     run(&server, config)
 }
 

@@ -305,7 +305,9 @@ impl Generator {
         };
         step.lost = !step.seqs.is_empty() && self.rng.chance(0.08);
         step.advance_us = match self.rng.below(1000) {
-            0..=699 => self.rng.below(3_000),
+            // The same microsecond: a token then comes from the last one, not the clock.
+            0..=99 => 0,
+            100..=699 => self.rng.below(3_000),
             700..=949 => 10_000 + self.rng.below(490_000),
             950..=994 => 1_000_000 + self.rng.below(40_000_000),
             // Past a session record's life (10 min) and its pruning lag.

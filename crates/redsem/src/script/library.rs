@@ -77,6 +77,15 @@ pub(crate) enum Primitive {
 }
 
 impl Primitive {
+    /// How many keys each of its operations takes (its `KEYS`, `crate::keys`).
+    pub(crate) fn keys(self) -> usize {
+        match self {
+            Primitive::Lease => crate::keys::LeaseKeys::COUNT,
+            Primitive::Permit => crate::keys::PermitKeys::COUNT,
+            Primitive::Latch => crate::keys::LatchKeys::COUNT,
+        }
+    }
+
     /// Its prelude's files (name and the text compiled in), in the order they are joined.
     pub(crate) fn prelude_files(self) -> &'static [(&'static str, &'static str)] {
         match self {
@@ -261,6 +270,23 @@ pub fn library_source_with(dir: &std::path::Path) -> String {
         },
     )
     .source
+}
+
+/// The library as this build ships it: its name (which prefixes its functions' names,
+/// `<name>_<operation>`) and its source, for `FUNCTION LOAD`. For the native engine
+/// (`crates/redsem-module`), which runs an operation's Lua for every call it has no native
+/// path for; not for use.
+#[doc(hidden)]
+pub fn protocol_library() -> (&'static str, &'static str) {
+    (&LIBRARY.name, &LIBRARY.source)
+}
+
+/// Every operation's name (`lease_acquire`, ...) and how many keys it takes, in the order
+/// the library registers them. For the native engine, which serves each as a command; not
+/// for use.
+#[doc(hidden)]
+pub fn protocol_operations() -> impl Iterator<Item = (&'static str, usize)> {
+    ALL.iter().map(|op| (op.name, op.primitive.keys()))
 }
 
 impl Op {

@@ -33,3 +33,4 @@ pub(crate) use lease::*;
 #[cfg(feature = "lua-dir")]
 pub use library::library_source_with;
 pub(crate) use permit::*;
+pub use library::{protocol_library, protocol_operations};

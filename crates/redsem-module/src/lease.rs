@@ -1,0 +1,522 @@
+//! The lease semaphore's native paths: `fast_acquire` and `fast_release` of
+//! crates/redsem/lua/lease/fast.lua, the uncontended cycle, on the same keys through the
+//! module key API.
+//!
+//! Each takes a call only where the Lua's fast path would, and then does what it does: the
+//! same writes, the same records, the same reply. Where it would not (a waiter, a due lease or
+//! session record, a label, several units, a resend, a session record to renew, a foreign
+//! value, another layout, a number written oddly, ...) it declines before its first write,
+//! and the command runs the operation's Lua (crate::delegate), fast path and all.
+//!
+//! KEYS (lease/layout.lua): 1 leases (zset), 2 queue (zset; not touched here: nobody
+//! waits), 3 state (hash), 4 slots (string bitmap).
+
+use std::ffi::{c_char, c_int};
+use std::ptr;
+
+use crate::api::{
+    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, api, is_or_empty,
+    key_type, raw,
+};
+use crate::clock;
+use crate::record::{Session, decimal, fmt, hex};
+use crate::replicate::Effects;
+
+/// The layout this protocol writes (lease/layout.lua: LAYOUT).
+const LAYOUT: &[u8] = b"2";
+/// How late a due session record may be pruned (lease/layout.lua: PRUNE_LAG_MS).
+const PRUNE_LAG_MS: u64 = 2000;
+
+/// The state's fields the fast paths read, in this order.
+const CAP: usize = 0;
+const USED: usize = 1;
+const QLEN: usize = 2;
+const IDLE: usize = 3;
+const TOK: usize = 4;
+const NH: usize = 5;
+const NEXT: usize = 6;
+const TNEXT: usize = 7;
+const LAYOUT_AT: usize = 8;
+const RECORD: usize = 9;
+const SESSION: usize = 10;
+const FIELDS: usize = 11;
+
+/// The constant field names as strings made once at load: reading by them makes no string
+/// per name per call.
+struct Names([*mut RedisModuleString; 9]);
+// SAFETY: made at load, read-only afterwards, used on Redis's main thread only.
+unsafe impl Send for Names {}
+unsafe impl Sync for Names {}
+static NAMES: std::sync::OnceLock<Names> = std::sync::OnceLock::new();
+
+/// Make the field names (at load).
+pub(crate) unsafe fn init() {
+    let names = [
+        &b"cap"[..],
+        b"used",
+        b"qlen",
+        b"idle",
+        b"tok",
+        b"nh",
+        b"next",
+        b"tnext",
+        b"layout",
+    ]
+    .map(|name| api::create(ptr::null_mut(), name));
+    let _ = NAMES.set(Names(names));
+}
+
+/// The keys, open, if their types are those a fast path works on: the state a hash, leases a
+/// zset or none, slots a string or none.
+unsafe fn open(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Option<Keys<3>> {
+    let keys = Keys::<3>::open(ctx, &[argv[1], argv[3], argv[4]]);
+    let [leases, state, slots] = keys.0;
+    let ok = key_type(state) == raw::REDISMODULE_KEYTYPE_HASH
+        && is_or_empty(key_type(leases), raw::REDISMODULE_KEYTYPE_ZSET)
+        && is_or_empty(key_type(slots), raw::REDISMODULE_KEYTYPE_STRING);
+    ok.then_some(keys)
+}
+
+/// `read_state(name)`: the fields, the record `r:<id>` and the session record `s:<session>`.
+unsafe fn read(
+    ctx: *mut RedisModuleCtx,
+    state: *mut RedisModuleKey,
+    record: &[u8],
+    session: &[u8],
+) -> Read<FIELDS> {
+    let mut r = Read::<FIELDS>::new(ctx);
+    let n = &NAMES.get().expect("made at load").0;
+    let (rec, ses) = (api::create(ctx, record), api::create(ctx, session));
+    let [
+        cap,
+        used,
+        qlen,
+        idle,
+        tok,
+        nh,
+        next,
+        tnext,
+        layout,
+        rec_v,
+        ses_v,
+    ] = &mut r.v;
+    api!(RedisModule_HashGet)(
+        state,
+        raw::REDISMODULE_HASH_NONE as c_int,
+        n[0],
+        cap as *mut _,
+        n[1],
+        used as *mut _,
+        n[2],
+        qlen as *mut _,
+        n[3],
+        idle as *mut _,
+        n[4],
+        tok as *mut _,
+        n[5],
+        nh as *mut _,
+        n[6],
+        next as *mut _,
+        n[7],
+        tnext as *mut _,
+        n[8],
+        layout as *mut _,
+        rec,
+        rec_v as *mut _,
+        ses,
+        ses_v as *mut _,
+        ptr::null::<c_char>(),
+    );
+    api::free(ctx, rec);
+    api::free(ctx, ses);
+    r
+}
+
+/// A counter as `count()` reads it: absent is 0.
+fn count(s: &Read<FIELDS>, i: usize) -> Option<u64> {
+    s.get(i).map_or(Some(0), decimal)
+}
+
+/// `quiet(stored, room)`: of this layout, counters agreeing, nobody queued, no idle TTL,
+/// nothing due; with `room`, a unit free. Answers (cap, used, nh, next).
+fn quiet(s: &Read<FIELDS>, now: u64, room: bool) -> Option<(u64, u64, u64, u64)> {
+    s.get(CAP)?;
+    if s.get(QLEN) != Some(b"0") || s.get(LAYOUT_AT) != Some(LAYOUT) || s.get(NH).is_none() {
+        return None;
+    }
+    if s.get(IDLE).is_some_and(|idle| idle != b"0") {
+        return None;
+    }
+    let (cap, used, nh) = (count(s, CAP)?, count(s, USED)?, count(s, NH)?);
+    if (room && used >= cap) || (used > 0) != (nh > 0) {
+        return None;
+    }
+    let (next, tnext) = (count(s, NEXT)?, count(s, TNEXT)?);
+    if next <= now || (tnext > 0 && tnext + PRUNE_LAG_MS <= now) {
+        return None;
+    }
+    Some((cap, used, nh, next))
+}
+
+/// "<prefix><name>".
+fn field(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(prefix.len() + name.len());
+    v.extend_from_slice(prefix);
+    v.extend_from_slice(name);
+    v
+}
+
+/// The slot bitmap's first clear bit (`BITPOS slots 0`: past the end if none).
+unsafe fn first_clear(key: *mut RedisModuleKey) -> u64 {
+    if key_type(key) == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return 0;
+    }
+    let mut len = 0usize;
+    let p = api!(RedisModule_StringDMA)(key, &mut len, raw::REDISMODULE_READ as c_int);
+    let b = if p.is_null() {
+        &[][..]
+    } else {
+        std::slice::from_raw_parts(p.cast::<u8>(), len)
+    };
+    for (i, &byte) in b.iter().enumerate() {
+        if byte != 0xff {
+            return i as u64 * 8 + u64::from((!byte).leading_zeros());
+        }
+    }
+    len as u64 * 8
+}
+
+/// `SETBIT slots bit on`, growing the string as SETBIT does.
+unsafe fn set_bit(key: *mut RedisModuleKey, bit: u64, on: bool) {
+    let byte = (bit / 8) as usize;
+    let mut len = 0usize;
+    let dma = api!(RedisModule_StringDMA);
+    if key_type(key) != raw::REDISMODULE_KEYTYPE_EMPTY {
+        dma(key, &mut len, raw::REDISMODULE_READ as c_int);
+    }
+    if len <= byte {
+        api!(RedisModule_StringTruncate)(key, byte + 1);
+    }
+    let p = dma(key, &mut len, raw::REDISMODULE_WRITE as c_int).cast::<u8>();
+    let mask = 0x80u8 >> (bit % 8);
+    if on {
+        *p.add(byte) |= mask;
+    } else {
+        *p.add(byte) &= !mask;
+    }
+}
+
+/// `REDISMODULE_HASH_DELETE`: the value that deletes a field in `RedisModule_HashSet`.
+#[allow(clippy::manual_dangling_ptr)] // (the C header's value, 1: not a pointer to anything)
+const HASH_DELETE: *mut RedisModuleString = 1usize as *mut RedisModuleString;
+
+/// The most bits SETBIT takes (a 512 MB string).
+const MAX_BIT: u64 = (1 << 32) - 1;
+
+/// lease_acquire's fast path: one unit, no label, a new request, room and nobody queued.
+/// ARGV (argv[5..]): 1 id, 2 capacity, 3 units, 4 lease ms, 5 label, 6 one per label, 7 mode,
+/// 8 waiter lease ms, 9 channel, 10 seq, 11 session id, 12 low mark. Answers whether it
+/// replied (false: nothing was written, the Lua runs).
+pub(crate) unsafe fn fast_acquire(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> bool {
+    if argv.len() != 17 {
+        return false;
+    }
+    let a = |i: usize| api::bytes(argv[4 + i]);
+    if a(3) != b"1" || !a(5).is_empty() {
+        return false;
+    }
+    let (Some(want), Some(lease), Some(_), Some(seq)) =
+        (decimal(a(2)), decimal(a(4)), decimal(a(8)), hex(a(10)))
+    else {
+        return false;
+    };
+    let Some(keys) = open(ctx, argv) else {
+        return false;
+    };
+    let [leases, state, slots] = keys.0;
+    let record = field(b"r:", a(1));
+    let s = read(ctx, state, &record, &field(b"s:", a(11)));
+    if s.get(RECORD).is_some() {
+        return false;
+    }
+    let Some((now, now_us)) = clock::now(ctx) else {
+        return false;
+    };
+    let Some((cap, used, nh, next)) = quiet(&s, now, true) else {
+        return false;
+    };
+    if want != cap {
+        return false;
+    }
+    if s.get(SESSION).is_some() {
+        let Some(session) = Session::parse(s.get(SESSION)) else {
+            return false;
+        };
+        if session.stale(seq) || session.marked(a(10), seq) {
+            return false;
+        }
+    }
+    let Some(last) = count(&s, TOK) else {
+        return false;
+    };
+    let token = (last + 1).max(now_us);
+    let ends = now + lease;
+    let slot = if used > 0 { first_clear(slots) } else { 0 };
+    if slot > MAX_BIT || ends > 1 << 53 {
+        return false;
+    }
+
+    // The writes: SETBIT, ZADD, HSET (with `next` if this lease ends first).
+    set_bit(slots, slot, true);
+    let mut flags = 0;
+    api!(RedisModule_ZsetAdd)(leases, ends as f64, argv[5], &mut flags);
+    let (mut b1, mut b2, mut b3, mut b4, mut b5, mut b6) = (
+        [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20],
+    );
+    let tok = fmt(&mut b3, token);
+    let mut held = Vec::with_capacity(64);
+    for part in [
+        &b"h|"[..],
+        tok,
+        b"|1|",
+        fmt(&mut b5, now),
+        b"|",
+        fmt(&mut b6, lease),
+        b"|",
+    ] {
+        held.extend_from_slice(part);
+    }
+    held.extend_from_slice(fmt(&mut b4, slot));
+    held.push(b'|');
+    let v_used = api::create(ctx, fmt(&mut b1, used + 1));
+    let v_nh = api::create(ctx, fmt(&mut b2, nh + 1));
+    let v_tok = api::create(ctx, tok);
+    let v_held = api::create(ctx, &held);
+    let v_rec = api::create(ctx, &record);
+    let mut b7 = [0u8; 20];
+    let v_next = if ends < next {
+        api::create(ctx, fmt(&mut b7, ends))
+    } else {
+        ptr::null_mut()
+    };
+    let n = &NAMES.get().expect("made at load").0;
+    let hset = api!(RedisModule_HashSet);
+    let none = raw::REDISMODULE_HASH_NONE as c_int;
+    if v_next.is_null() {
+        hset(
+            state,
+            none,
+            n[USED],
+            v_used,
+            n[NH],
+            v_nh,
+            n[TOK],
+            v_tok,
+            v_rec,
+            v_held,
+            ptr::null::<c_char>(),
+        );
+    } else {
+        hset(
+            state,
+            none,
+            n[USED],
+            v_used,
+            n[NH],
+            v_nh,
+            n[TOK],
+            v_tok,
+            v_rec,
+            v_held,
+            n[NEXT],
+            v_next,
+            ptr::null::<c_char>(),
+        );
+    }
+
+    let mut effects = Effects::new(ctx);
+    effects.notify(raw::REDISMODULE_NOTIFY_STRING, c"setbit", argv[4]);
+    effects.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd", argv[1]);
+    effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", argv[3]);
+    if effects.replicating() {
+        let bit = api::create(ctx, fmt(&mut b4, slot));
+        let end = api::create(ctx, fmt(&mut b5, ends));
+        effects.replicate(c"SETBIT", &[argv[4], bit, one()]);
+        effects.replicate(c"ZADD", &[argv[1], end, argv[5]]);
+        if v_next.is_null() {
+            effects.replicate(
+                c"HSET",
+                &[
+                    argv[3], n[USED], v_used, n[NH], v_nh, n[TOK], v_tok, v_rec, v_held,
+                ],
+            );
+        } else {
+            effects.replicate(
+                c"HSET",
+                &[
+                    argv[3], n[USED], v_used, n[NH], v_nh, n[TOK], v_tok, v_rec, v_held, n[NEXT],
+                    v_next,
+                ],
+            );
+        }
+        api::free(ctx, bit);
+        api::free(ctx, end);
+    }
+    for v in [v_used, v_nh, v_tok, v_held, v_rec, v_next] {
+        api::free(ctx, v);
+    }
+
+    api::reply_array(ctx, 3);
+    api::reply_bulk(ctx, b"GRANTED");
+    api::reply_integer(ctx, token as i64);
+    api::reply_integer(ctx, slot as i64);
+    true
+}
+
+/// The slot of a holder record of one unit without a label, "h|token|1|at|lease|slot|"
+/// (`^h|%d+|1|%d+|%d+|(%d+)|$`).
+fn one_unit_slot(raw: &[u8]) -> Option<u64> {
+    let mut parts = raw.split(|&c| c == b'|');
+    let (h, t, k, at, lease, slot, label) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    if h != b"h" || k != b"1" || !label.is_empty() || parts.next().is_some() {
+        return None;
+    }
+    let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
+    if !(digits(t) && digits(at) && digits(lease)) {
+        return None;
+    }
+    decimal(slot).filter(|&s| s <= MAX_BIT)
+}
+
+/// lease_release's fast path: a holder of one unit without a label, nobody queued, a session
+/// record that needs no renewal and keeps no other marks. ARGV (argv[5..]): 1 id, 2 channel,
+/// 3 seq, 4 session id, 5 low mark, 6 "r" | "w". Answers whether it replied.
+pub(crate) unsafe fn fast_release(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+) -> bool {
+    if argv.len() != 11 {
+        return false;
+    }
+    let a = |i: usize| api::bytes(argv[4 + i]);
+    if a(6) != b"r" {
+        return false;
+    }
+    let (Some(seq), Some(low)) = (hex(a(3)), hex(a(5))) else {
+        return false;
+    };
+    let Some(keys) = open(ctx, argv) else {
+        return false;
+    };
+    let [leases, state, slots] = keys.0;
+    let (record, sess) = (field(b"r:", a(1)), field(b"s:", a(4)));
+    let s = read(ctx, state, &record, &sess);
+    let Some((now, _)) = clock::now(ctx) else {
+        return false;
+    };
+    let Some((_, used, nh, _)) = quiet(&s, now, false) else {
+        return false;
+    };
+    let Some(slot) = s.get(RECORD).and_then(one_unit_slot) else {
+        return false;
+    };
+    let Some(session) = Session::parse(s.get(SESSION)) else {
+        return false;
+    };
+    if session.stale(seq) {
+        return false;
+    }
+    let Some(marked) = session.put(low, a(3), b"R", now) else {
+        return false;
+    };
+
+    // The writes: SETBIT, ZREM, HSET, HDEL.
+    set_bit(slots, slot, false);
+    let mut deleted = 0;
+    api!(RedisModule_ZsetRem)(leases, argv[5], &mut deleted);
+    let (used, nh) = (used.saturating_sub(1), nh.saturating_sub(1));
+    let (mut b1, mut b2, mut b3) = ([0u8; 20], [0u8; 20], [0u8; 20]);
+    let v_used = api::create(ctx, fmt(&mut b1, used));
+    let v_nh = api::create(ctx, fmt(&mut b2, nh));
+    let v_sess = api::create(ctx, &sess);
+    let v_mark = api::create(ctx, &marked);
+    let v_rec = api::create(ctx, &record);
+    let n = &NAMES.get().expect("made at load").0;
+    api!(RedisModule_HashSet)(
+        state,
+        raw::REDISMODULE_HASH_NONE as c_int,
+        n[USED],
+        v_used,
+        n[NH],
+        v_nh,
+        v_sess,
+        v_mark,
+        v_rec,
+        HASH_DELETE,
+        ptr::null::<c_char>(),
+    );
+
+    let mut effects = Effects::new(ctx);
+    effects.notify(raw::REDISMODULE_NOTIFY_STRING, c"setbit", argv[4]);
+    effects.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zrem", argv[1]);
+    effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", argv[3]);
+    effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hdel", argv[3]);
+    if effects.replicating() {
+        let bit = api::create(ctx, fmt(&mut b3, slot));
+        effects.replicate(c"SETBIT", &[argv[4], bit, zero()]);
+        effects.replicate(c"ZREM", &[argv[1], argv[5]]);
+        effects.replicate(
+            c"HSET",
+            &[argv[3], n[USED], v_used, n[NH], v_nh, v_sess, v_mark],
+        );
+        effects.replicate(c"HDEL", &[argv[3], v_rec]);
+        api::free(ctx, bit);
+    }
+    for v in [v_used, v_nh, v_sess, v_mark, v_rec] {
+        api::free(ctx, v);
+    }
+
+    api::reply_array(ctx, 2);
+    api::reply_bulk(ctx, b"RELEASED");
+    api::reply_integer(ctx, i64::from(used == 0));
+    true
+}
+
+/// The strings "1" and "0", made once.
+struct Bits([*mut RedisModuleString; 2]);
+// SAFETY: made at load, read-only afterwards, main thread only.
+unsafe impl Send for Bits {}
+unsafe impl Sync for Bits {}
+static BITS: std::sync::OnceLock<Bits> = std::sync::OnceLock::new();
+
+fn bit_text(i: usize) -> *mut RedisModuleString {
+    BITS.get_or_init(|| {
+        // SAFETY: a string with no context (kept for the module's life).
+        Bits(unsafe {
+            [
+                api::create(ptr::null_mut(), b"0"),
+                api::create(ptr::null_mut(), b"1"),
+            ]
+        })
+    })
+    .0[i]
+}
+
+fn zero() -> *mut RedisModuleString {
+    bit_text(0)
+}
+
+fn one() -> *mut RedisModuleString {
+    bit_text(1)
+}
