@@ -126,6 +126,21 @@ pub enum Error {
         /// What is wrong and what to change.
         problem: String,
     },
+    /// The engine asked for ([`RedsemOptions::engine`](crate::RedsemOptions::engine):
+    /// [`Engine::Native`](crate::Engine::Native)) cannot serve on `node`: it has no redsem
+    /// module (`REDSEM.ENGINE` unknown), the user may not run the module's commands, or its
+    /// module serves another version of the protocol. Found when connecting; nothing was
+    /// written. Load the module (`redis-server --loadmodule libredsem_module.so`), allow its
+    /// commands, or connect with [`Engine::Auto`](crate::Engine::Auto).
+    #[error("the {asked} engine was asked for, but {node} cannot serve it: {reply}")]
+    EngineUnavailable {
+        /// The engine asked for.
+        asked: crate::Engine,
+        /// The server that cannot serve it (`host:port`).
+        node: String,
+        /// What it answered to `REDSEM.ENGINE`, and what that means.
+        reply: String,
+    },
     /// With [`RedsemOptions::replica_acks`](crate::RedsemOptions::replica_acks), the `WAIT`
     /// sent with a change found fewer replicas than asked for holding it when its timeout ran
     /// out. The change was applied on the primary, but a failover may lose it.

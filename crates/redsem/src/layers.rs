@@ -18,6 +18,9 @@ const LAYERS: &[&[&str]] = &[
     &["types", "observe", "url", "retry"],
     // The client session: the sequence numbers of retry-safe calls.
     &["session"],
+    // Which engine serves the calls (redsem's module or the Lua scripts), and what a
+    // connection remembers of it.
+    &["engine"],
     // The Lua scripts, their wrappers and the replica acknowledgements.
     &["script"],
     // The command connection; the keepalive driver (held by the client, it schedules any

@@ -20,7 +20,8 @@
 //! * Time comes from the Redis server (`TIME` inside scripts), never from client clocks.
 //! * A permit reports itself lost ([`LeasePermit::lost`]) no later than its lease could have
 //!   ended, even if the process was paused or cut off.
-//! * Every operation is one Lua script: one round trip, atomic, no outer lock.
+//! * Every operation is one Lua script: one round trip, atomic, no outer lock. (Or, where the
+//!   server loaded redsem's module, one command of it, with the same effect: see [`Engine`].)
 //!
 //! # Examples
 //!
@@ -113,6 +114,7 @@ pub mod blocking;
 mod client;
 mod clock;
 mod conn;
+mod engine;
 mod error;
 mod factory;
 mod keepalive;
@@ -137,6 +139,7 @@ mod url;
 mod wait;
 
 pub use client::{Redsem, RedsemOptions, ReplicaAcks, ServerChecks, ServerFinding, Verdict};
+pub use engine::{Engine, ServingEngine};
 pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{

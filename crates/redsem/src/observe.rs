@@ -95,6 +95,8 @@ impl MetricNames {
 /// | `redsem_latch_wait_seconds` | histogram | `primitive`, `name`, `outcome` | time from the wait call to its end |
 /// | `redsem_pubsub_reconnects_total` | counter | | the pub/sub connection came back after a loss |
 /// | `redsem_script_reloads_total` | counter | | a script was sent again after Redis answered `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) |
+/// | `redsem_engine` | gauge | `engine` | clients of this process served by each engine ([`Engine`](crate::Engine)): `native` (redsem's module) or `scripts`; with one client, 1 for its engine and 0 for the other |
+/// | `redsem_engine_fallbacks_total` | counter | | clients that found the module gone in a call (a failover to a server without it) and went on with the scripts |
 ///
 /// `primitive` is `lease`, `mutex`, `permits` or `latch`. The `name` label is the
 /// primitive's name unless [`MetricNames`] says otherwise: see there for bounding the label
@@ -170,6 +172,14 @@ pub fn describe_metrics() {
     describe_counter!(
         "redsem_script_reloads_total",
         "scripts sent again after Redis answered NOSCRIPT"
+    );
+    metrics::describe_gauge!(
+        "redsem_engine",
+        "clients served by each engine: native (redsem's module) or scripts"
+    );
+    describe_counter!(
+        "redsem_engine_fallbacks_total",
+        "clients that found redsem's module gone and went on with the scripts"
     );
 }
 
@@ -441,6 +451,25 @@ pub(crate) fn pubsub_reconnected() {
 /// restart, a failover, `FUNCTION FLUSH`): called where `script/library.rs` loads the library.
 pub(crate) fn script_reloaded() {
     metrics::counter!("redsem_script_reloads_total").increment(1);
+}
+
+/// How many clients of this process each engine serves: `[scripts, native]`.
+static ENGINE_CLIENTS: std::sync::Mutex<[i64; 2]> = std::sync::Mutex::new([0, 0]);
+
+/// `delta` clients more (or fewer) served by the module (`native`) or the scripts: sets the
+/// `redsem_engine` gauge of both engines (absolute values, so that a recorder installed late
+/// reads the right figures at the next change).
+pub(crate) fn engine_clients(native: bool, delta: i64) {
+    let mut counts = ENGINE_CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+    counts[usize::from(native)] += delta;
+    for (engine, count) in ["scripts", "native"].into_iter().zip(*counts) {
+        metrics::gauge!("redsem_engine", "engine" => engine).set(count as f64);
+    }
+}
+
+/// A client found the module gone and went on with the scripts.
+pub(crate) fn engine_fell_back() {
+    metrics::counter!("redsem_engine_fallbacks_total").increment(1);
 }
 
 #[cfg(test)]

@@ -136,7 +136,10 @@ impl Redsem {
     /// As [`Redsem::connect`]; also [`Error::InvalidArgument`](crate::Error::InvalidArgument)
     /// for an empty prefix or one with `{` or `}` (the braces that make a primitive's keys share
     /// one cluster slot), and [`Error::Unsuitable`](crate::Error::Unsuitable) when the server
-    /// checks (see [`ServerChecks`]) find an `allkeys-*` eviction policy or missing ACL rights.
+    /// checks (see [`ServerChecks`]) find an `allkeys-*` eviction policy or missing ACL rights;
+    /// [`Error::EngineUnavailable`](crate::Error::EngineUnavailable) when
+    /// [`RedsemOptions::engine`] asks for [`Engine::Native`](crate::Engine::Native) and the
+    /// server has no redsem module.
     ///
     /// # Cancel safety
     ///
@@ -187,9 +190,9 @@ impl Redsem {
             .set_number_of_retries(1);
         let mut conn = crate::conn::Single::new(source, config).await?;
         let client = conn.source().client().0;
+        let node = client.get_connection_info().addr().to_string();
         let wake_channel = keys::wake_channel(&options.prefix, PermitId::random().as_str());
         if options.server_checks != ServerChecks::Off {
-            let node = client.get_connection_info().addr().to_string();
             let key = keys::acl_probe_key(&options.prefix, 0);
             let rules = options.acl_rules();
             let probe = crate::conn::Probe {
@@ -202,12 +205,10 @@ impl Redsem {
             let findings = crate::conn::check_node(&mut conn, &probe).await?;
             judge(options.server_checks, vec![findings])?;
         }
-        Ok(Self::assemble(
-            Conn::Single(conn),
-            vec![client],
-            options,
-            wake_channel,
-        ))
+        let engine = super::engine::for_server(&mut conn, &node, &options).await?;
+        let conn = Conn::Single(conn);
+        conn.engine_state().set(engine);
+        Ok(Self::assemble(conn, vec![client], options, wake_channel))
     }
 
     /// Connect to a Redis Cluster through any of its nodes (`seeds`), with the default
@@ -232,7 +233,8 @@ impl Redsem {
     ///
     /// # Errors
     ///
-    /// As [`Redsem::connect_with`], with the server checks run on every primary; TLS root
+    /// As [`Redsem::connect_with`], with the server checks run on every primary (and, for
+    /// [`Engine::Native`](crate::Engine::Native), a module wanted on every primary); TLS root
     /// certificates are not supported for clusters yet
     /// ([`Error::InvalidArgument`](crate::Error::InvalidArgument)).
     ///
@@ -298,11 +300,9 @@ impl Redsem {
             let findings = check_primaries(&mut conn, &clients, &options, &wake_channel).await?;
             judge(options.server_checks, findings)?;
         }
-        Ok(Self::assemble(
-            Conn::Cluster(conn, Default::default()),
-            clients,
-            options,
-            wake_channel,
-        ))
+        let engine = super::engine::for_cluster(&mut conn, &clients, &options).await?;
+        let conn = Conn::Cluster(conn, Default::default());
+        conn.engine_state().set(engine);
+        Ok(Self::assemble(conn, clients, options, wake_channel))
     }
 }

@@ -9,6 +9,7 @@
 
 mod checks;
 mod connect;
+mod engine;
 mod options;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -119,6 +120,7 @@ pub(crate) struct Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         self.closed.cancel();
+        self.conn.engine_state().count(false);
     }
 }
 
@@ -138,6 +140,7 @@ impl fmt::Debug for Redsem {
         f.debug_struct("Redsem")
             .field("prefix", &self.shared.prefix)
             .field("servers", &servers)
+            .field("engine", &self.shared.conn.engine_state().serving().name())
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +154,7 @@ impl Redsem {
     ) -> Redsem {
         let closed = CancellationToken::new();
         crate::observe::describe_metrics();
+        conn.engine_state().count(true);
         Redsem {
             shared: Arc::new(Shared {
                 conn,
@@ -175,6 +179,26 @@ impl Redsem {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.shared.prefix
+    }
+
+    /// The engine that serves this client's calls now: redsem's module, or the Lua scripts
+    /// (see [`Engine`](crate::Engine)). No round trip.
+    ///
+    /// It is chosen at connect, and changes once at most: from the module to the scripts, the
+    /// first time a call finds the module gone (behind Sentinels, a failover to a server
+    /// without it); that call and every later one go by the scripts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example() -> redsem::Result<()> {
+    /// let redsem = redsem::Redsem::connect("redis://127.0.0.1:6379").await?;
+    /// println!("engine: {}", redsem.engine());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn engine(&self) -> crate::ServingEngine {
+        self.shared.conn.engine_state().serving()
     }
 
     /// The names of the lease semaphores under this prefix that have state in Redis (in use,

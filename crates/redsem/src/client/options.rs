@@ -5,6 +5,7 @@ use std::time::Duration;
 
 #[cfg(doc)]
 use super::Redsem;
+use crate::engine::Engine;
 use crate::keys;
 use crate::observe::MetricNames;
 use crate::types::ReplicaAcks;
@@ -34,6 +35,10 @@ pub struct RedsemOptions {
     /// Send the lease operations this client's tasks have in flight on one semaphore
     /// together (default on): see [`RedsemOptions::group_commit`].
     pub group_commit: bool,
+    /// Which engine runs the operations on the server: redsem's module where the server
+    /// has it, or the Lua scripts (default [`Engine::Auto`]): see
+    /// [`RedsemOptions::engine`].
+    pub engine: Engine,
 }
 
 /// What [`Redsem::connect_with`] and [`Redsem::connect_cluster_with`] do about a server (or
@@ -107,6 +112,7 @@ impl Default for RedsemOptions {
             metric_names: MetricNames::Each,
             replica_acks: None,
             group_commit: true,
+            engine: Engine::Auto,
         }
     }
 }
@@ -154,7 +160,9 @@ impl RedsemOptions {
 
     /// The ACL rules a Redis user needs to use redsem with this prefix, to put after
     /// `ACL SETUSER <user> on ><password>` (see [`ServerChecks`]). With
-    /// [`replica_acks`](Self::replica_acks) set they end in `+wait`.
+    /// [`replica_acks`](Self::replica_acks) set they end in `+wait`; with
+    /// [`engine`](Self::engine) [`Engine::Native`], in the module's commands, each by name
+    /// (`ACL SETUSER` refuses them where the module is not loaded).
     ///
     /// # Examples
     ///
@@ -172,10 +180,18 @@ impl RedsemOptions {
         } else {
             ""
         };
-        format!(
+        let mut rules = format!(
             "resetkeys ~{prefix}:* resetchannels &{prefix}:* -@all +@read +@write +@scripting \
              -@dangerous +publish +subscribe +unsubscribe +ping +info +time{wait}"
-        )
+        );
+        if self.engine == Engine::Native {
+            for (operation, _) in crate::script::protocol_operations() {
+                rules.push_str(" +redsem.");
+                rules.push_str(operation);
+            }
+            rules.push_str(" +redsem.engine");
+        }
+        rules
     }
 
     /// Set which primitive names the metrics carry in their `name` label (see
@@ -301,6 +317,37 @@ impl RedsemOptions {
     #[must_use]
     pub fn group_commit(mut self, on: bool) -> Self {
         self.group_commit = on;
+        self
+    }
+
+    /// Choose the engine that runs the operations on the server (see [`Engine`]): with
+    /// [`Engine::Auto`] (the default) the connect sends one `REDSEM.ENGINE` and uses redsem's
+    /// module where every server (on a cluster, every primary) has it, the Lua scripts
+    /// otherwise; [`Engine::Native`] refuses to connect without the module
+    /// ([`Error::EngineUnavailable`](crate::Error::EngineUnavailable)); [`Engine::Scripts`]
+    /// never uses it. [`Redsem::engine`] says which one serves.
+    ///
+    /// Both engines answer every call alike on the same keys, so clients of either kind can
+    /// share a semaphore. A call that finds the module gone (behind Sentinels, a failover to
+    /// a server without it) is sent again as a script, and so is every later call of that
+    /// client.
+    ///
+    /// The module's commands have no ACL category on Redis 7.0: a user needs them allowed by
+    /// name (`+redsem.engine +redsem.lease_acquire ...`; [`acl_rules`](Self::acl_rules) lists
+    /// them with [`Engine::Native`]). Under an ACL that does not allow `REDSEM.ENGINE`,
+    /// [`Engine::Auto`] serves by the scripts.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use redsem::{Engine, RedsemOptions};
+    /// let options = RedsemOptions::default().engine(Engine::Native);
+    /// assert_eq!(options.engine, Engine::Native);
+    /// assert!(options.acl_rules().ends_with(" +redsem.engine"));
+    /// ```
+    #[must_use]
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
         self
     }
 

@@ -35,8 +35,18 @@ pub(crate) enum Conn {
     Single(Single),
     /// A cluster: each script goes to the node owning its keys' slot.
     #[cfg(feature = "cluster")]
-    /// (And whether its primaries refuse functions; see `script::Scripting`.)
-    Cluster(ClusterConnection, Arc<std::sync::atomic::AtomicBool>),
+    /// (And what it remembers about its primaries; see `script::Scripting`.)
+    Cluster(ClusterConnection, Arc<Flags>),
+}
+
+/// What a connection remembers about its server (or a cluster's primaries), for every call
+/// (see `script::Scripting`).
+#[derive(Debug, Default)]
+pub(crate) struct Flags {
+    /// The server refused functions: scripts go by EVALSHA.
+    pub(crate) functions_refused: std::sync::atomic::AtomicBool,
+    /// Whether calls go to redsem's module, and why (not).
+    pub(crate) engine: crate::engine::EngineState,
 }
 
 /// `host:port` of the server `client` connects to.
@@ -69,8 +79,8 @@ struct SingleInner {
     source: Source,
     config: ConnectionManagerConfig,
     current: Mutex<Current>,
-    /// The server refused functions: scripts go by EVALSHA (see `script::Scripting`).
-    functions_refused: std::sync::atomic::AtomicBool,
+    /// What the connection remembers about the server (see `script::Scripting`).
+    flags: Flags,
 }
 
 /// The manager in use.
@@ -95,7 +105,7 @@ impl Single {
                     manager,
                     moves,
                 }),
-                functions_refused: std::sync::atomic::AtomicBool::new(false),
+                flags: Flags::default(),
             }),
         })
     }
@@ -285,13 +295,29 @@ impl ConnectionLike for Single {
     }
 }
 
+impl Conn {
+    /// What the connection remembers about its server.
+    fn flags(&self) -> &Flags {
+        match self {
+            Conn::Single(single) => &single.inner.flags,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_, flags) => flags,
+        }
+    }
+
+    /// Which engine serves the calls.
+    pub(crate) fn engine_state(&self) -> &crate::engine::EngineState {
+        &self.flags().engine
+    }
+}
+
 impl crate::script::Scripting for Conn {
     fn functions_refused(&self) -> Option<&std::sync::atomic::AtomicBool> {
-        match self {
-            Conn::Single(single) => Some(&single.inner.functions_refused),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(_, refused) => Some(refused),
-        }
+        Some(&self.flags().functions_refused)
+    }
+
+    fn engine(&self) -> Option<&crate::engine::EngineState> {
+        Some(&self.flags().engine)
     }
 }
 

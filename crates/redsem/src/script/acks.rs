@@ -2,7 +2,8 @@
 //! judged.
 //!
 //! A call that changes state goes by [`Call::invoke_acked`](super::library::Call::invoke_acked): where the connection asks for
-//! replica acknowledgements (`RedsemOptions::replica_acks`), each `FCALL` or `EVALSHA` is sent
+//! replica acknowledgements (`RedsemOptions::replica_acks`), each `FCALL`, `EVALSHA` or
+//! `REDSEM.<OPERATION>` is sent
 //! in one pipeline with `WAIT replicas timeout`. Redis answers `WAIT` after the commands sent
 //! before it on the same connection, so it counts the replicas holding the script's writes;
 //! on a cluster, redis-rs sends a pipeline to the node of its first command with a key (the
@@ -16,6 +17,7 @@ use std::sync::atomic::AtomicBool;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
+use crate::engine::EngineState;
 use crate::error::Error;
 use crate::types::ReplicaAcks;
 
@@ -53,6 +55,10 @@ impl<C: Scripting> Scripting for Acking<C> {
 
     fn replica_acks(&self) -> Option<ReplicaAcks> {
         self.acks
+    }
+
+    fn engine(&self) -> Option<&EngineState> {
+        self.conn.engine()
     }
 }
 
@@ -141,6 +147,13 @@ pub(crate) trait Scripting: ConnectionLike + Send {
 
     /// The replica acknowledgements each change waits for; `None`: no `WAIT`.
     fn replica_acks(&self) -> Option<ReplicaAcks> {
+        None
+    }
+
+    /// Whether calls go to redsem's module (`REDSEM.<OPERATION>`) rather than the Lua
+    /// library, and where a call that finds the module gone switches this connection to the
+    /// scripts; `None`: always the scripts.
+    fn engine(&self) -> Option<&EngineState> {
         None
     }
 }

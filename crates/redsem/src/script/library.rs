@@ -16,6 +16,12 @@
 //! `FUNCTION`), the call goes by `EVALSHA` (reloading the script on `NOSCRIPT`), and a
 //! [`Scripting`] connection that can remember it goes straight there from then on.
 //!
+//! Where the connection's engine is redsem's module (`RedsemOptions::engine`, see
+//! `crate::engine`), a call is its command instead, `REDSEM.<OPERATION> <keys> <args>`, the
+//! same keys and ARGV without `numkeys`. A server that does not know the command (a failover
+//! to one without the module) has the call sent by `FCALL` as above, and the connection
+//! stays with the scripts from then on.
+//!
 //! A call that changes state goes by [`Call::invoke_acked`], which sends a `WAIT` with it
 //! where the connection asks for replica acknowledgements (see `acks`).
 
@@ -28,6 +34,7 @@ use redis::{
 };
 
 use super::acks::{Acked, Scripting, Sent, send, shortfall};
+use crate::engine::{EngineState, module_missing};
 use crate::error::Result;
 use crate::types::ReplicaAcks;
 
@@ -159,6 +166,8 @@ pub(crate) struct Op {
     body: &'static str,
     script: OnceLock<Script>,
     function: OnceLock<String>,
+    /// Its command in redsem's module, `REDSEM.<OPERATION>`.
+    command: OnceLock<String>,
 }
 
 /// `Op`s as statics, one per operation file `lua/<primitive>/<file>.lua`: the one place an
@@ -174,6 +183,7 @@ macro_rules! ops {
                 body: include_str!(concat!("../../lua/", $file, ".lua")),
                 script: OnceLock::new(),
                 function: OnceLock::new(),
+                command: OnceLock::new(),
             };
         )*
         /// Every operation: the library registers each, tests check each.
@@ -301,6 +311,13 @@ impl Op {
             .get_or_init(|| format!("{}_{}", LIBRARY.name, self.name))
     }
 
+    /// Its command in redsem's module: `REDSEM.LEASE_ACQUIRE` for `lease_acquire` (built
+    /// once).
+    pub(crate) fn command(&self) -> &str {
+        self.command
+            .get_or_init(|| format!("REDSEM.{}", self.name.to_ascii_uppercase()))
+    }
+
     /// The same operation as a script, for `EVALSHA`.
     pub(crate) fn script(&self) -> &Script {
         self.script.get_or_init(|| {
@@ -371,6 +388,26 @@ impl Call {
     }
 
     async fn run(&self, conn: &mut impl Scripting, acks: Option<ReplicaAcks>) -> Sent {
+        if conn.engine().is_some_and(EngineState::is_native) {
+            let mut command = redis::cmd(self.op.command());
+            for key in &self.keys {
+                command.arg(key);
+            }
+            for arg in &self.args {
+                command.arg(arg);
+            }
+            let sent = send(conn, &command, acks).await;
+            match &sent.reply {
+                // Not run: no module there (any more), or not for this user. This call and
+                // every later one go by the scripts.
+                Err(e) if module_missing(e) => {
+                    if let Some(engine) = conn.engine() {
+                        engine.fall_back(e);
+                    }
+                }
+                _ => return sent,
+            }
+        }
         let refused = conn
             .functions_refused()
             .is_some_and(|r| r.load(Ordering::Relaxed));

@@ -32,5 +32,5 @@ pub(crate) use latch::*;
 pub(crate) use lease::*;
 #[cfg(feature = "lua-dir")]
 pub use library::library_source_with;
-pub(crate) use permit::*;
 pub use library::{protocol_library, protocol_operations};
+pub(crate) use permit::*;

@@ -44,6 +44,9 @@ mod keepalive;
 /// The scripts as a Redis Functions library, and the EVALSHA fallback.
 mod functions;
 
+/// The engine chosen at connect without redsem's module: the scripts, or no connection.
+mod engine;
+
 /// Observing it: metrics by outcome (recorded by a debugging recorder), spans along a permit's
 /// life, `Serialize` of the status, `ensure_permits`, and the blocking facade.
 mod observe;

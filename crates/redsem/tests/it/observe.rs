@@ -20,6 +20,7 @@ use crate::support::{LIMIT, RedisServer, TestContext, connect_with, cycle, short
 struct Store {
     counters: BTreeMap<String, u64>,
     histograms: BTreeMap<String, Vec<f64>>,
+    gauges: BTreeMap<String, f64>,
 }
 
 fn store() -> &'static (Snapshotter, Mutex<Store>) {
@@ -60,7 +61,9 @@ fn figures() -> std::sync::MutexGuard<'static, Store> {
                 .entry(id)
                 .or_default()
                 .extend(xs.into_iter().map(|x| x.into_inner())),
-            DebugValue::Gauge(_) => {}
+            DebugValue::Gauge(x) => {
+                store.gauges.insert(id, x.into_inner());
+            }
         }
     }
     store
@@ -540,4 +543,25 @@ async fn a_function_library_load_is_counted_as_a_script_reload() {
     // count at every load it would stay where it was.)
     let after = counter("redsem_script_reloads_total", &[]);
     assert!(after > before, "no reload counted ({before} -> {after})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_gauge_counts_the_clients_each_engine_serves() {
+    record();
+    let ctx = TestContext::start().await;
+    let gauge = |engine: &str| {
+        figures()
+            .gauges
+            .get(&series("redsem_engine", &[("engine", engine)]))
+            .copied()
+    };
+    // No server of this binary loads the module: every client is served by the scripts
+    // (the other tests' clients too, so only a lower bound for them).
+    assert!(!ctx.redsem.engine().is_native());
+    assert!(
+        gauge("scripts").is_some_and(|n| n >= 1.0),
+        "{:?}",
+        gauge("scripts")
+    );
+    assert_eq!(gauge("native"), Some(0.0));
 }
