@@ -305,10 +305,25 @@ pub(crate) async fn ask(conn: &mut impl ConnectionLike) -> Result<Answer> {
         Ok(value) => Ok(parse(&value)),
         Err(err) => match Error::from(err) {
             Error::Redis(err) => Ok(Answer::Absent {
-                reply: err.to_string(),
+                reply: server_said(&err),
             }),
             unavailable => Err(unavailable),
         },
+    }
+}
+
+/// A server's error as it said it: `ERR unknown command 'REDSEM.ENGINE', ...`.
+fn server_said(err: &RedisError) -> String {
+    match (err.code(), err.detail()) {
+        (Some(code), Some(detail)) => {
+            // Redis ends an unknown command's error with its arguments, here none.
+            let detail = detail.trim();
+            let detail = detail
+                .strip_suffix(", with args beginning with:")
+                .unwrap_or(detail);
+            format!("{code} {detail}")
+        }
+        _ => err.to_string(),
     }
 }
 
