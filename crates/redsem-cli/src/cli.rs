@@ -48,6 +48,10 @@ Examples:
   # TLS with a private CA:
   redsem --url rediss://cache.internal:6380 --tls-ca /etc/redis/ca.pem status
 
+  # Only with redsem's Redis module (exit 78 where it is not loaded; status
+  # and doctor say which engine serves):
+  redsem --engine native lock deploy -- ./deploy.sh
+
 Durations: 500ms, 2s, 1m 30s, or a number of seconds (30). -w/--wait is also spelled
 --timeout, -n/--no-wait also --nonblock.
 
@@ -62,7 +66,8 @@ Exit codes (of `run` and `lock`: see `redsem run --help`):
       --replica-acks, a change the replicas did not acknowledge in time
   76  lease lost during `run`
   78  Redis not suitable: an allkeys-* eviction policy, or the user lacks ACL
-      rights on the prefix's keys, channels or commands (see --server-checks)";
+      rights on the prefix's keys, channels or commands (see --server-checks);
+      or --engine native and a server without redsem's module";
 
 /// Distributed semaphores on Redis, from a shell: run a command on at most N machines at
 /// once, and inspect or manage permits.
@@ -201,12 +206,13 @@ fn swallowing_word(args: &[OsString]) -> Option<OsString> {
 /// Whether the subcommand in `args` is `run` or `lock`, whose own failures exit 125: the first
 /// word that is neither an option nor the value of a global option.
 fn runs_a_command(args: &[OsString]) -> bool {
-    const TAKE_VALUES: [&str; 5] = [
+    const TAKE_VALUES: [&str; 6] = [
         "--url",
         "--tls-ca",
         "--prefix",
         "--server-checks",
         "--replica-acks",
+        "--engine",
     ];
     let mut words = args.iter().skip(1).map(|a| a.to_string_lossy());
     while let Some(word) = words.next() {
@@ -293,6 +299,8 @@ mod tests {
             "x"
         ])));
         assert!(runs_a_command(&args(&["--prefix", "run", "run"])));
+        assert!(runs_a_command(&args(&["--engine", "native", "run", "x"])));
+        assert!(!runs_a_command(&args(&["--engine", "run", "status"])));
         assert!(!runs_a_command(&args(&["--prefix", "run", "status"])));
         assert!(!runs_a_command(&args(&["status", "run"])));
         assert!(!runs_a_command(&args(&["--url=redis://h", "acquire"])));

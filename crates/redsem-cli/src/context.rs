@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ArgAction;
-use redsem::{Redsem, RedsemOptions, ServerChecks};
+use redsem::{Engine, Redsem, RedsemOptions, ServerChecks};
 
 use crate::error::{CliError, exit};
 use crate::spinner::Progress;
@@ -108,6 +108,23 @@ pub(crate) struct GlobalArgs {
     )]
     replica_acks: Option<values::ReplicaAcks>,
 
+    /// Which engine runs redsem's operations on the server: redsem's module where it is loaded
+    /// (auto), always the Lua scripts, or the module only (refuse with exit 78 without it)
+    ///
+    /// The module (redis-server --loadmodule libredsem_module.so) serves every operation as a
+    /// REDSEM.<OPERATION> command, with the same effect as the scripts; both can serve one
+    /// semaphore at once. status and doctor say which engine serves.
+    #[arg(
+        long,
+        global = true,
+        value_name = "ENGINE",
+        env = "REDSEM_ENGINE",
+        hide_short_help = true,
+        default_value = "auto",
+        hide_env_values = true
+    )]
+    engine: EngineArg,
+
     /// Log to stderr: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
     #[arg(short, long, global = true, action = ArgAction::Count)]
     pub(crate) verbose: u8,
@@ -126,6 +143,27 @@ enum ServerChecksArg {
     Warn,
     /// Do not check
     Off,
+}
+
+/// `--engine`: see `redsem::Engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum EngineArg {
+    /// redsem's module where the server has it (on a cluster, every primary), else the scripts
+    Auto,
+    /// The Lua scripts, even where the module is loaded
+    Scripts,
+    /// The module; refuse to work without it (exit 78)
+    Native,
+}
+
+impl From<EngineArg> for Engine {
+    fn from(arg: EngineArg) -> Self {
+        match arg {
+            EngineArg::Auto => Engine::Auto,
+            EngineArg::Scripts => Engine::Scripts,
+            EngineArg::Native => Engine::Native,
+        }
+    }
 }
 
 impl From<ServerChecksArg> for ServerChecks {
@@ -148,6 +186,8 @@ pub(crate) struct Context {
     tls_ca: Option<PathBuf>,
     prefix: String,
     server_checks: ServerChecks,
+    /// `--engine`.
+    engine: Engine,
     /// `--replica-acks`, when on (N above 0).
     replica_acks: Option<values::ReplicaAcks>,
     quiet: bool,
@@ -172,6 +212,7 @@ impl Context {
             tls_ca: global.tls_ca,
             prefix: global.prefix,
             server_checks: global.server_checks.into(),
+            engine: global.engine.into(),
             replica_acks: global.replica_acks.filter(|acks| acks.replicas > 0),
             quiet: global.quiet,
             connected: OnceCell::new(),
@@ -196,7 +237,8 @@ impl Context {
         self.check_tls(&target)?;
         let mut options = RedsemOptions::default()
             .prefix(self.prefix.as_str())
-            .server_checks(checks);
+            .server_checks(checks)
+            .engine(self.engine);
         if let Some(ca) = &self.tls_ca {
             options = options.tls_root_cert(ca);
         }

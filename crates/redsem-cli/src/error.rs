@@ -95,7 +95,10 @@ impl From<Error> for CliError {
     fn from(err: Error) -> Self {
         let code = if err.is_unavailable() {
             exit::UNAVAILABLE
-        } else if matches!(err, Error::Unsuitable { .. }) {
+        } else if matches!(
+            err,
+            Error::Unsuitable { .. } | Error::EngineUnavailable { .. }
+        ) {
             exit::UNSUITABLE
         } else if matches!(err, Error::StateLost { .. }) {
             exit::STATE_LOST
@@ -129,6 +132,10 @@ impl From<Error> for CliError {
             Error::Unsuitable { setting, problem } => format!(
                 "Redis is not set up for redsem ({setting}): {problem} (--server-checks warn \
                  connects anyway, at that risk)"
+            ),
+            Error::EngineUnavailable { node, reply, .. } => format!(
+                "--engine native: {node} cannot serve redsem's module engine: {reply} (load \
+                 the module there, or use --engine auto)"
             ),
             Error::StateLost { name, detail } => format!(
                 "Redis lost the state of {name:?} ({detail}): it restarted without \

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redsem::redis::{self, aio::MultiplexedConnection};
-use redsem::{ServerChecks, ServerFinding, Verdict};
+use redsem::{ServerChecks, ServerFinding, ServingEngine, Verdict};
 use serde::Serialize;
 
 use crate::context::Context;
@@ -36,7 +36,8 @@ Examples:
   redsem --url redis+sentinel://10.0.0.5:26379,10.0.0.6:26379/mymaster doctor
 
 Checks: version (7 or later for functions; older servers run redsem's scripts by
-EVALSHA), maxmemory-policy (allkeys-* may evict held permits), persistence (AOF, RDB or
+EVALSHA), engine (which engine serves, --engine: native, redsem's Redis module, or the Lua
+scripts, and why), maxmemory-policy (allkeys-* may evict held permits), persistence (AOF, RDB or
 none: what a restart loses), replication (replicas and their lag; a replica cannot be
 written), cluster (cluster_state), acl (the user's rights on the prefix's keys, channels
 and commands), clock (server TIME against this machine's clock; redsem only uses the
@@ -139,8 +140,9 @@ struct Report {
 }
 
 /// The order of the rows: every node's row of one check, then the next check.
-const ORDER: [&str; 9] = [
+const ORDER: [&str; 10] = [
     "version",
+    "engine",
     "maxmemory-policy",
     "persistence",
     "replication",
@@ -190,6 +192,7 @@ impl Args {
             _ => return Err(crate::target::unsupported(ctx.url())),
         };
         checks.push(acl(&findings, ctx.prefix()));
+        checks.push(engine(&redsem.engine()));
         checks.retain(|c| !c.detail.is_empty());
         // A stable sort: the nodes stay in their order within each check.
         checks.sort_by_key(|c| ORDER.iter().position(|&name| name == c.check));
@@ -263,6 +266,17 @@ async fn may_wait(acks: Option<ReplicaAcks>, conn: &mut MultiplexedConnection) -
             )
         }
         _ => check("acl", Status::Ok, ""),
+    }
+}
+
+/// Which engine serves (`--engine`): redsem's Redis module, or the Lua scripts and why. Either
+/// is ok: the connect failed already if `--engine native` found no module.
+fn engine(serving: &ServingEngine) -> Check {
+    match serving {
+        ServingEngine::Scripts { why, .. } => {
+            check("engine", Status::Ok, format!("{serving} ({why})"))
+        }
+        native => check("engine", Status::Ok, native.to_string()),
     }
 }
 

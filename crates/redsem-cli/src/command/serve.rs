@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use redsem::{Redsem, Status};
+use redsem::{Redsem, ServingEngine, Status};
 
 use super::status::Shown;
 use crate::context::Context;
@@ -36,9 +36,12 @@ Routes:
                 order, of each lease semaphore; the page refreshes by itself
   /metrics      Prometheus text: per semaphore redsem_semaphore_capacity,
                 _used, _holders, _waiters, _oldest_wait_seconds,
-                _next_lease_end_seconds; redsem_up (Redis answered)
+                _next_lease_end_seconds; redsem_up (Redis answered);
+                redsem_engine{engine=\"native\"} and {engine=\"scripts\"}
+                (1 for the engine that serves: redsem's Redis module, or the
+                Lua scripts)
   /status.json  each lease semaphore as `redsem status NAME --json` shows it
-                (with the permits and the latch of its name)
+                (with the permits and the latch of its name, and the engine)
 
 Each request reads Redis: one SCAN for the names (none when NAMEs are given) and
 one status script per semaphore (for /status.json three reads, at once: the
@@ -183,6 +186,8 @@ async fn connect_until_up(ctx: &Context, served: &Served) -> std::convert::Infal
 struct Snapshot<T = Status> {
     semaphores: Result<Vec<(String, T)>, String>,
     took: Duration,
+    /// The engine that serves the client, once connected.
+    engine: Option<ServingEngine>,
 }
 
 /// Every semaphore's [`Status`]: one status script each.
@@ -207,6 +212,7 @@ async fn read_each<T>(
                 served.unreachable()
             )),
             took: started.elapsed(),
+            engine: None,
         };
     };
     let semaphores = async {
@@ -233,6 +239,7 @@ async fn read_each<T>(
     Snapshot {
         semaphores,
         took: started.elapsed(),
+        engine: Some(redsem.engine()),
     }
 }
 
@@ -251,15 +258,17 @@ async fn metrics(State(served): State<Arc<Served>>) -> Response {
 async fn json(State(served): State<Arc<Served>>) -> Response {
     // Each entry is an entry of `status --json`: the library's report, and the server.
     let snap = read_each(&served, Redsem::status_report).await;
-    match &snap.semaphores {
-        Ok(all) => {
+    match (&snap.semaphores, &snap.engine) {
+        (Ok(all), Some(engine)) => {
             let entries: Vec<Shown<'_>> = all
                 .iter()
-                .map(|(_, report)| Shown::new(report, &served.server))
+                .map(|(_, report)| Shown::new(report, &served.server, engine))
                 .collect();
             axum::Json(entries).into_response()
         }
-        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
+        (Err(err), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
+        // Read with a client: never.
+        (Ok(_), None) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
 
@@ -301,6 +310,20 @@ fn prometheus(snap: &Snapshot) -> String {
         "Time this scrape took to read Redis.",
         &[(String::new(), snap.took.as_secs_f64())],
     );
+    if let Some(engine) = &snap.engine {
+        let rows: Vec<(String, f64)> = ["native", "scripts"]
+            .into_iter()
+            .map(|name| {
+                let serves = f64::from(u8::from(engine.name() == name));
+                (format!("{{engine=\"{name}\"}}"), serves)
+            })
+            .collect();
+        family(
+            "redsem_engine",
+            "The engine that serves (1): native, redsem's Redis module, or scripts, the Lua library.",
+            &rows,
+        );
+    }
     let Ok(all) = &snap.semaphores else {
         return out;
     };
@@ -385,10 +408,14 @@ fn html(snap: &Snapshot, server: &str, prefix: &str, refresh: Duration) -> Strin
          <meta http-equiv=\"refresh\" content=\"{secs}\">\
          <title>redsem: {}</title><style>{STYLE}</style></head><body>\n\
          <h1>redsem semaphores under <code>{}</code></h1>\n\
-         <p class=\"muted\">Redis <code>{}</code></p>\n",
+         <p class=\"muted\">Redis <code>{}</code>{}</p>\n",
         escape(prefix),
         escape(prefix),
-        escape(server)
+        escape(server),
+        snap.engine
+            .as_ref()
+            .map(|engine| format!(", engine {}", escape(&engine.to_string())))
+            .unwrap_or_default()
     );
     match &snap.semaphores {
         Err(err) => {
@@ -499,6 +526,7 @@ mod tests {
         let snap = Snapshot {
             semaphores: Err("cannot reach Redis at redis://127.0.0.1:1: refused".into()),
             took: Duration::from_millis(3),
+            engine: None,
         };
         let text = prometheus(&snap);
         assert!(text.contains("\nredsem_up 0\n"), "{text}");

@@ -6,7 +6,7 @@ use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redsem::{LatchState, Redsem, Status, StatusReport};
+use redsem::{LatchState, Redsem, ServingEngine, Status, StatusReport};
 
 use crate::context::Context;
 use crate::error::CliError;
@@ -28,18 +28,22 @@ Examples:
    \"expires_in_ms\":24100,\"held_for_ms\":5900}],\"waiters\":[{\"id\":
    \"51ab...\",\"label\":null,\"units\":1,\"waiting_for_ms\":2300}],
    \"permits\":{\"available\":0},\"latch\":{\"state\":\"never-set\",\"count\":0},
-   \"server\":\"redis://127.0.0.1:6379\"}
+   \"server\":\"redis://127.0.0.1:6379\",\"engine\":{\"name\":\"native\",
+   \"version\":\"0.1.0\"}}
 
 A NAME can be a lease semaphore (run, lock, acquire), counted permits (permits) and a latch
 (latch) at once: status shows each that has state. Without NAME, --json prints a list of
-these objects, one per name. Each is the library's StatusReport and the server (serve's
-/status.json lists the same objects): \"capacity\" is the limit in force (null when none is
-stored: never used, or idle a long time); expired holders are not listed; \"waiters\" lists
-the queue in order.
+these objects, one per name. Each is the library's StatusReport, the server and the engine
+that serves (serve's /status.json lists the same objects): \"capacity\" is the limit in
+force (null when none is stored: never used, or idle a long time); expired holders are not
+listed; \"waiters\" lists the queue in order.
 \"permits\".\"available\" may be negative, and is 0 both when never set and when all are
 taken. \"latch\".\"state\" is counting, open (reached 0 within the hour) or never-set.
 \"server\" is the --url read, its password hidden; the table's first line names it too, and
-the prefix, and says when it is the default (no --url or REDIS_URL).
+the prefix, and says when it is the default (no --url or REDIS_URL). \"engine\" is the
+engine that serves the calls (--engine): {\"name\":\"native\",\"version\":...} for
+redsem's Redis module, {\"name\":\"scripts\"} for the Lua scripts; the table's second line
+says it (engine: native (redsem module 0.1.0), or engine: scripts).
 
 --watch redraws the view on a terminal (a header line says when); off a terminal
 it prints each view after the last, with --json one line each. It ends with 0 at
@@ -73,18 +77,29 @@ pub(crate) struct Args {
 
 /// `status NAME --json`, and each entry of `status --json` and `serve`'s `/status.json`: the
 /// library's [`StatusReport`] as its `serde` feature writes it (one schema for all three, and
-/// for the Python binding's `status()`), then the server read.
+/// for the Python binding's `status()`), then the server read and the engine serving it.
 #[derive(Debug, serde::Serialize)]
 pub(crate) struct Shown<'a> {
     #[serde(flatten)]
     report: &'a StatusReport,
     /// `--url` with any password hidden.
     server: &'a str,
+    /// The engine that serves the client: `{"name":"native","version":"0.1.0"}` or
+    /// `{"name":"scripts"}`.
+    engine: &'a ServingEngine,
 }
 
 impl<'a> Shown<'a> {
-    pub(crate) fn new(report: &'a StatusReport, server: &'a str) -> Shown<'a> {
-        Shown { report, server }
+    pub(crate) fn new(
+        report: &'a StatusReport,
+        server: &'a str,
+        engine: &'a ServingEngine,
+    ) -> Shown<'a> {
+        Shown {
+            report,
+            server,
+            engine,
+        }
     }
 }
 
@@ -93,7 +108,12 @@ impl Args {
         let redsem = ctx.connect().await?;
         let server = Server {
             url: ctx.redacted_url(),
-            header: format!("server {}, prefix {}", ctx.server(), redsem.prefix()),
+            header: format!(
+                "server {}, prefix {}\nengine: {}",
+                ctx.server(),
+                redsem.prefix(),
+                redsem.engine()
+            ),
         };
         let Some(every) = self.watch else {
             let text = self.render(&redsem, &server).await?;
@@ -142,7 +162,8 @@ impl Args {
             Some(name) => {
                 let all = everything(redsem, name).await?;
                 if self.json {
-                    output::json(&Shown::new(&all.report, &server.url))?
+                    let engine = redsem.engine();
+                    output::json(&Shown::new(&all.report, &server.url, &engine))?
                 } else {
                     format!("{}\n\n{}", server.header, describe(name, &all))
                 }
@@ -156,9 +177,10 @@ impl Args {
                     all.push((name, found));
                 }
                 if self.json {
+                    let engine = redsem.engine();
                     let reports: Vec<Shown<'_>> = all
                         .iter()
-                        .map(|(_, found)| Shown::new(&found.report, &server.url))
+                        .map(|(_, found)| Shown::new(&found.report, &server.url, &engine))
                         .collect();
                     output::json(&reports)?
                 } else {
@@ -174,7 +196,8 @@ impl Args {
 struct Server {
     /// `--url` with any password hidden.
     url: String,
-    /// The text's first line: the server (and whether it is the default) and the prefix.
+    /// The text's first lines: the server (and whether it is the default) and the prefix;
+    /// the engine that serves.
     header: String,
 }
 

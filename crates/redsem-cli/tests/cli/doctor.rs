@@ -133,3 +133,54 @@ fn doctor_reports_replicas_on_the_primary_and_fails_a_replica() {
         "{detail}"
     );
 }
+
+#[test]
+fn doctor_says_which_engine_serves_and_why() {
+    let server = RedisServer::start_with(&["--appendonly", "yes"]);
+    let (out, report) = doctor(&server.url(), &[]);
+    assert_eq!(out.code(), 0, "{out:?}");
+    let (status, detail) = finding(&report, "engine");
+    assert_eq!(status, "ok", "{report}");
+    // No module on this server: the scripts, and what REDSEM.ENGINE answered.
+    assert!(
+        detail.starts_with(&format!(
+            "scripts (127.0.0.1:{}: ERR unknown command 'REDSEM.ENGINE'",
+            server.port()
+        )),
+        "{detail}"
+    );
+    let (_, report) = doctor(&server.url(), &["--engine", "scripts"]);
+    let (_, detail) = finding(&report, "engine");
+    assert_eq!(detail, "scripts (the scripts were asked for)");
+    let table = finish(bare(&["--url", &server.url(), "doctor"])).success();
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("engine") && l.contains(" ok ") && l.contains("scripts")),
+        "{table:?}"
+    );
+}
+
+#[test]
+fn engine_native_without_the_module_exits_78_naming_the_server() {
+    let server = RedisServer::start();
+    let out = finish(bare(&[
+        "--url",
+        &server.url(),
+        "--engine",
+        "native",
+        "doctor",
+    ]))
+    .expect(78);
+    let error = out.error();
+    assert!(error.contains("--engine native"), "{out:?}");
+    assert!(
+        error.contains(&format!("127.0.0.1:{}", server.port())),
+        "{out:?}"
+    );
+    assert!(error.contains("unknown command"), "{out:?}");
+    let mut status = bare(&["--url", &server.url(), "status"]);
+    status.env("REDSEM_ENGINE", "native");
+    finish(status).expect(78);
+}

@@ -64,7 +64,7 @@ fn status_json_matches_the_contract() {
         serde_json::json!({
             "name": "nothing-here", "capacity": null, "in_use": 0, "holders": [], "waiters": [],
             "permits": {"available": 0}, "latch": {"state": "never-set", "count": 0},
-            "server": world.server.url()
+            "server": world.server.url(), "engine": {"name": "scripts"}
         })
     );
 
@@ -77,7 +77,8 @@ fn status_json_matches_the_contract() {
     assert_eq!(
         keys_of(&status),
         set(&[
-            "name", "capacity", "in_use", "holders", "waiters", "permits", "latch", "server"
+            "name", "capacity", "in_use", "holders", "waiters", "permits", "latch", "server",
+            "engine"
         ])
     );
     assert_eq!(status["name"], "jobs");
@@ -256,4 +257,35 @@ fn completions_are_printed_for_each_shell() {
         let out = finish(bare(&["completions", shell])).success();
         assert!(out.stdout.contains("redsem"), "{shell}");
     }
+}
+
+#[test]
+fn status_says_which_engine_serves() {
+    let world = World::new();
+    world.acquire("jobs", 2, &[]);
+    for args in [&["status", "jobs"][..], &["status"]] {
+        let out = world.run(args).success();
+        assert_eq!(
+            out.stdout.lines().nth(1),
+            Some("engine: scripts"),
+            "the second line: {out:?}"
+        );
+    }
+    let out = world
+        .run(&["--engine", "scripts", "status", "jobs"])
+        .success();
+    assert_eq!(
+        out.stdout.lines().nth(1),
+        Some("engine: scripts"),
+        "{out:?}"
+    );
+    assert_eq!(
+        world.status("jobs")["engine"],
+        serde_json::json!({"name": "scripts"})
+    );
+    let out = world.run(&["--engine", "lua", "status"]).expect(2);
+    assert!(
+        out.error().contains("native"),
+        "the values are listed: {out:?}"
+    );
 }

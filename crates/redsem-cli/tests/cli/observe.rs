@@ -90,6 +90,9 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
     );
     assert!(next > 0.0 && next <= 60.0, "{next}");
     assert!(metrics.contains("# TYPE redsem_semaphore_waiters gauge"));
+    // No module on this server: the scripts serve.
+    assert_eq!(value(&metrics, "redsem_engine{engine=\"scripts\"}"), 1.0);
+    assert_eq!(value(&metrics, "redsem_engine{engine=\"native\"}"), 0.0);
 
     let (code, page) = get(port, "/");
     assert_eq!(code, 200);
@@ -98,6 +101,7 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
         "{page}"
     );
     assert!(page.contains("3 of 3 in use · 5 waiting"), "{page}");
+    assert!(page.contains("</code>, engine scripts</p>"), "{page}");
     for holder in status["holders"].as_array().expect("holders") {
         let token = holder["token"].to_string();
         assert!(
@@ -124,6 +128,7 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
     assert_eq!(json[0]["name"], "demo");
     assert_eq!(json[0]["holders"].as_array().map(Vec::len), Some(3));
     assert_eq!(json[0]["waiters"].as_array().map(Vec::len), Some(5));
+    assert_eq!(json[0]["engine"], serde_json::json!({"name": "scripts"}));
 
     let (code, _) = get(port, "/nothing-here");
     assert_eq!(code, 404);
@@ -219,6 +224,10 @@ fn serve_starts_without_redis_reports_it_down_and_up_once_redis_answers() {
     assert_eq!(code, 200, "{metrics}");
     assert_eq!(value(&metrics, "redsem_up"), 0.0, "{metrics}");
     assert!(!metrics.contains("redsem_semaphores"), "{metrics}");
+    assert!(
+        !metrics.contains("redsem_engine"),
+        "no engine yet: {metrics}"
+    );
     let (code, page) = get(port, "/");
     assert_eq!(code, 200, "{page}");
     assert!(

@@ -28,8 +28,8 @@ impl World {
         }
     }
 
-    /// `redsem --url <this server> ARGS...`, with no `REDIS_URL`, `REDSEM_PREFIX` or `RUST_LOG`
-    /// leaking in from the environment.
+    /// `redsem --url <this server> ARGS...`, with no `REDIS_URL`, `REDSEM_PREFIX`,
+    /// `REDSEM_ENGINE` or `RUST_LOG` leaking in from the environment.
     pub(crate) fn redsem(&self, args: &[&str]) -> Command {
         let url = self.server.url();
         let mut all = vec!["--url", url.as_str()];
@@ -184,6 +184,7 @@ pub(crate) fn bare(args: &[&str]) -> Command {
     cmd.args(args)
         .env_remove("REDIS_URL")
         .env_remove("REDSEM_PREFIX")
+        .env_remove("REDSEM_ENGINE")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
