@@ -45,6 +45,7 @@ fn options(
     server_checks: &str,
     group_commit: bool,
     tls_root_cert: Option<std::path::PathBuf>,
+    engine: &str,
 ) -> PyResult<redsem::RedsemOptions> {
     let checks = match server_checks {
         "enforce" => redsem::ServerChecks::Enforce,
@@ -56,11 +57,22 @@ fn options(
             )));
         }
     };
+    let engine = match engine {
+        "auto" => redsem::Engine::Auto,
+        "scripts" => redsem::Engine::Scripts,
+        "native" => redsem::Engine::Native,
+        other => {
+            return Err(invalid(format!(
+                "engine must be \"auto\", \"scripts\" or \"native\", got {other:?}"
+            )));
+        }
+    };
     let mut options = redsem::RedsemOptions::default()
         .connect_timeout(seconds("connect_timeout", connect_timeout)?)
         .response_timeout(seconds("response_timeout", response_timeout)?)
         .server_checks(checks)
-        .group_commit(group_commit);
+        .group_commit(group_commit)
+        .engine(engine);
     if let Some(prefix) = prefix {
         options = options.prefix(prefix);
     }
@@ -78,9 +90,14 @@ fn options(
 /// watch. Keys start with `prefix` (default `"redsem"`). The server is checked first
 /// (`server_checks`: `"enforce"` refuses an `allkeys-*` eviction policy or missing ACL
 /// rights with `redsem.Unsuitable`, `"warn"` logs them, `"off"` skips the check).
+///
+/// `engine`: what runs the operations on the server. `"auto"` (the default) uses redsem's
+/// Redis module where the server has it (on a cluster, every primary) and the Lua scripts
+/// elsewhere; `"scripts"` always the scripts; `"native"` the module, or
+/// `redsem.EngineUnavailable` where it is not loaded. `Redsem.engine` says which serves.
 #[pyfunction]
 #[pyo3(signature = (url, *, prefix=None, connect_timeout=2.0, response_timeout=5.0,
-    server_checks="enforce", group_commit=true, tls_root_cert=None))]
+    server_checks="enforce", group_commit=true, tls_root_cert=None, engine="auto"))]
 pub(crate) fn connect(
     py: Python<'_>,
     url: &str,
@@ -90,6 +107,7 @@ pub(crate) fn connect(
     server_checks: &str,
     group_commit: bool,
     tls_root_cert: Option<std::path::PathBuf>,
+    engine: &str,
 ) -> PyResult<Redsem> {
     let options = options(
         prefix,
@@ -98,6 +116,7 @@ pub(crate) fn connect(
         server_checks,
         group_commit,
         tls_root_cert,
+        engine,
     )?;
     check_url(url)?;
     let url = url.to_owned();
@@ -112,7 +131,7 @@ pub(crate) fn connect(
 /// `connect`, as an asyncio awaitable (`redsem.aio.connect`).
 #[pyfunction]
 #[pyo3(signature = (url, *, prefix=None, connect_timeout=2.0, response_timeout=5.0,
-    server_checks="enforce", group_commit=true, tls_root_cert=None))]
+    server_checks="enforce", group_commit=true, tls_root_cert=None, engine="auto"))]
 pub(crate) fn connect_async<'py>(
     py: Python<'py>,
     url: &str,
@@ -122,6 +141,7 @@ pub(crate) fn connect_async<'py>(
     server_checks: &str,
     group_commit: bool,
     tls_root_cert: Option<std::path::PathBuf>,
+    engine: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     let options = options(
         prefix,
@@ -130,6 +150,7 @@ pub(crate) fn connect_async<'py>(
         server_checks,
         group_commit,
         tls_root_cert,
+        engine,
     )?;
     check_url(url)?;
     let url = url.to_owned();
@@ -173,6 +194,13 @@ impl Redsem {
     #[getter]
     fn prefix(&self) -> PyResult<&str> {
         Ok(self.inner.get()?.prefix())
+    }
+
+    /// The engine that serves the calls now: `"native"` (redsem's Redis module) or
+    /// `"scripts"` (the Lua library). No round trip.
+    #[getter]
+    fn engine(&self) -> PyResult<&'static str> {
+        Ok(self.inner.get()?.engine().name())
     }
 
     /// A fair lease semaphore of `capacity` units. No round trip.

@@ -21,6 +21,7 @@ mod py {
     pyo3::import_exception!(redsem._errors, WrongType);
     pyo3::import_exception!(redsem._errors, StateLost);
     pyo3::import_exception!(redsem._errors, Unsuitable);
+    pyo3::import_exception!(redsem._errors, EngineUnavailable);
     pyo3::import_exception!(redsem._errors, NotReplicated);
     pyo3::import_exception!(redsem._errors, ProtocolError);
     pyo3::import_exception!(redsem._errors, Incompatible);
@@ -77,6 +78,7 @@ pub(crate) fn to_py(err: redsem::Error) -> PyErr {
         E::WrongType { .. } => py::WrongType::new_err(text),
         E::StateLost { .. } => py::StateLost::new_err(text),
         E::Unsuitable { .. } => py::Unsuitable::new_err(text),
+        E::EngineUnavailable { .. } => py::EngineUnavailable::new_err(text),
         E::NotReplicated { .. } => py::NotReplicated::new_err(text),
         E::Protocol { .. } => py::ProtocolError::new_err(text),
         E::Incompatible { .. } => py::Incompatible::new_err(text),

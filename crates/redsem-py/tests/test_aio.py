@@ -219,3 +219,15 @@ def test_the_event_loop_runs_while_a_call_waits(url):
         await held.release()
 
     run(main())
+
+
+def test_the_native_engine_without_the_module_is_engine_unavailable(server, url):
+    async def main():
+        with pytest.raises(redsem.EngineUnavailable, match=f"127.0.0.1:{server.port}"):
+            await redsem.aio.connect(url, engine="native")
+        r = await redsem.aio.connect(url, engine="auto")
+        assert r.engine == "scripts"
+        async with r.lease_semaphore("jobs", 1).acquire(timeout=5.0) as permit:
+            assert permit.is_held()
+
+    run(main())

@@ -83,6 +83,20 @@ def test_the_prefix_names_the_keys(server, url):
     held.release()
 
 
+def test_the_native_engine_without_the_module_is_engine_unavailable(server, url):
+    with pytest.raises(redsem.EngineUnavailable) as raised:
+        redsem.connect(url, engine="native")
+    text = str(raised.value)
+    assert text.startswith("the native engine was asked for"), text
+    assert f"127.0.0.1:{server.port}" in text and "unknown command" in text, text
+    assert server.command("KEYS", "*") == []  # nothing was written
+    # The default, "auto", and "scripts": the Lua scripts serve a server without the module.
+    assert redsem.connect(url).engine == "scripts"
+    assert redsem.connect(url, engine="scripts").engine == "scripts"
+    with pytest.raises(redsem.InvalidArgument, match="engine"):
+        redsem.connect(url, engine="lua")
+
+
 def test_an_unsuitable_server_is_refused(server, url):
     server.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
     with pytest.raises(redsem.Unsuitable, match="maxmemory-policy"):

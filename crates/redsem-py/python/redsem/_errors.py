@@ -23,6 +23,7 @@ __all__ = [
     "WrongType",
     "StateLost",
     "Unsuitable",
+    "EngineUnavailable",
     "NotReplicated",
     "ProtocolError",
     "Incompatible",
@@ -84,6 +85,11 @@ class StateLost(Error):
 
 class Unsuitable(Error):
     """The server is set up so that redsem's guarantees would not hold (eviction, ACL)."""
+
+
+class EngineUnavailable(Error):
+    """``engine="native"`` was asked for and a server cannot serve it: it has no redsem module
+    (or the user may not run its commands)."""
 
 
 class NotReplicated(Error):

@@ -41,6 +41,7 @@ __all__ = [
 VERSION: str
 
 _ServerChecks = Literal["enforce", "warn", "off"]
+_Engine = Literal["auto", "scripts", "native"]
 _Status = Dict[str, Any]
 
 def connect(
@@ -52,11 +53,13 @@ def connect(
     server_checks: _ServerChecks = "enforce",
     group_commit: bool = True,
     tls_root_cert: Optional[Union[str, PathLike[str]]] = None,
+    engine: _Engine = "auto",
 ) -> Redsem:
     """Connect to the Redis at ``url``: ``redis://[user:password@]host[:port][/db]``,
     ``rediss://`` (TLS), ``redis+unix://``, ``redis+cluster://host:port,host:port`` or
     ``redis+sentinel://host:port,host:port/master[/db]``. Keys start with ``prefix``
-    (default ``"redsem"``)."""
+    (default ``"redsem"``). ``engine``: ``"auto"`` uses redsem's Redis module where the
+    server has it, ``"scripts"`` never, ``"native"`` only (else ``EngineUnavailable``)."""
 
 def connect_async(
     url: str,
@@ -67,6 +70,7 @@ def connect_async(
     server_checks: _ServerChecks = "enforce",
     group_commit: bool = True,
     tls_root_cert: Optional[Union[str, PathLike[str]]] = None,
+    engine: _Engine = "auto",
 ) -> Awaitable[Redsem]: ...
 
 def _shutdown() -> None:
@@ -89,6 +93,9 @@ class Redsem:
 
     @property
     def prefix(self) -> str: ...
+    @property
+    def engine(self) -> Literal["native", "scripts"]:
+        """The engine that serves the calls: redsem's Redis module or the Lua scripts."""
     def lease_semaphore(
         self,
         name: str,

@@ -381,6 +381,12 @@ class Redsem:
         """The key prefix."""
         return self._native.prefix
 
+    @property
+    def engine(self) -> str:
+        """The engine that serves the calls: ``"native"`` (redsem's Redis module) or
+        ``"scripts"`` (the Lua library)."""
+        return self._native.engine
+
     def lease_semaphore(
         self,
         name: str,
@@ -460,8 +466,9 @@ async def connect(
     server_checks: str = "enforce",
     group_commit: bool = True,
     tls_root_cert: Optional[str] = None,
+    engine: str = "auto",
 ) -> Redsem:
-    """Connect to the Redis at ``url`` (the URL forms of ``redsem.connect``)."""
+    """Connect to the Redis at ``url`` (the URL forms and options of ``redsem.connect``)."""
     native = await _redsem.connect_async(
         url,
         prefix=prefix,
@@ -470,5 +477,6 @@ async def connect(
         server_checks=server_checks,
         group_commit=group_commit,
         tls_root_cert=tls_root_cert,
+        engine=engine,
     )
     return Redsem(native)
