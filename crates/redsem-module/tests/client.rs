@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redsem::{Engine, Error, Redsem, RedsemOptions, ServingEngine};
-use redsem_test::{RedisServer, within};
+use redsem_test::{RedisCluster, RedisServer, within};
 
 /// The most any one step of a test may take.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -34,6 +34,29 @@ fn with_module(extra: &[&str]) -> RedisServer {
     let mut args = vec!["--loadmodule", module.to_str().expect("a UTF-8 path")];
     args.extend_from_slice(extra);
     RedisServer::start_with(&args)
+}
+
+/// A 3-master cluster, the module loaded on the nodes `loaded` says.
+fn cluster_with_module(loaded: [bool; 3]) -> RedisCluster {
+    let module = module();
+    let load = ["--loadmodule", module.to_str().expect("a UTF-8 path")];
+    let args: Vec<&[&str]> = loaded
+        .iter()
+        .map(|&on| if on { &load[..] } else { &[][..] })
+        .collect();
+    RedisCluster::start_each_with(&args)
+}
+
+async fn connect_cluster(cluster: &RedisCluster, engine: Engine) -> redsem::Result<Redsem> {
+    let urls = cluster.urls();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let options = RedsemOptions::default().engine(engine);
+    within(
+        LIMIT,
+        "connect to the cluster",
+        Redsem::connect_cluster_with(&seeds, options),
+    )
+    .await
 }
 
 async fn connect(server: &RedisServer, engine: Engine) -> redsem::Result<Redsem> {
@@ -467,4 +490,53 @@ async fn the_acl_rules_for_the_native_engine_allow_its_commands() {
         other => panic!("REDSEM.ENGINE is not allowed, yet {other:?}"),
     }
     lease_cycle(&redsem, "jobs").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_module_serves_only_where_every_primary_has_it() {
+    let cluster = cluster_with_module([true, true, true]);
+    let redsem = connect_cluster(&cluster, Engine::Auto)
+        .await
+        .expect("connected");
+    assert!(redsem.engine().is_native(), "{:?}", redsem.engine());
+    // Names spread over the nodes: each cycle goes to the module of the node that owns it.
+    let names: Vec<String> = (0..6).map(|i| format!("jobs-{i}")).collect();
+    for name in &names {
+        lease_cycle(&redsem, name).await;
+    }
+    for name in &names {
+        let node = cluster.node_for_key(&format!("redsem:{{lease:{name}}}:state"));
+        let called = commands_called(node);
+        assert!(
+            called.iter().any(|c| c == "redsem.lease_acquire"),
+            "{name} on port {}: {called:?}",
+            node.port()
+        );
+    }
+    drop(redsem);
+    drop(cluster);
+
+    // One primary without the module: Auto serves by the scripts, Native refuses it.
+    let cluster = cluster_with_module([true, true, false]);
+    let bare = format!(":{}", cluster.nodes()[2].port());
+    let redsem = connect_cluster(&cluster, Engine::Auto)
+        .await
+        .expect("connected");
+    match redsem.engine() {
+        ServingEngine::Scripts { why, .. } => {
+            assert!(
+                why.contains(&bare) && why.contains("unknown command"),
+                "{why}"
+            );
+        }
+        other => panic!("a primary has no module, yet {other:?}"),
+    }
+    lease_cycle(&redsem, "jobs").await;
+    match connect_cluster(&cluster, Engine::Native).await {
+        Err(Error::EngineUnavailable { node, reply, .. }) => {
+            assert!(node.ends_with(&bare), "{node}");
+            assert!(reply.contains("unknown command"), "{reply}");
+        }
+        other => panic!("expected EngineUnavailable, got {other:?}"),
+    }
 }

@@ -48,6 +48,26 @@ impl RedisCluster {
         RedisCluster::join(nodes)
     }
 
+    /// Like [`start`](Self::start), with one master per entry of `node_args`, each started with
+    /// its entry appended to its `redis-server` arguments: e.g. a module loaded on some nodes
+    /// only (`--loadmodule <path>`).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_each_with(node_args: &[&[&str]]) -> RedisCluster {
+        assert!(
+            node_args.len() >= 3,
+            "a Redis Cluster needs at least 3 masters, got {}",
+            node_args.len()
+        );
+        let nodes = node_args
+            .iter()
+            .map(|args| RedisServer::start_cluster_node_with(args))
+            .collect();
+        RedisCluster::join(nodes)
+    }
+
     /// Join started cluster nodes (at least 3) into a cluster and wait until it is ready.
     pub(crate) fn join(nodes: Vec<RedisServer>) -> RedisCluster {
         let cluster = RedisCluster {
