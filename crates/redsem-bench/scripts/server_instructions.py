@@ -1,20 +1,16 @@
 #!/usr/bin/env python3
 """Instructions Redis executes per semaphore cycle, counted by valgrind's callgrind.
 
-With `--module PATH` the server loads that module (prototypes/native-lease's
-libnative_lease.so, a measurement prototype of the native engine) and four more rows are
-counted, in the same run:
-
-  lease-p     the scripts' lease cycle as `lease`, on a semaphore primed by one cycle first (its
-              state and session record made), like `native`
-  native      the module's RXN.LEASE_ACQUIRE + RXN.LEASE_RELEASE, same KEYS and ARGV as the
-              FCALLs, on a semaphore primed by one FCALL cycle (the module has only the fast
-              paths); every call must take them (any other answer is an error, and stops the run)
-  noop        two RXN.NOOP (+OK, no keys): the floor of two module commands' dispatch
-  ping        two PINGs: the floor of two built-in commands' dispatch
+With `--module PATH` the server loads the native engine (crates/redsem-module's
+libredsem_module.so, built with `cargo build --release -p redsem-module`; it runs this
+checkout's Lua, below, for the calls it has no native path for) and every semaphore row is
+counted a second time in the same run, sent as the module's `REDSEM.<OPERATION>` commands (same
+keys, same ARGV, same replies) in place of `FCALL`: `lease/native`, `contended/native`, ... And
+one more row, `ping` (two PINGs: the floor of two commands' dispatch).
 
 Usage: python3 server_instructions.py [cycles] [--module PATH [--module-args "ARG ..."]] [--only-lease]
-(--module-args: the module's load arguments; --only-lease: stop after the lease rows.)
+(--module-args: more load arguments, e.g. `noreplicate`, which measures what replicating the
+native paths' writes costs; --only-lease: stop after the lease rows.)
 
 Wall-clock and `INFO cpu` figures swing by 2-3x on a shared machine; an instruction count does
 not (the same binary and inputs give the same count whatever else runs). This starts a
@@ -23,7 +19,8 @@ throwaway `redis-server` under callgrind, loads the Lua of *this checkout*
 server executes per cycle (network handling, command dispatch and the scripts):
 
   polling     the polling baseline of redsem-bench (S9): its EVALSHA attempt + ZREM
-  lease       try acquire + release, one client (one session), uncontended
+  lease       try acquire + release, one client (one session), uncontended, on a semaphore primed
+              by one cycle (its state and session record made before the count)
   floor       the commands of that cycle alone (TIME, HMGET, BITPOS, SETBIT, ZADD, HSET; TIME,
               HMGET, SETBIT, ZREM, HSET, HDEL: layout 2, the release's mark in its session's
               record) issued by two functions with no logic, on the same keys and arguments:
@@ -31,7 +28,7 @@ server executes per cycle (network handling, command dispatch and the scripts):
   contended   capacity 8, 8 holders, 56 queued: release the oldest holder (which grants the
               head waiter) and queue a new waiter, one call each
   batched     the same contended cycle, 8 cycles to one lease_batch call (group commit)
-  permits     permit semaphore try_acquire(1) + release(1)
+  permits     permit semaphore try_acquire(1) + release(1), primed by one cycle
   p-floor     the commands of that cycle alone, layout 2 (TIME, HMGET, GET, INCRBY, HSET; TIME,
               HMGET, INCRBY, HSET: each call's mark in its session's record), issued by two
               functions with no logic
@@ -130,7 +127,8 @@ class Server:
         self.proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out",
              "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir] + (["--loadmodule", MODULE, *MODULE_ARGS] if MODULE else []),
+             "--appendonly", "no", "--dir", self.dir]
+            + (["--loadmodule", MODULE, "library", "rx", *MODULE_ARGS] if MODULE else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.r = redis.Redis(port=self.port, decode_responses=True)
         for _ in range(600):
@@ -208,6 +206,21 @@ def lease_keys(name):
     return [f"b:{{lease:{name}}}:{part}" for part in ["leases", "queue", "state", "slots"]]
 
 
+def permit_keys(name):
+    return [f"b:{{permits:{name}}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+
+
+ENGINES = ["scripts", "native"] if MODULE else ["scripts"]
+
+
+def op(engine, name, keys, *args):
+    """The call of operation `name` on `keys` with `args`: an FCALL of this checkout's library,
+    or the module's command."""
+    if engine == "native":
+        return [f"REDSEM.{name.upper()}", *keys, *args]
+    return ["FCALL", f"rx_{name}", len(keys), *keys, *args]
+
+
 def main():
     server = Server()
     r = server.r
@@ -215,7 +228,8 @@ def main():
         r.function_load(library(), replace=True)
         poll = r.script_load(poll_attempt())
 
-        def measure(label, commands, cycles):
+        def measure(label, commands, cycles, engine="scripts"):
+            label = label if engine == "scripts" else f"{label}/{engine}"
             server.count()
             r.config_resetstat()
             pipe = r.pipeline(transaction=False)
@@ -227,12 +241,12 @@ def main():
             total = server.count()
             stats = r.info("commandstats")
             # Commands the client sent itself; the rest ran inside the scripts.
-            sent = {"cmdstat_fcall", "cmdstat_evalsha", "cmdstat_config", "cmdstat_info"}
+            sent = {"cmdstat_fcall", "cmdstat_evalsha", "cmdstat_config", "cmdstat_info", "cmdstat_ping"}
+            sent |= {k for k in stats if k.startswith("cmdstat_redsem.")}
             if label == "polling":
                 sent.add("cmdstat_zrem")
-            sent |= {"cmdstat_rxn.lease_acquire", "cmdstat_rxn.lease_release", "cmdstat_rxn.noop", "cmdstat_ping"}
             inside = sum(v["calls"] for k, v in stats.items() if k not in sent)
-            print(f"{label:10} {total / cycles / 1000:8.1f} k instructions per cycle"
+            print(f"{label:18} {total / cycles / 1000:8.1f} k instructions per cycle"
                   f"   {inside / cycles:5.1f} commands inside", flush=True)
 
         ids = [uuid.uuid4().hex for _ in range(CYCLES)]
@@ -245,14 +259,19 @@ def main():
 
         # One client session (layout 2): every call numbered, the low mark at the call's own
         # number (everything before it answered), so each release's mark replaces the last.
-        k = lease_keys("u")
-        commands = []
-        for i, pid in enumerate(ids):
-            a, rel = 2 * i + 1, 2 * i + 2
-            commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
-                             h(a), "sess", h(a)])
-            commands.append(["FCALL", "rx_lease_release", 4, *k, pid, "c", h(rel), "sess", h(rel), "r"])
-        measure("lease", commands, CYCLES)
+        for engine in ENGINES:
+            k = lease_keys("u-" + engine)
+            # Primed by one cycle (its state and session record made) before the count.
+            r.execute_command(*op(engine, "lease_acquire", k, "prime", 8, 1, 30000, "", "0", "try", 3000, "c",
+                                  h(1), "sess", h(1)))
+            r.execute_command(*op(engine, "lease_release", k, "prime", "c", h(2), "sess", h(2), "r"))
+            commands = []
+            for i, pid in enumerate(ids):
+                a, rel = 2 * i + 3, 2 * i + 4
+                commands.append(op(engine, "lease_acquire", k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
+                                   h(a), "sess", h(a)))
+                commands.append(op(engine, "lease_release", k, pid, "c", h(rel), "sess", h(rel), "r"))
+            measure("lease", commands, CYCLES, engine)
 
         r.function_load(FLOOR, replace=True)
         f = lease_keys("f")
@@ -262,44 +281,20 @@ def main():
             commands.append(["FCALL", "floor_acquire", 4, *f, pid, 8, 1, 30000, "", "0", "try", 3000, "c"])
             commands.append(["FCALL", "floor_release", 4, *f, pid, "c", str(2 * i + 2)])
         measure("floor", commands, CYCLES)
-
         if MODULE:
-            def primed(name, session):
-                """A semaphore whose state and session record one FCALL cycle made (seq 1, 2)."""
-                k = lease_keys(name)
-                pid = uuid.uuid4().hex
-                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
-                                  h(1), session, h(1))
-                r.execute_command("FCALL", "rx_lease_release", 4, *k, pid, "c", h(2), session, h(2), "r")
-                return k
-
-            def cycle(k, session, acquire, release):
-                commands = []
-                for i, pid in enumerate(ids):
-                    a, rel = 2 * i + 3, 2 * i + 4
-                    commands.append([*acquire, 4, *k, pid, 8, 1, 30000, "", "0", "try", 3000, "c",
-                                     h(a), session, h(a)])
-                    commands.append([*release, 4, *k, pid, "c", h(rel), session, h(rel), "r"])
-                return commands
-
-            k = primed("lp", "sess")
-            measure("lease-p", cycle(k, "sess", ["FCALL", "rx_lease_acquire"], ["FCALL", "rx_lease_release"]), CYCLES)
-            k = primed("n", "sess")
-            measure("native", cycle(k, "sess", ["RXN.LEASE_ACQUIRE"], ["RXN.LEASE_RELEASE"]), CYCLES)
-            measure("noop", [["RXN.NOOP"]] * (2 * CYCLES), CYCLES)
             measure("ping", [["PING"]] * (2 * CYCLES), CYCLES)
         if ONLY_LEASE:
             return
 
-        def contended(name, per_call):
-            k = lease_keys(name)
+        def contended(engine, name, per_call):
+            k = lease_keys(f"{name}-{engine}")
             holders, waiters = [], []
             seq = 0
             for i in range(64):
                 pid = uuid.uuid4().hex
                 seq += 1
-                r.execute_command("FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c",
-                                  h(seq), "sess", h(seq))
+                r.execute_command(*op(engine, "lease_acquire", k, pid, 8, 1, 30000, "", "0", "wait", 30000, "c",
+                                      h(seq), "sess", h(seq)))
                 (holders if i < 8 else waiters).append(pid)
             commands = []
             for _ in range(CYCLES // per_call):
@@ -309,33 +304,40 @@ def main():
                     holders.append(waiters.pop(0))
                     waiters.append(pid)
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_lease_release", 4, *k, old, "c", h(seq + 1), "sess", h(seq + 1), "r"])
-                        commands.append(["FCALL", "rx_lease_acquire", 4, *k, pid, 8, 1, 30000, "", "0", "wait", 30000,
-                                         "c", h(seq + 2), "sess", h(seq + 2)])
+                        commands.append(op(engine, "lease_release", k, old, "c", h(seq + 1), "sess", h(seq + 1), "r"))
+                        commands.append(op(engine, "lease_acquire", k, pid, 8, 1, 30000, "", "0", "wait", 30000,
+                                           "c", h(seq + 2), "sess", h(seq + 2)))
                     else:
                         ops += ["r", old, h(seq + 1), "a", pid, 8, 1, 30000, "", "0", "wait", 30000, h(seq + 2)]
                     seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_lease_batch", 4, *k, "c", "sess", h(low), *ops])
-            return commands
+                    commands.append(op(engine, "lease_batch", k, "c", "sess", h(low), *ops))
+            return commands, k
 
-        measure("contended", contended("c", 1), CYCLES)
+        for engine in ENGINES:
+            measure("contended", contended(engine, "c", 1)[0], CYCLES, engine)
         if os.path.exists(lua_file("lease", "lease_batch")):
-            measure("batched", contended("b", 8), CYCLES // 8 * 8)
-            state = r.hmget("b:{lease:b}:state", "used", "qlen")
-            if state != ["8", "56"]:
-                raise SystemExit(f"the batched run left used/qlen {state}, not 8/56")
+            for engine in ENGINES:
+                commands, k = contended(engine, "b", 8)
+                measure("batched", commands, CYCLES // 8 * 8, engine)
+                state = r.hmget(k[2], "used", "qlen")
+                if state != ["8", "56"]:
+                    raise SystemExit(f"the batched run left used/qlen {state}, not 8/56")
 
-        p = [f"b:{{permits:p}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
-        r.execute_command("FCALL", "rx_permit_try_set", 6, *p, "set", 8, h(1), "psess", h(1))
-        commands = []
-        for i, pid in enumerate(ids):
-            a, rel = 2 * i + 2, 2 * i + 3
-            commands.append(["FCALL", "rx_permit_acquire", 6, *p, pid, 1, "try", 3000, "c", h(a), "psess", h(a)])
-            commands.append(["FCALL", "rx_permit_add", 6, *p, "r" + pid, 1, h(rel), "psess", h(rel)])
-        measure("permits", commands, CYCLES)
+        for engine in ENGINES:
+            p = permit_keys("p-" + engine)
+            r.execute_command(*op(engine, "permit_try_set", p, "set", 8, h(1), "psess", h(1)))
+            # Primed by one cycle (its session record made) before the count.
+            r.execute_command(*op(engine, "permit_acquire", p, "prime", 1, "try", 3000, "c", h(2), "psess", h(2)))
+            r.execute_command(*op(engine, "permit_add", p, "rprime", 1, h(3), "psess", h(3)))
+            commands = []
+            for i, pid in enumerate(ids):
+                a, rel = 2 * i + 4, 2 * i + 5
+                commands.append(op(engine, "permit_acquire", p, pid, 1, "try", 3000, "c", h(a), "psess", h(a)))
+                commands.append(op(engine, "permit_add", p, "r" + pid, 1, h(rel), "psess", h(rel)))
+            measure("permits", commands, CYCLES, engine)
 
-        f = [f"b:{{permits:f}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+        f = permit_keys("f")
         r.set(f[0], 8)
         r.hset(f[3], mapping={"keep": "1", "wide": "-" * 80})  # a hash table, as redsem's
         commands = []
@@ -344,37 +346,40 @@ def main():
             commands.append(["FCALL", "floor_permit_add", 6, *f, "r" + pid, 1, str(2 * i + 3)])
         measure("p-floor", commands, CYCLES)
 
-        def permits_contended(name, per_call):
+        def permits_contended(engine, name, per_call):
             """8 permits, 8 taken, 56 queued: release one (which serves the head waiter) and
             queue a new waiter; `per_call` cycles to one permit_batch call (1: one call each)."""
-            q = [f"b:{{permits:{name}}}:{part}" for part in ["count", "queue", "waiters", "records", "meta", "applied"]]
+            q = permit_keys(f"{name}-{engine}")
             seq = 1
-            r.execute_command("FCALL", "rx_permit_try_set", 6, *q, "set", 8, h(seq), "psess", h(seq))
+            r.execute_command(*op(engine, "permit_try_set", q, "set", 8, h(seq), "psess", h(seq)))
             for _ in range(64):
                 seq += 1
-                r.execute_command("FCALL", "rx_permit_acquire", 6, *q, uuid.uuid4().hex, 1, "wait", 30000, "c",
-                                  h(seq), "psess", h(seq))
+                r.execute_command(*op(engine, "permit_acquire", q, uuid.uuid4().hex, 1, "wait", 30000, "c",
+                                      h(seq), "psess", h(seq)))
             commands = []
             for _ in range(CYCLES // per_call):
                 ops, low = [], seq + 1
                 for _ in range(per_call):
                     rid, pid = uuid.uuid4().hex, uuid.uuid4().hex
                     if per_call == 1:
-                        commands.append(["FCALL", "rx_permit_add", 6, *q, rid, 1, h(seq + 1), "psess", h(seq + 1)])
-                        commands.append(["FCALL", "rx_permit_acquire", 6, *q, pid, 1, "wait", 30000, "c",
-                                         h(seq + 2), "psess", h(seq + 2)])
+                        commands.append(op(engine, "permit_add", q, rid, 1, h(seq + 1), "psess", h(seq + 1)))
+                        commands.append(op(engine, "permit_acquire", q, pid, 1, "wait", 30000, "c",
+                                           h(seq + 2), "psess", h(seq + 2)))
                     else:
                         ops += ["m", rid, 1, h(seq + 1), "a", pid, 1, "wait", 30000, h(seq + 2)]
                     seq += 2
                 if ops:
-                    commands.append(["FCALL", "rx_permit_batch", 6, *q, "c", "psess", h(low), *ops])
-            return commands
+                    commands.append(op(engine, "permit_batch", q, "c", "psess", h(low), *ops))
+            return commands, q
 
-        measure("p-contend", permits_contended("pc", 1), CYCLES)
+        for engine in ENGINES:
+            measure("p-contend", permits_contended(engine, "pc", 1)[0], CYCLES, engine)
         if os.path.exists(lua_file("permit", "permit_batch")):
-            measure("p-batched", permits_contended("pb", 8), CYCLES // 8 * 8)
-            if r.hget("b:{permits:pb}:records", "qlen") != "56":
-                raise SystemExit("the batched permit run did not keep 56 waiters queued")
+            for engine in ENGINES:
+                commands, q = permits_contended(engine, "pb", 8)
+                measure("p-batched", commands, CYCLES // 8 * 8, engine)
+                if r.hget(q[3], "qlen") != "56":
+                    raise SystemExit("the batched permit run did not keep 56 waiters queued")
     finally:
         server.stop()
 

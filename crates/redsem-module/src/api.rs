@@ -58,6 +58,34 @@ pub(crate) unsafe fn free(ctx: *mut RedisModuleCtx, s: *mut RedisModuleString) {
     }
 }
 
+/// A string made for one call, freed when dropped.
+pub(crate) struct Str {
+    ctx: *mut RedisModuleCtx,
+    pub(crate) ptr: *mut RedisModuleString,
+}
+
+impl Str {
+    pub(crate) unsafe fn new(ctx: *mut RedisModuleCtx, b: &[u8]) -> Str {
+        Str {
+            ctx,
+            ptr: create(ctx, b),
+        }
+    }
+}
+
+impl std::fmt::Debug for Str {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Str")
+    }
+}
+
+impl Drop for Str {
+    fn drop(&mut self) {
+        // SAFETY: made by `new` in the same command, freed once.
+        unsafe { free(self.ctx, self.ptr) };
+    }
+}
+
 /// Reply with a bulk string.
 pub(crate) unsafe fn reply_bulk(ctx: *mut RedisModuleCtx, b: &[u8]) {
     api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast::<c_char>(), b.len());

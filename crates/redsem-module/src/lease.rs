@@ -15,11 +15,11 @@ use std::ffi::{c_char, c_int};
 use std::ptr;
 
 use crate::api::{
-    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, api, is_or_empty,
+    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, is_or_empty,
     key_type, raw,
 };
 use crate::clock;
-use crate::record::{Session, decimal, fmt, hex};
+use crate::record::{Session, Text, decimal, fmt, hex};
 use crate::replicate::Effects;
 
 /// The layout this protocol writes (lease/layout.lua: LAYOUT).
@@ -77,58 +77,25 @@ unsafe fn open(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Opt
     ok.then_some(keys)
 }
 
-/// `read_state(name)`: the fields, the record `r:<id>` and the session record `s:<session>`.
-unsafe fn read(
-    ctx: *mut RedisModuleCtx,
-    state: *mut RedisModuleKey,
-    record: &[u8],
-    session: &[u8],
-) -> Read<FIELDS> {
+/// `read_state(name)`: the fields, the record `r:<id>` and the session record `s:<session>`
+/// (their names made by the caller, which writes them too); `tok` only if `with_tok` (a
+/// release makes no token).
+#[rustfmt::skip]
+unsafe fn read(ctx: *mut RedisModuleCtx, state: *mut RedisModuleKey, record: &Str, session: &Str, with_tok: bool) -> Read<FIELDS> {
     let mut r = Read::<FIELDS>::new(ctx);
     let n = &NAMES.get().expect("made at load").0;
-    let (rec, ses) = (api::create(ctx, record), api::create(ctx, session));
-    let [
-        cap,
-        used,
-        qlen,
-        idle,
-        tok,
-        nh,
-        next,
-        tnext,
-        layout,
-        rec_v,
-        ses_v,
-    ] = &mut r.v;
-    api!(RedisModule_HashGet)(
-        state,
-        raw::REDISMODULE_HASH_NONE as c_int,
-        n[0],
-        cap as *mut _,
-        n[1],
-        used as *mut _,
-        n[2],
-        qlen as *mut _,
-        n[3],
-        idle as *mut _,
-        n[4],
-        tok as *mut _,
-        n[5],
-        nh as *mut _,
-        n[6],
-        next as *mut _,
-        n[7],
-        tnext as *mut _,
-        n[8],
-        layout as *mut _,
-        rec,
-        rec_v as *mut _,
-        ses,
-        ses_v as *mut _,
-        ptr::null::<c_char>(),
-    );
-    api::free(ctx, rec);
-    api::free(ctx, ses);
+    let [cap, used, qlen, idle, tok, nh, next, tnext, layout, rec_v, ses_v] = &mut r.v;
+    let get = api!(RedisModule_HashGet);
+    let none = raw::REDISMODULE_HASH_NONE as c_int;
+    if with_tok {
+        get(state, none, n[CAP], cap as *mut _, n[USED], used as *mut _, n[QLEN], qlen as *mut _, n[IDLE], idle as *mut _,
+            n[TOK], tok as *mut _, n[NH], nh as *mut _, n[NEXT], next as *mut _, n[TNEXT], tnext as *mut _,
+            n[LAYOUT_AT], layout as *mut _, record.ptr, rec_v as *mut _, session.ptr, ses_v as *mut _, ptr::null::<c_char>());
+    } else {
+        get(state, none, n[CAP], cap as *mut _, n[USED], used as *mut _, n[QLEN], qlen as *mut _, n[IDLE], idle as *mut _,
+            n[NH], nh as *mut _, n[NEXT], next as *mut _, n[TNEXT], tnext as *mut _,
+            n[LAYOUT_AT], layout as *mut _, record.ptr, rec_v as *mut _, session.ptr, ses_v as *mut _, ptr::null::<c_char>());
+    }
     r
 }
 
@@ -158,12 +125,9 @@ fn quiet(s: &Read<FIELDS>, now: u64, room: bool) -> Option<(u64, u64, u64, u64)>
     Some((cap, used, nh, next))
 }
 
-/// "<prefix><name>".
-fn field(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(prefix.len() + name.len());
-    v.extend_from_slice(prefix);
-    v.extend_from_slice(name);
-    v
+/// The name "<prefix><id>" as a string for this call (None: too long for the native path).
+unsafe fn name(ctx: *mut RedisModuleCtx, prefix: &[u8], id: &[u8]) -> Option<Str> {
+    Some(Str::new(ctx, Text::of(&[prefix, id])?.as_bytes()))
 }
 
 /// The slot bitmap's first clear bit (`BITPOS slots 0`: past the end if none).
@@ -191,13 +155,17 @@ unsafe fn set_bit(key: *mut RedisModuleKey, bit: u64, on: bool) {
     let byte = (bit / 8) as usize;
     let mut len = 0usize;
     let dma = api!(RedisModule_StringDMA);
-    if key_type(key) != raw::REDISMODULE_KEYTYPE_EMPTY {
-        dma(key, &mut len, raw::REDISMODULE_READ as c_int);
-    }
-    if len <= byte {
+    let write = raw::REDISMODULE_WRITE as c_int;
+    let mut p = if key_type(key) == raw::REDISMODULE_KEYTYPE_EMPTY {
+        ptr::null_mut()
+    } else {
+        dma(key, &mut len, write)
+    };
+    if p.is_null() || len <= byte {
         api!(RedisModule_StringTruncate)(key, byte + 1);
+        p = dma(key, &mut len, write);
     }
-    let p = dma(key, &mut len, raw::REDISMODULE_WRITE as c_int).cast::<u8>();
+    let p = p.cast::<u8>();
     let mask = 0x80u8 >> (bit % 8);
     if on {
         *p.add(byte) |= mask;
@@ -237,8 +205,10 @@ pub(crate) unsafe fn fast_acquire(
         return false;
     };
     let [leases, state, slots] = keys.0;
-    let record = field(b"r:", a(1));
-    let s = read(ctx, state, &record, &field(b"s:", a(11)));
+    let (Some(record), Some(sess)) = (name(ctx, b"r:", a(1)), name(ctx, b"s:", a(11))) else {
+        return false;
+    };
+    let s = read(ctx, state, &record, &sess, true);
     if s.get(RECORD).is_some() {
         return false;
     }
@@ -265,7 +235,18 @@ pub(crate) unsafe fn fast_acquire(
     let token = (last + 1).max(now_us);
     let ends = now + lease;
     let slot = if used > 0 { first_clear(slots) } else { 0 };
-    if slot > MAX_BIT || ends > 1 << 53 {
+    let mut held = Text::new();
+    let made = (|| {
+        held.push(b"h|")?
+            .decimal(token)?
+            .push(b"|1|")?
+            .decimal(now)?
+            .push(b"|")?
+            .decimal(lease)?
+            .push(b"|")?;
+        held.decimal(slot)?.push(b"|").map(|_| ())
+    })();
+    if made.is_none() || slot > MAX_BIT || ends > 1 << 53 {
         return false;
     }
 
@@ -273,100 +254,65 @@ pub(crate) unsafe fn fast_acquire(
     set_bit(slots, slot, true);
     let mut flags = 0;
     api!(RedisModule_ZsetAdd)(leases, ends as f64, argv[5], &mut flags);
-    let (mut b1, mut b2, mut b3, mut b4, mut b5, mut b6) = (
-        [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20], [0u8; 20],
-    );
-    let tok = fmt(&mut b3, token);
-    let mut held = Vec::with_capacity(64);
-    for part in [
-        &b"h|"[..],
-        tok,
-        b"|1|",
-        fmt(&mut b5, now),
-        b"|",
-        fmt(&mut b6, lease),
-        b"|",
-    ] {
-        held.extend_from_slice(part);
-    }
-    held.extend_from_slice(fmt(&mut b4, slot));
-    held.push(b'|');
-    let v_used = api::create(ctx, fmt(&mut b1, used + 1));
-    let v_nh = api::create(ctx, fmt(&mut b2, nh + 1));
-    let v_tok = api::create(ctx, tok);
-    let v_held = api::create(ctx, &held);
-    let v_rec = api::create(ctx, &record);
-    let mut b7 = [0u8; 20];
-    let v_next = if ends < next {
-        api::create(ctx, fmt(&mut b7, ends))
-    } else {
-        ptr::null_mut()
-    };
+    let (mut b1, mut b2, mut b3) = ([0u8; 20], [0u8; 20], [0u8; 20]);
+    let v_used = Str::new(ctx, fmt(&mut b1, used + 1));
+    let v_nh = Str::new(ctx, fmt(&mut b2, nh + 1));
+    let v_tok = Str::new(ctx, fmt(&mut b3, token));
+    let v_held = Str::new(ctx, held.as_bytes());
+    let v_next = (ends < next).then(|| Str::new(ctx, fmt(&mut b1, ends)));
     let n = &NAMES.get().expect("made at load").0;
     let hset = api!(RedisModule_HashSet);
     let none = raw::REDISMODULE_HASH_NONE as c_int;
-    if v_next.is_null() {
-        hset(
+    match &v_next {
+        None => hset(
             state,
             none,
             n[USED],
-            v_used,
+            v_used.ptr,
             n[NH],
-            v_nh,
+            v_nh.ptr,
             n[TOK],
-            v_tok,
-            v_rec,
-            v_held,
+            v_tok.ptr,
+            record.ptr,
+            v_held.ptr,
             ptr::null::<c_char>(),
-        );
-    } else {
-        hset(
+        ),
+        Some(v_next) => hset(
             state,
             none,
             n[USED],
-            v_used,
+            v_used.ptr,
             n[NH],
-            v_nh,
+            v_nh.ptr,
             n[TOK],
-            v_tok,
-            v_rec,
-            v_held,
+            v_tok.ptr,
+            record.ptr,
+            v_held.ptr,
             n[NEXT],
-            v_next,
+            v_next.ptr,
             ptr::null::<c_char>(),
-        );
-    }
+        ),
+    };
 
     let mut effects = Effects::new(ctx);
     effects.notify(raw::REDISMODULE_NOTIFY_STRING, c"setbit", argv[4]);
     effects.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd", argv[1]);
     effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", argv[3]);
     if effects.replicating() {
-        let bit = api::create(ctx, fmt(&mut b4, slot));
-        let end = api::create(ctx, fmt(&mut b5, ends));
-        effects.replicate(c"SETBIT", &[argv[4], bit, one()]);
-        effects.replicate(c"ZADD", &[argv[1], end, argv[5]]);
-        if v_next.is_null() {
-            effects.replicate(
-                c"HSET",
-                &[
-                    argv[3], n[USED], v_used, n[NH], v_nh, n[TOK], v_tok, v_rec, v_held,
-                ],
-            );
-        } else {
-            effects.replicate(
-                c"HSET",
-                &[
-                    argv[3], n[USED], v_used, n[NH], v_nh, n[TOK], v_tok, v_rec, v_held, n[NEXT],
-                    v_next,
-                ],
-            );
+        let bit = Str::new(ctx, fmt(&mut b2, slot));
+        let end = Str::new(ctx, fmt(&mut b3, ends));
+        effects.replicate(c"SETBIT", &[argv[4], bit.ptr, one()]);
+        effects.replicate(c"ZADD", &[argv[1], end.ptr, argv[5]]);
+        let fields = [
+            argv[3], n[USED], v_used.ptr, n[NH], v_nh.ptr, n[TOK], v_tok.ptr, record.ptr,
+            v_held.ptr,
+        ];
+        match &v_next {
+            None => effects.replicate(c"HSET", &fields),
+            Some(v_next) => {
+                effects.replicate(c"HSET", &[&fields[..], &[n[NEXT], v_next.ptr]].concat())
+            }
         }
-        api::free(ctx, bit);
-        api::free(ctx, end);
-    }
-    for v in [v_used, v_nh, v_tok, v_held, v_rec, v_next] {
-        api::free(ctx, v);
     }
 
     api::reply_array(ctx, 3);
@@ -420,8 +366,10 @@ pub(crate) unsafe fn fast_release(
         return false;
     };
     let [leases, state, slots] = keys.0;
-    let (record, sess) = (field(b"r:", a(1)), field(b"s:", a(4)));
-    let s = read(ctx, state, &record, &sess);
+    let (Some(record), Some(sess)) = (name(ctx, b"r:", a(1)), name(ctx, b"s:", a(4))) else {
+        return false;
+    };
+    let s = read(ctx, state, &record, &sess, false);
     let Some((now, _)) = clock::now(ctx) else {
         return false;
     };
@@ -446,23 +394,21 @@ pub(crate) unsafe fn fast_release(
     let mut deleted = 0;
     api!(RedisModule_ZsetRem)(leases, argv[5], &mut deleted);
     let (used, nh) = (used.saturating_sub(1), nh.saturating_sub(1));
-    let (mut b1, mut b2, mut b3) = ([0u8; 20], [0u8; 20], [0u8; 20]);
-    let v_used = api::create(ctx, fmt(&mut b1, used));
-    let v_nh = api::create(ctx, fmt(&mut b2, nh));
-    let v_sess = api::create(ctx, &sess);
-    let v_mark = api::create(ctx, &marked);
-    let v_rec = api::create(ctx, &record);
+    let (mut b1, mut b2) = ([0u8; 20], [0u8; 20]);
+    let v_used = Str::new(ctx, fmt(&mut b1, used));
+    let v_nh = Str::new(ctx, fmt(&mut b2, nh));
+    let v_mark = Str::new(ctx, marked.as_bytes());
     let n = &NAMES.get().expect("made at load").0;
     api!(RedisModule_HashSet)(
         state,
         raw::REDISMODULE_HASH_NONE as c_int,
         n[USED],
-        v_used,
+        v_used.ptr,
         n[NH],
-        v_nh,
-        v_sess,
-        v_mark,
-        v_rec,
+        v_nh.ptr,
+        sess.ptr,
+        v_mark.ptr,
+        record.ptr,
         HASH_DELETE,
         ptr::null::<c_char>(),
     );
@@ -473,18 +419,16 @@ pub(crate) unsafe fn fast_release(
     effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", argv[3]);
     effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hdel", argv[3]);
     if effects.replicating() {
-        let bit = api::create(ctx, fmt(&mut b3, slot));
-        effects.replicate(c"SETBIT", &[argv[4], bit, zero()]);
+        let bit = Str::new(ctx, fmt(&mut b1, slot));
+        effects.replicate(c"SETBIT", &[argv[4], bit.ptr, zero()]);
         effects.replicate(c"ZREM", &[argv[1], argv[5]]);
         effects.replicate(
             c"HSET",
-            &[argv[3], n[USED], v_used, n[NH], v_nh, v_sess, v_mark],
+            &[
+                argv[3], n[USED], v_used.ptr, n[NH], v_nh.ptr, sess.ptr, v_mark.ptr,
+            ],
         );
-        effects.replicate(c"HDEL", &[argv[3], v_rec]);
-        api::free(ctx, bit);
-    }
-    for v in [v_used, v_nh, v_sess, v_mark, v_rec] {
-        api::free(ctx, v);
+        effects.replicate(c"HDEL", &[argv[3], record.ptr]);
     }
 
     api::reply_array(ctx, 2);

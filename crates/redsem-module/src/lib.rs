@@ -185,6 +185,13 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
             warn(ctx, &format!("redsem: {e}"));
             return ERR;
         }
+        if replicate::watch(ctx) == ERR {
+            warn(
+                ctx,
+                "redsem: could not follow the server's replication events",
+            );
+            return ERR;
+        }
         lease::init();
         permit::init();
         let names: Vec<(&'static str, usize)> = redsem::protocol_operations().collect();

@@ -12,11 +12,11 @@ use std::ffi::{c_char, c_int};
 use std::ptr;
 
 use crate::api::{
-    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, api, is_or_empty,
+    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, is_or_empty,
     key_type, raw,
 };
 use crate::clock;
-use crate::record::{Session, decimal, hex};
+use crate::record::{Session, Text, decimal, hex};
 use crate::replicate::Effects;
 
 /// The layout this protocol writes (permit/layout.lua: LAYOUT).
@@ -68,16 +68,16 @@ unsafe fn open(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> Opt
     ok.then_some(keys)
 }
 
-/// `read_records(name)`: the fields, the record `name` and the session record.
+/// `read_records(name)`: the fields, the record `name` and the session record (their names
+/// made by the caller).
 unsafe fn read(
     ctx: *mut RedisModuleCtx,
     records: *mut RedisModuleKey,
-    record: &[u8],
-    session: &[u8],
+    record: *mut RedisModuleString,
+    session: &Str,
 ) -> Read<FIELDS> {
     let mut r = Read::<FIELDS>::new(ctx);
     let n = &NAMES.get().expect("made at load").0;
-    let (rec, ses) = (api::create(ctx, record), api::create(ctx, session));
     let [keep, prune, wlen, qlen, live, wide, layout, rec_v, ses_v] = &mut r.v;
     api!(RedisModule_HashGet)(
         records,
@@ -96,14 +96,12 @@ unsafe fn read(
         wide as *mut _,
         n[6],
         layout as *mut _,
-        rec,
+        record,
         rec_v as *mut _,
-        ses,
+        session.ptr,
         ses_v as *mut _,
         ptr::null::<c_char>(),
     );
-    api::free(ctx, rec);
-    api::free(ctx, ses);
     r
 }
 
@@ -155,13 +153,7 @@ unsafe fn count_text<'a>(key: *mut RedisModuleKey) -> Option<&'a [u8]> {
 
 /// `fast_mark(stored, seq, mark)`: the session record with the call marked, if the call is
 /// neither stale nor marked and the record needs no renewal and keeps no other marks.
-fn fast_mark(
-    s: &Read<FIELDS>,
-    seq_text: &[u8],
-    low: u64,
-    mark: &[u8],
-    now: u64,
-) -> Option<Vec<u8>> {
+fn fast_mark(s: &Read<FIELDS>, seq_text: &[u8], low: u64, mark: &[u8], now: u64) -> Option<Text> {
     let seq = hex(seq_text)?;
     let session = Session::parse(s.get(SESSION))?;
     if s.get(SESSION).is_some() && (session.stale(seq) || session.marked(seq_text, seq)) {
@@ -178,33 +170,38 @@ unsafe fn write(
     keys: &Keys<2>,
     value: i64,
     by: &[u8],
-    session: &[u8],
-    marked: &[u8],
+    session: &Str,
+    marked: &Text,
 ) {
     let [count, records] = keys.0;
-    let text = value.to_string();
-    let v_count = api::create(ctx, text.as_bytes());
-    api!(RedisModule_StringSet)(count, v_count);
-    let (v_sess, v_mark) = (api::create(ctx, session), api::create(ctx, marked));
+    let mut text = Text::new();
+    if value < 0 {
+        text.push(b"-");
+    }
+    text.decimal(value.unsigned_abs());
+    let v_count = Str::new(ctx, text.as_bytes());
+    api!(RedisModule_StringSet)(count, v_count.ptr);
+    let v_mark = Str::new(ctx, marked.as_bytes());
     api!(RedisModule_HashSet)(
         records,
         raw::REDISMODULE_HASH_NONE as c_int,
-        v_sess,
-        v_mark,
+        session.ptr,
+        v_mark.ptr,
         ptr::null::<c_char>(),
     );
     let mut effects = Effects::new(ctx);
     effects.notify(raw::REDISMODULE_NOTIFY_STRING, c"incrby", argv[1]);
     effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", argv[4]);
     if effects.replicating() {
-        let v_by = api::create(ctx, by);
-        effects.replicate(c"INCRBY", &[argv[1], v_by]);
-        effects.replicate(c"HSET", &[argv[4], v_sess, v_mark]);
-        api::free(ctx, v_by);
+        let v_by = Str::new(ctx, by);
+        effects.replicate(c"INCRBY", &[argv[1], v_by.ptr]);
+        effects.replicate(c"HSET", &[argv[4], session.ptr, v_mark.ptr]);
     }
-    for v in [v_count, v_sess, v_mark] {
-        api::free(ctx, v);
-    }
+}
+
+/// The name "<prefix><id>" as a string for this call (None: too long for the native path).
+unsafe fn name(ctx: *mut RedisModuleCtx, prefix: &[u8], id: &[u8]) -> Option<Str> {
+    Some(Str::new(ctx, Text::of(&[prefix, id])?.as_bytes()))
 }
 
 /// permit_acquire's fast path: a new request that the count holds, nobody waiting.
@@ -227,11 +224,10 @@ pub(crate) unsafe fn fast_acquire(
     let Some((now, _)) = clock::now(ctx) else {
         return false;
     };
-    let mut record = b"r:".to_vec();
-    record.extend_from_slice(a(1));
-    let mut sess = b"s:".to_vec();
-    sess.extend_from_slice(a(7));
-    let s = read(ctx, keys.0[1], &record, &sess);
+    let (Some(record), Some(sess)) = (name(ctx, b"r:", a(1)), name(ctx, b"s:", a(7))) else {
+        return false;
+    };
+    let s = read(ctx, keys.0[1], record.ptr, &sess);
     if s.get(RECORD).is_some() || !quiet(&s, now) {
         return false;
     }
@@ -247,12 +243,15 @@ pub(crate) unsafe fn fast_acquire(
     if k == 0 || count < k {
         return false;
     }
-    let mut mark = b"G".to_vec();
-    mark.extend_from_slice(a(2));
-    let Some(marked) = fast_mark(&s, a(6), low, &mark, now) else {
+    let Some(mark) = Text::of(&[b"G", a(2)]) else {
         return false;
     };
-    let by = format!("-{k}");
+    let Some(marked) = fast_mark(&s, a(6), low, mark.as_bytes(), now) else {
+        return false;
+    };
+    let mut by = Text::new();
+    by.push(b"-");
+    by.decimal(k.unsigned_abs());
     write(ctx, argv, &keys, count - k, by.as_bytes(), &sess, &marked);
     api::reply_array(ctx, 1);
     api::reply_bulk(ctx, b"GRANTED");
@@ -276,9 +275,15 @@ pub(crate) unsafe fn fast_add(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModule
     let Some((now, _)) = clock::now(ctx) else {
         return false;
     };
-    let mut sess = b"s:".to_vec();
-    sess.extend_from_slice(a(4));
-    let s = read(ctx, keys.0[1], b"keep", &sess);
+    let Some(sess) = name(ctx, b"s:", a(4)) else {
+        return false;
+    };
+    let s = read(
+        ctx,
+        keys.0[1],
+        NAMES.get().expect("made at load").0[KEEP],
+        &sess,
+    );
     if !quiet(&s, now) {
         return false;
     }

@@ -41,6 +41,68 @@ pub(crate) fn hex(b: &[u8]) -> Option<u64> {
     (n <= EXACT).then_some(n)
 }
 
+/// Text built on the stack: the hot paths allocate nothing. Longer than it holds (an id of
+/// more than a couple of hundred bytes): None, and the call takes the reference path.
+#[derive(Debug, Clone)]
+pub(crate) struct Text {
+    buf: [u8; 224],
+    len: usize,
+}
+
+impl Text {
+    pub(crate) fn new() -> Text {
+        Text {
+            buf: [0; 224],
+            len: 0,
+        }
+    }
+
+    /// The parts joined.
+    pub(crate) fn of(parts: &[&[u8]]) -> Option<Text> {
+        let mut t = Text::new();
+        for part in parts {
+            t.push(part)?;
+        }
+        Some(t)
+    }
+
+    pub(crate) fn push(&mut self, b: &[u8]) -> Option<&mut Text> {
+        let end = self
+            .len
+            .checked_add(b.len())
+            .filter(|&e| e <= self.buf.len())?;
+        self.buf[self.len..end].copy_from_slice(b);
+        self.len = end;
+        Some(self)
+    }
+
+    /// `n` in decimal (`%d`).
+    pub(crate) fn decimal(&mut self, n: u64) -> Option<&mut Text> {
+        let mut b = [0u8; 20];
+        self.push(fmt(&mut b, n))
+    }
+
+    /// `n` in lower-case hexadecimal (`%x`).
+    pub(crate) fn hex(&mut self, n: u64) -> Option<&mut Text> {
+        let mut b = [0u8; 16];
+        let mut i = b.len();
+        let mut n = n;
+        loop {
+            i -= 1;
+            b[i] = b"0123456789abcdef"[(n & 15) as usize];
+            n >>= 4;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&b[i..])
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// `n` in decimal, as `text()` / `%d` print it, into `buf`.
 pub(crate) fn fmt(buf: &mut [u8; 20], n: u64) -> &[u8] {
     let mut i = buf.len();
@@ -118,21 +180,21 @@ impl<'a> Session<'a> {
     /// `session_put(low, seq, mark)` in its usual case: the record with the low mark raised to
     /// `low` and the call `seq_text` marked `mark`, when that needs no renewal of the record
     /// and every earlier mark is passed. None otherwise (the reference path writes it).
-    pub(crate) fn put(&self, low: u64, seq_text: &[u8], mark: &[u8], now: u64) -> Option<Vec<u8>> {
+    pub(crate) fn put(&self, low: u64, seq_text: &[u8], mark: &[u8], now: u64) -> Option<Text> {
         let low = low.max(self.low);
         let expiry = hex(self.expiry)?;
         if expiry + SESSION_RENEW_MS <= now + SESSION_MS || self.top >= low {
             return None;
         }
-        let mut value = Vec::with_capacity(40 + 2 * seq_text.len());
-        value.extend_from_slice(format!("{low:x}|").as_bytes());
-        value.extend_from_slice(self.expiry);
-        value.push(b'|');
-        value.extend_from_slice(seq_text);
-        value.extend_from_slice(b"|,");
-        value.extend_from_slice(seq_text);
-        value.push(b'=');
-        value.extend_from_slice(mark);
+        let mut value = Text::new();
+        value
+            .hex(low)?
+            .push(b"|")?
+            .push(self.expiry)?
+            .push(b"|")?
+            .push(seq_text)?
+            .push(b"|,")?;
+        value.push(seq_text)?.push(b"=")?.push(mark)?;
         Some(value)
     }
 }
@@ -179,18 +241,24 @@ mod tests {
         );
         // A record that needs no renewal, its marks passed: the new text.
         let fresh = Session::parse(Some(b"3|100000|5|,5=R")).unwrap();
+        let put = fresh.put(6, b"6", b"R", 0x100000 - SESSION_MS + SESSION_RENEW_MS - 1);
         assert_eq!(
-            fresh
-                .put(6, b"6", b"R", 0x100000 - SESSION_MS + SESSION_RENEW_MS - 1)
-                .as_deref(),
+            put.as_ref().map(Text::as_bytes),
             Some(&b"6|100000|6|,6=R"[..])
         );
         // Due for renewal, or a mark at or above the low mark kept: the reference path.
-        assert_eq!(
-            fresh.put(6, b"6", b"R", 0x100000 - SESSION_MS + SESSION_RENEW_MS),
-            None
+        assert!(
+            fresh
+                .put(6, b"6", b"R", 0x100000 - SESSION_MS + SESSION_RENEW_MS)
+                .is_none()
         );
-        assert_eq!(fresh.put(5, b"6", b"R", 0), None);
+        assert!(fresh.put(5, b"6", b"R", 0).is_none());
+        // Hexadecimal as %x writes it; too long for the stack: None.
+        assert_eq!(
+            Text::new().hex(0xab0).unwrap().hex(0).unwrap().as_bytes(),
+            b"ab00"
+        );
+        assert!(Text::of(&[&[b'x'; 200], &[b'y'; 100]]).is_none());
         // No record: it would be made (a renewal).
         assert!(
             Session::parse(None)

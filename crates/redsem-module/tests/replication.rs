@@ -1,0 +1,171 @@
+//! The native paths' writes reach replicas and the AOF as plain commands: a replica without
+//! the module, attached before or after native calls, and a server restarted from its AOF hold
+//! exactly what the primary holds.
+
+use std::path::PathBuf;
+
+use redis::Connection;
+use redsem_test::RedisServer;
+use redsem_verify::diff::dump;
+
+fn module() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe.with_file_name("libredsem_module.so");
+    assert!(
+        path.exists(),
+        "{} is missing: cargo builds it with the tests",
+        path.display()
+    );
+    path
+}
+
+const LEASE: [&str; 4] = ["{l}:leases", "{l}:queue", "{l}:state", "{l}:slots"];
+const PERMITS: [&str; 6] = [
+    "{p}:count",
+    "{p}:queue",
+    "{p}:waiters",
+    "{p}:records",
+    "{p}:meta",
+    "{p}:applied",
+];
+
+/// `(native, lua)` calls the module has served.
+fn served(conn: &mut Connection) -> (u64, u64) {
+    let (_, _, _, native, lua): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
+        .query(conn)
+        .expect("REDSEM.ENGINE");
+    (native, lua)
+}
+
+/// `cycles` lease cycles (try_acquire + release) and permit cycles (acquire + add) by one
+/// client session whose numbers continue from `*seq`; every reply as expected.
+fn cycles(conn: &mut Connection, seq: &mut u64, cycles: u64) {
+    for i in 0..cycles {
+        let id = format!("id{seq}-{i}");
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let granted: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_ACQUIRE")
+            .arg(&LEASE)
+            .arg(&[
+                &id, "2", "1", "30000", "", "0", "try", "5000", "ch", &s, "sess", &s,
+            ])
+            .query(conn)
+            .expect("lease_acquire");
+        assert_eq!(
+            granted.first(),
+            Some(&redis::Value::BulkString(b"GRANTED".to_vec())),
+            "{granted:?}"
+        );
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let released: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_RELEASE")
+            .arg(&LEASE)
+            .arg(&[&id, "ch", &s, "sess", &s, "r"])
+            .query(conn)
+            .expect("lease_release");
+        assert_eq!(
+            released.first(),
+            Some(&redis::Value::BulkString(b"RELEASED".to_vec())),
+            "{released:?}"
+        );
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let taken: Vec<String> = redis::cmd("REDSEM.PERMIT_ACQUIRE")
+            .arg(&PERMITS)
+            .arg(&[&id, "1", "try", "5000", "ch", &s, "psess", &s])
+            .query(conn)
+            .expect("permit_acquire");
+        assert_eq!(taken, ["GRANTED"]);
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let added: Vec<redis::Value> = redis::cmd("REDSEM.PERMIT_ADD")
+            .arg(&PERMITS)
+            .arg(&[&id, "1", &s, "psess", &s])
+            .query(conn)
+            .expect("permit_add");
+        assert_eq!(
+            added.first(),
+            Some(&redis::Value::BulkString(b"ADDED".to_vec())),
+            "{added:?}"
+        );
+    }
+}
+
+/// Set up the permit semaphore with 3 permits (by the Lua: a first call).
+fn set_permits(conn: &mut Connection, seq: &mut u64) {
+    *seq += 1;
+    let s = format!("{seq:x}");
+    let set: Vec<String> = redis::cmd("REDSEM.PERMIT_TRY_SET")
+        .arg(&PERMITS)
+        .arg(&["set", "3", &s, "psess", &s])
+        .query(conn)
+        .expect("try_set");
+    assert_eq!(set, ["SET"]);
+}
+
+/// Every key of the server, as read (type, members, expiry), sorted by name.
+fn contents(conn: &mut Connection) -> Vec<(String, dump::KeyDump)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).expect("KEYS");
+    keys.sort();
+    keys.into_iter()
+        .map(|k| (k.clone(), dump::key(conn, &k).expect("a key's contents")))
+        .collect()
+}
+
+#[test]
+fn a_replica_without_the_module_holds_what_the_native_paths_wrote() {
+    let path = module().display().to_string();
+    let primary = RedisServer::start_with(&["--loadmodule", &path]);
+    let mut conn = primary.connection();
+    let mut seq = 0;
+    set_permits(&mut conn, &mut seq);
+    // Before any replica: no backlog, nothing listens (the writes are not replicated).
+    cycles(&mut conn, &mut seq, 20);
+    let (native_before, _) = served(&mut conn);
+    assert!(
+        native_before >= 70,
+        "only {native_before} native calls of 80"
+    );
+    // A replica attached now loads a snapshot of those, then follows the stream.
+    let replica = RedisServer::start_replica_of(&primary);
+    cycles(&mut conn, &mut seq, 20);
+    let (native_after, _) = served(&mut conn);
+    assert!(
+        native_after - native_before >= 75,
+        "only {} native calls of 80",
+        native_after - native_before
+    );
+    replica.wait_replicated_from(&primary);
+    let ours = contents(&mut conn);
+    assert!(ours.len() >= 5, "{ours:?}");
+    assert_eq!(contents(&mut replica.connection()), ours);
+    // The replica has no module: what it holds came as plain commands.
+    let modules: Vec<redis::Value> = redis::cmd("MODULE")
+        .arg("LIST")
+        .query(&mut replica.connection())
+        .expect("MODULE LIST");
+    assert!(modules.is_empty(), "{modules:?}");
+}
+
+#[test]
+fn a_server_restarted_from_its_aof_holds_what_the_native_paths_wrote() {
+    let path = module().display().to_string();
+    let mut server = RedisServer::start_with(&[
+        "--loadmodule",
+        &path,
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ]);
+    let mut conn = server.connection();
+    let mut seq = 0;
+    set_permits(&mut conn, &mut seq);
+    cycles(&mut conn, &mut seq, 20);
+    let (native, _) = served(&mut conn);
+    assert!(native >= 70, "only {native} native calls of 80");
+    let before = contents(&mut conn);
+    drop(conn);
+    server.restart();
+    assert_eq!(contents(&mut server.connection()), before);
+}
