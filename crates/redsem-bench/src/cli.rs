@@ -17,6 +17,12 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) url: Option<String>,
 
+    /// Load redsem's native engine into the throwaway server (the module file,
+    /// `cargo build --release -p redsem-module` makes target/release/libredsem_module.so):
+    /// redsem's clients then serve by it (`Engine::Auto`), every other contender as before.
+    /// Not with `--url` (load it into that server yourself).
+    #[arg(long, value_name = "PATH", conflicts_with = "url")]
+    pub(crate) module: Option<PathBuf>,
     /// Write every figure to this JSON file.
     #[arg(long, value_name = "FILE.json")]
     pub(crate) out: Option<PathBuf>,

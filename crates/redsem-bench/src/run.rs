@@ -26,6 +26,8 @@ struct Machine {
     redis_version: String,
     /// "own redis-server" or the URL given.
     server: String,
+    /// The engine redsem's clients were served by: "scripts" or "native (redsem module ...)".
+    engine: String,
     /// `/proc/loadavg` when the run started: the machine is shared.
     load_average: String,
 }
@@ -71,7 +73,14 @@ pub(crate) fn run(args: Args) -> BenchResult<ExitCode> {
     // Started on the main thread: the harness ties the server's life to the starting thread.
     let own = match &args.url {
         Some(_) => None,
-        None => Some(redsem_test::RedisServer::start()),
+        None => Some(match &args.module {
+            Some(module) => {
+                // (The server runs in a directory of its own: an absolute path.)
+                let module = std::fs::canonicalize(module)?.display().to_string();
+                redsem_test::RedisServer::start_with(&["--loadmodule", &module])
+            }
+            None => redsem_test::RedisServer::start(),
+        }),
     };
     let url = match (&args.url, &own) {
         (Some(url), _) => url.clone(),
@@ -126,6 +135,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         load_average: std::fs::read_to_string("/proc/loadavg")
             .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
             .unwrap_or_default(),
+        engine: redsem::Redsem::connect(&url).await?.engine().to_string(),
         server: if args.url.is_some() {
             url.clone()
         } else {
@@ -222,11 +232,12 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     let targets = figures.targets();
     let invariants = figures.invariants();
     println!(
-        "redsem-bench {} — {} cores, {}, Redis {}, load average {} at the start\n",
+        "redsem-bench {} — {} cores, {}, Redis {}, redsem served by {}, load average {} at the start\n",
         if args.smoke { "smoke" } else { "full run" },
         machine.nproc,
         machine.cpu_model,
         machine.redis_version,
+        machine.engine,
         machine.load_average
     );
     print!("{}", figures.table(&targets, &invariants));
