@@ -67,7 +67,10 @@ fn main() -> ExitCode {
     let server = redsem_test::RedisServer::start_with(&server_args);
     let mut total = 0;
     for seed in seeds {
-        let config = Config { seed, ..base.clone() };
+        let config = Config {
+            seed,
+            ..base.clone()
+        };
         match diff::run(&server, &config) {
             Ok(report) => {
                 total += report.steps;

@@ -55,9 +55,13 @@ impl EngineKind {
 
     /// The kind named `name` on the command line.
     pub fn parse(name: &str) -> Option<EngineKind> {
-        [EngineKind::Scripts, EngineKind::ScriptsGeneral, EngineKind::Native]
-            .into_iter()
-            .find(|kind| kind.name() == name)
+        [
+            EngineKind::Scripts,
+            EngineKind::ScriptsGeneral,
+            EngineKind::Native,
+        ]
+        .into_iter()
+        .find(|kind| kind.name() == name)
     }
 }
 

@@ -45,7 +45,9 @@ impl Config {
             return Ok(Vec::new());
         }
         if self.engines == [EngineKind::Native; 2] {
-            return Err("the native engine can be compared with a Lua engine, not with itself".to_owned());
+            return Err(
+                "the native engine can be compared with a Lua engine, not with itself".to_owned(),
+            );
         }
         let module = self
             .module
