@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use redsem_test::{RedisServer, within};
 
 use super::*;
-use crate::script::test_support::{LIMIT, connect};
+use crate::script::test_support::{LIMIT, connect_plain};
 
 /// Redis commands that only the runtime in `common.lua` sends: the time (`TIME`), keep-alive
 /// (`PERSIST`, `PEXPIRE`, `PEXPIREAT`) and wake-ups (`PUBLISH`, after the state is saved).
@@ -140,8 +140,10 @@ fn every_operation_file_is_registered_once_states_its_contract_and_leaves_the_ru
 
 #[tokio::test]
 async fn every_operation_loads_as_a_script_and_as_a_function() {
+    // About the Lua library itself: a server without the module and a plain connection,
+    // whatever engine the other script tests run on (REDSEM_TEST_MODULE).
     let server = RedisServer::start();
-    let mut conn = connect(&server).await;
+    let mut conn = connect_plain(&server).await;
     for op in ALL {
         let script = op.script();
         let sha = within(

@@ -106,7 +106,7 @@ async fn every_mutating_latch_script_repeated_with_its_id_is_applied_once() {
 
 #[tokio::test]
 async fn a_count_down_whose_publish_is_refused_by_acl_is_applied_and_opens_the_latch() {
-    let server = RedisServer::start();
+    let server = start_server(&[]);
     let mut admin = connect(&server).await;
     let mut conn = connect_without_channels(&server).await;
     let l = lk();

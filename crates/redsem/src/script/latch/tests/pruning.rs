@@ -5,10 +5,7 @@ use super::support::*;
 
 /// Count down the test latch, a call `c<n>` at a time, until `pruned` says after a call that
 /// it pruned: about one call in 16 prunes (by the time's low bits). How many calls it took.
-async fn count_down_until(
-    conn: &mut MultiplexedConnection,
-    mut pruned: impl AsyncFnMut(&mut MultiplexedConnection) -> bool,
-) -> u32 {
+async fn count_down_until(conn: &mut Conn, mut pruned: impl AsyncFnMut(&mut Conn) -> bool) -> u32 {
     let k = lk();
     let mut calls = 0;
     within(LIMIT, "a prune", async {
@@ -88,25 +85,25 @@ async fn a_record_is_pruned_only_once_its_expiry_has_passed() {
 }
 
 /// A raw `latch_count_down` of the test latch numbered `seq` in the test session, to add to a
-/// `MULTI` (the script loaded first: [`load_script`]).
-fn count_down_call(seq: u64) -> redis::ScriptInvocation<'static> {
+/// `MULTI` (the script loaded first: [`load_for_multi`]).
+fn count_down_call(seq: u64, pipe: &mut redis::Pipeline) -> &mut redis::Pipeline {
     let k = lk();
-    let mut call = LATCH_COUNT_DOWN.script().prepare_invoke();
-    call.key(&k.all[..])
+    raw(&LATCH_COUNT_DOWN)
+        .key(&k.all[..])
         .arg(Hex(seq))
         .arg(session().id())
         .arg(Hex(session().low()))
-        .arg(&k.channel);
-    call
+        .arg(&k.channel)
+        .add_to(pipe)
 }
 
 /// Count down a latch (each call in one MULTI with a script that plants two session
 /// records: `s:old`, long expired, and `s:edge`, expiring `offset` ms from the call's own
 /// time) until a call prunes (`s:old` gone): `s:edge`'s index entry then, if kept.
-async fn edge_at_the_first_prune(conn: &mut MultiplexedConnection, offset: i64) -> Option<f64> {
+async fn edge_at_the_first_prune(conn: &mut Conn, offset: i64) -> Option<f64> {
     let k = lk();
     set_count(conn, 1_000_000).await;
-    load_script(conn, LATCH_COUNT_DOWN.script()).await;
+    load_for_multi(conn, &LATCH_COUNT_DOWN).await;
     let plant = redis::Script::new(
         r"local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -117,17 +114,13 @@ async fn edge_at_the_first_prune(conn: &mut MultiplexedConnection, offset: i64) 
     load_script(conn, &plant).await;
     for round in 0..2_000 {
         let seq = number(&format!("round {round}"));
-        let (_, _): (i64, Value) = within(
-            LIMIT,
-            "plant and count down",
-            redis::pipe()
-                .atomic()
-                .invoke_script(plant.key(&k.applied).key(&k.sessions).arg(offset))
-                .invoke_script(&count_down_call(seq))
-                .query_async(conn),
-        )
-        .await
-        .expect("exec");
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .invoke_script(plant.key(&k.applied).key(&k.sessions).arg(offset));
+        count_down_call(seq, &mut pipe);
+        let (_, _): (i64, Value) = within(LIMIT, "plant and count down", pipe.query_async(conn))
+            .await
+            .expect("exec");
         let old: Option<f64> = conn.zscore(&k.applied, "s:old").await.expect("zscore");
         if old.is_none() {
             return conn.zscore(&k.applied, "s:edge").await.expect("zscore");
@@ -143,7 +136,7 @@ async fn a_call_prunes_only_in_a_millisecond_divisible_by_16() {
     // reads the time on both sides of the count-down in one MULTI; a round whose two times
     // agree tells the call's millisecond. (Kills the prune test inverted: 15 calls in 16.)
     let (_server, mut conn, k) = start_with_count(1_000_000).await;
-    load_script(&mut conn, LATCH_COUNT_DOWN.script()).await;
+    load_for_multi(&mut conn, &LATCH_COUNT_DOWN).await;
     let plant = redis::Script::new(
         r"local t = redis.call('TIME')
         redis.call('ZADD', KEYS[1], 1, 's:old')
@@ -159,15 +152,14 @@ async fn a_call_prunes_only_in_a_millisecond_divisible_by_16() {
     let mut told = 0;
     for round in 0..200 {
         let seq = number(&format!("round {round}"));
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .invoke_script(plant.key(&k.applied).key(&k.sessions));
+        count_down_call(seq, &mut pipe).invoke_script(&clock.prepare_invoke());
         let (before, _, after): (i64, Value, i64) = within(
             LIMIT,
             "plant, count down, read the time",
-            redis::pipe()
-                .atomic()
-                .invoke_script(plant.key(&k.applied).key(&k.sessions))
-                .invoke_script(&count_down_call(seq))
-                .invoke_script(&clock.prepare_invoke())
-                .query_async(&mut conn),
+            pipe.query_async(&mut conn),
         )
         .await
         .expect("exec");

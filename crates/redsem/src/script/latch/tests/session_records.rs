@@ -4,7 +4,7 @@
 use super::support::*;
 
 /// Set the latch to `count` by a call of session `s` (which is answered).
-async fn set_in(conn: &mut MultiplexedConnection, k: &LatchKeys, s: &Arc<Session>, count: u64) {
+async fn set_in(conn: &mut Conn, k: &LatchKeys, s: &Arc<Session>, count: u64) {
     let seq = s.open();
     assert!(
         latch_try_set(conn, k, count, Caller::new(s, seq.n()))
@@ -15,7 +15,7 @@ async fn set_in(conn: &mut MultiplexedConnection, k: &LatchKeys, s: &Arc<Session
 
 #[tokio::test]
 async fn a_counting_latch_keeps_its_session_records_through_volatile_lru_eviction() {
-    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let server = start_server(&["--maxmemory-policy", "volatile-lru"]);
     let mut conn = connect(&server).await;
     let l = lk();
     set_count(&mut conn, 3).await;

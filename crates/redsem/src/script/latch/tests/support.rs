@@ -8,14 +8,14 @@ pub(super) use std::time::Duration;
 
 pub(super) use redis::AsyncCommands;
 pub(super) use redis::Value;
-pub(super) use redis::aio::MultiplexedConnection;
 pub(super) use redsem_test::{RedisServer, within};
 
 pub(super) use crate::script::latch::*;
 pub(super) use crate::script::library::LATCH_COUNT_DOWN;
 pub(super) use crate::script::test_support::{
-    LIMIT, assert_wrong_type, connect, connect_without_channels, evict_by_filling, load_script,
-    next_message, number, only_a_foreign_list_at, pttl, server_millis, session, subscribe,
+    Conn, LIMIT, assert_wrong_type, connect, connect_without_channels, evict_by_filling,
+    load_for_multi, load_script, next_message, number, only_a_foreign_list_at, pttl, raw,
+    server_millis, session, start_server, subscribe,
 };
 pub(super) use crate::session::{Hex, Session};
 
@@ -61,14 +61,14 @@ pub(super) fn lk() -> Keys {
 }
 
 /// A throwaway server, a connection to it and the test latch's keys.
-pub(super) async fn start() -> (RedisServer, MultiplexedConnection, Keys) {
-    let server = RedisServer::start();
+pub(super) async fn start() -> (RedisServer, Conn, Keys) {
+    let server = start_server(&[]);
     let conn = connect(&server).await;
     (server, conn, lk())
 }
 
 /// Set the test latch to `n` (a `try_set` numbered after `s`, which finds it never set).
-pub(super) async fn set_count(conn: &mut MultiplexedConnection, n: u64) {
+pub(super) async fn set_count(conn: &mut Conn, n: u64) {
     assert!(
         latch_try_set(conn, &lk(), n, caller("s"))
             .await
@@ -77,7 +77,7 @@ pub(super) async fn set_count(conn: &mut MultiplexedConnection, n: u64) {
 }
 
 /// [`start`], the latch then set to `n` ([`set_count`]).
-pub(super) async fn start_with_count(n: u64) -> (RedisServer, MultiplexedConnection, Keys) {
+pub(super) async fn start_with_count(n: u64) -> (RedisServer, Conn, Keys) {
     let (server, mut conn, k) = start().await;
     set_count(&mut conn, n).await;
     (server, conn, k)

@@ -126,8 +126,7 @@ async fn a_lease_batch_with_an_unknown_operation_is_refused_whole_and_applies_no
     // (Kills lease_batch.lua taking any operation that is not an acquire for a release.)
     let (_server, mut conn, k) = start().await;
     granted(acquire(&mut conn, req("a", 2, 1, false)).await);
-    let reply: redis::RedisResult<Value> = LEASE_BATCH
-        .script()
+    let reply: redis::RedisResult<Value> = raw(&LEASE_BATCH)
         .key(&k.all[..])
         .arg(CHANNEL)
         .arg(session().id())

@@ -3,8 +3,9 @@
 
 use super::support::*;
 
-/// Every command the server ran, but EVALSHA and the test's own.
-async fn commands_run(conn: &mut MultiplexedConnection) -> u64 {
+/// Every command the server ran, but the test's own (the operations' `EVALSHA`, `FCALL` or,
+/// with the module under test, `REDSEM.<OPERATION>`).
+async fn commands_run(conn: &mut Conn) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
@@ -13,6 +14,7 @@ async fn commands_run(conn: &mut MultiplexedConnection) -> u64 {
     info.lines()
         .filter(|l| l.starts_with("cmdstat_"))
         .filter(|l| !l.starts_with("cmdstat_evalsha:") && !l.starts_with("cmdstat_fcall:"))
+        .filter(|l| !l.starts_with("cmdstat_redsem."))
         .filter(|l| !l.starts_with("cmdstat_config"))
         .filter(|l| !l.starts_with("cmdstat_info:"))
         .filter_map(|l| {
@@ -194,7 +196,7 @@ async fn a_lease_that_ends_in_the_very_millisecond_of_a_request_is_settled_first
             LIMIT,
             "MULTI",
             plant_now(&k.leases, &a, &k.state, "next")
-                .add_command(fcall_try_acquire(&r))
+                .add_command(multi_try_acquire(&r))
                 .query_async(&mut conn),
         )
         .await
@@ -267,7 +269,7 @@ async fn a_grant_in_the_millisecond_a_prune_falls_due_prunes() {
                 .atomic()
                 .add_command(eval(PLANT_PRUNE_DUE, &[&k.leases, &k.state]))
                 .arg(&dead)
-                .add_command(fcall_try_acquire(&r))
+                .add_command(multi_try_acquire(&r))
                 .query_async(&mut conn),
         )
         .await

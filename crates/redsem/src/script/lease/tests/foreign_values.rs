@@ -229,7 +229,7 @@ async fn a_status_with_no_state_reports_a_foreign_slot_bitmap() {
 }
 
 /// A foreign value put at `key` in place of ours; ours, dumped, to put back.
-async fn replace_with_foreign(conn: &mut MultiplexedConnection, key: &str) -> Vec<u8> {
+async fn replace_with_foreign(conn: &mut Conn, key: &str) -> Vec<u8> {
     let saved: Vec<u8> = redis::cmd("DUMP")
         .arg(key)
         .query_async(conn)
@@ -242,10 +242,7 @@ async fn replace_with_foreign(conn: &mut MultiplexedConnection, key: &str) -> Ve
 
 /// An idle semaphore of `capacity` that a session's first release left (the next grant
 /// takes the fast path), with a foreign value at its slot bitmap.
-async fn idle_with_a_foreign_bitmap(
-    conn: &mut MultiplexedConnection,
-    capacity: u32,
-) -> std::sync::Arc<Session> {
+async fn idle_with_a_foreign_bitmap(conn: &mut Conn, capacity: u32) -> std::sync::Arc<Session> {
     let own = session_past_a_release(conn, capacity).await;
     replace_with_foreign(conn, &keys().slots).await;
     own

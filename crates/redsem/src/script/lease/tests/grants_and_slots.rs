@@ -33,7 +33,7 @@ async fn acquire_grants_tokens_and_lowest_free_slots_then_reports_busy() {
 
 #[tokio::test]
 async fn scripts_run_on_a_three_master_cluster() {
-    let cluster = RedisCluster::start(3);
+    let cluster = start_cluster(3);
     let mut conn = connect_cluster(&cluster).await;
     for name in ["a", "b", "c", "d", "e", "f"] {
         let k = LeaseKeys::new("t", name);

@@ -88,7 +88,7 @@ async fn calls_on_an_idle_semaphore_leave_its_idle_deadline_where_it_is() {
         Release::Released
     );
     lease_tidy(&mut conn, &k).await.expect("tidy");
-    let deadline = |conn: &mut MultiplexedConnection| {
+    let deadline = |conn: &mut Conn| {
         let mut conn = conn.clone();
         async move {
             let at: i64 = redis::cmd("PEXPIRETIME")
@@ -185,7 +185,7 @@ async fn an_idle_deadline_exactly_a_margin_ahead_is_left_alone() {
                 .atomic()
                 .add_command(eval(PLANT_IDLE, &[&k.state]))
                 .arg(60_000)
-                .add_command(fcall(&LEASE_STATUS))
+                .add_command(multi_call(&LEASE_STATUS))
                 .query_async(&mut conn),
         )
         .await

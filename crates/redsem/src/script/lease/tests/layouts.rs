@@ -85,7 +85,7 @@ async fn a_layout_1_state_is_refused_while_live_and_taken_over_once_idle() {
 }
 
 /// A state of layout 1 that nobody holds or waits on, with capacity 3 and last token `token`.
-async fn idle_layout_1_state(conn: &mut MultiplexedConnection, token: u64) {
+async fn idle_layout_1_state(conn: &mut Conn, token: u64) {
     let k = keys();
     let fields = [
         ("cap", "3".to_owned()),

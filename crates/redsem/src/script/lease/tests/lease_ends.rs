@@ -40,8 +40,8 @@ async fn refresh_extends_and_fails_for_unknown_or_expired() {
 /// Run `call`, and assert that it stored for `id` the score `sign * (Redis time of the call
 /// + plus)`, to the millisecond: the time read before and after the call brackets it.
 async fn assert_stored_from_now<F: std::future::Future>(
-    conn: &mut MultiplexedConnection,
-    call: impl FnOnce(MultiplexedConnection) -> F,
+    conn: &mut Conn,
+    call: impl FnOnce(Conn) -> F,
     id: &str,
     sign: i64,
     plus: i64,
@@ -256,7 +256,7 @@ async fn an_unclaimed_grant_ends_when_the_waiters_place_would_have_even_a_moment
                 .add_command(eval(PLANT_AHEAD, &[&k.leases, &k.state]))
                 .arg(&b)
                 .arg(1)
-                .add_command(fcall_release(&a, "t:wake:another"))
+                .add_command(multi_release(&a, "t:wake:another"))
                 .query_async(&mut conn),
         )
         .await
@@ -314,7 +314,7 @@ async fn a_settle_keeps_a_lease_that_ends_a_few_ms_later() {
                 .add_command(eval(PLANT_DUE_AND_SOON, &[&k.leases, &k.state]))
                 .arg(&a)
                 .arg(&b)
-                .add_command(fcall_try_acquire(&r))
+                .add_command(multi_try_acquire(&r))
                 .add_command(eval(NOW, &[]))
                 .query_async(&mut conn),
         )

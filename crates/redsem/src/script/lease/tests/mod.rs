@@ -6,6 +6,7 @@ mod support;
 
 mod batches;
 mod capacity_changes;
+mod engine;
 mod fast_paths;
 mod foreign_values;
 mod grants_and_slots;

@@ -130,7 +130,7 @@ async fn release_withdraws_waiters_and_reports_not_held() {
 async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
     // An ACL user without channel rights gets NOPERM from PUBLISH in the middle of a release;
     // once, that was after the slot bits and the grant were written but before the state.
-    let server = RedisServer::start();
+    let server = start_server(&[]);
     let mut conn = connect_without_channels(&server).await;
     let k = keys();
     granted(acquire(&mut conn, req("a", 1, 1, true)).await);
@@ -351,7 +351,7 @@ async fn a_grant_tells_its_waiter_how_long_it_waited_since_its_check_in() {
             .add_command(eval(PLANT_AHEAD, &[&k.leases, &k.state]))
             .arg("w")
             .arg(30_000 - 10)
-            .add_command(fcall_release("a", CHANNEL))
+            .add_command(multi_release("a", CHANNEL))
             .add_command(eval(NOW, &[]))
             .query_async(&mut conn),
     )

@@ -59,7 +59,7 @@ async fn releases_leave_one_session_record_which_goes_once_it_expired() {
 }
 
 /// Write a session record `name` (s:...) that expires at `expiry` (ms), counted in `nt`.
-async fn bury_at(conn: &mut MultiplexedConnection, name: &str, expiry: i64) {
+async fn bury_at(conn: &mut Conn, name: &str, expiry: i64) {
     let k = keys();
     let () = conn.zadd(&k.leases, name, -expiry).await.expect("zadd");
     let () = conn

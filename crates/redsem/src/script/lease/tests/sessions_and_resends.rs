@@ -196,7 +196,7 @@ async fn a_session_record_is_renewed_in_the_very_millisecond_its_renewal_falls_d
     // expiry is planted (in the same MULTI as the release) to fall due in the release's own
     // millisecond is renewed. (Kills the renewal test `<=` read as `<`.)
     let (_server, mut conn, k) = start().await;
-    load_script(&mut conn, LEASE_RELEASE.script()).await;
+    load_for_multi(&mut conn, &LEASE_RELEASE).await;
     let plant = redis::Script::new(
         r"local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -209,17 +209,14 @@ async fn a_session_record_is_renewed_in_the_very_millisecond_its_renewal_falls_d
         let id = format!("a{round}");
         let seq = 2 * round;
         granted(raw_acquire(&mut conn, &id, 4, seq - 1, sid, seq - 1).await);
-        let (planted, _): (i64, Value) = within(
-            LIMIT,
-            "plant and release",
-            redis::pipe()
-                .atomic()
-                .invoke_script(plant.key(&k.state).arg(field).arg(Hex(seq).to_string()))
-                .invoke_script(&raw_release_call(&id, seq, sid, seq))
-                .query_async(&mut conn),
-        )
-        .await
-        .expect("exec");
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .invoke_script(plant.key(&k.state).arg(field).arg(Hex(seq).to_string()));
+        raw_release_call(&id, seq, sid, seq).add_to(&mut pipe);
+        let (planted, _): (i64, Value) =
+            within(LIMIT, "plant and release", pipe.query_async(&mut conn))
+                .await
+                .expect("exec");
         let record: String = conn.hget(&k.state, field).await.expect("hget");
         let expiry = record
             .split('|')

@@ -6,15 +6,15 @@ use std::ops::Deref;
 pub(super) use std::time::Duration;
 
 pub(super) use redis::AsyncCommands;
-pub(super) use redis::aio::MultiplexedConnection;
-pub(super) use redsem_test::{RedisCluster, RedisServer, within};
+pub(super) use redsem_test::{RedisServer, within};
 
 pub(super) use crate::error::Error;
 pub(super) use crate::script::lease::*;
 pub(super) use crate::script::library::Op;
 pub(super) use crate::script::test_support::{
-    CHANNEL, LIMIT, connect, connect_cluster, connect_without_channels, load_script, next_message,
-    number, plant_now, pttl, server_micros, server_millis, session, subscribe,
+    CHANNEL, Conn, LIMIT, Raw, connect, connect_cluster, connect_with, connect_without_channels,
+    load_for_multi, load_script, next_message, number, op_command, plant_now, pttl, raw,
+    server_micros, server_millis, session, start_cluster, start_server, subscribe,
 };
 pub(super) use crate::session::Hex;
 
@@ -59,8 +59,8 @@ pub(super) fn keys() -> Keys {
 }
 
 /// A throwaway server, a connection to it and the test semaphore's keys.
-pub(super) async fn start() -> (RedisServer, MultiplexedConnection, Keys) {
-    let server = RedisServer::start();
+pub(super) async fn start() -> (RedisServer, Conn, Keys) {
+    let server = start_server(&[]);
     let conn = connect(&server).await;
     (server, conn, keys())
 }
@@ -89,7 +89,7 @@ pub(super) fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Req
 }
 
 /// `lease_acquire` of `r` on the test semaphore; panics on an error.
-pub(super) async fn acquire(conn: &mut MultiplexedConnection, r: Request<'_>) -> Acquire {
+pub(super) async fn acquire(conn: &mut Conn, r: Request<'_>) -> Acquire {
     within(LIMIT, "lease_acquire", lease_acquire(conn, &keys(), &r))
         .await
         .expect("lease_acquire")
@@ -126,7 +126,7 @@ pub(super) fn granted(reply: Acquire) -> (u64, Vec<u32>) {
 pub(super) const MAX_UNITS_FOR_TESTS: u32 = crate::types::MAX_UNITS;
 
 /// The score of `id` in the leases zset (its lease end, or minus a session record's expiry).
-pub(super) async fn lease_score(conn: &mut MultiplexedConnection, id: &str) -> Option<i64> {
+pub(super) async fn lease_score(conn: &mut Conn, id: &str) -> Option<i64> {
     let score: Option<f64> = conn.zscore(&keys().leases, id).await.expect("ZSCORE");
     #[allow(clippy::cast_possible_truncation)]
     score.map(|s| s as i64)
@@ -134,7 +134,7 @@ pub(super) async fn lease_score(conn: &mut MultiplexedConnection, id: &str) -> O
 
 /// The state hash as a sorted list of fields, without `next` and `tnext` (settle's hints)
 /// and `idle` (absent or 0 while live: the same).
-pub(super) async fn state_fields(conn: &mut MultiplexedConnection) -> Vec<(String, String)> {
+pub(super) async fn state_fields(conn: &mut Conn) -> Vec<(String, String)> {
     let mut all: Vec<(String, String)> = conn.hgetall(&keys().state).await.expect("hgetall");
     all.retain(|(name, _)| !matches!(name.as_str(), "next" | "tnext" | "idle"));
     all.sort();
@@ -144,9 +144,9 @@ pub(super) async fn state_fields(conn: &mut MultiplexedConnection) -> Vec<(Strin
 /// Run `check` until one try ran with less than 3 ms between the server-time reads around
 /// the step it measures (it answers whether it did); 200 tries, each given its number (from 1,
 /// for ids of its own), a connection of its own and the keys.
-pub(super) async fn within_3_ms<F, Fut>(conn: &MultiplexedConnection, mut check: F)
+pub(super) async fn within_3_ms<F, Fut>(conn: &Conn, mut check: F)
 where
-    F: FnMut(u32, MultiplexedConnection, Keys) -> Fut,
+    F: FnMut(u32, Conn, Keys) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
     for n in 1..=200 {
@@ -161,7 +161,7 @@ where
 /// `seq`, carrying the low mark `low` as given (the typed wrapper computes it from a live
 /// session, which can only raise it).
 pub(super) async fn raw_acquire(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     id: &str,
     cap: u32,
     seq: u64,
@@ -171,8 +171,7 @@ pub(super) async fn raw_acquire(
     let reply: Value = within(
         LIMIT,
         "raw lease_acquire",
-        LEASE_ACQUIRE
-            .script()
+        raw(&LEASE_ACQUIRE)
             .key(&keys().all[..])
             .arg(id)
             .arg(cap)
@@ -195,7 +194,7 @@ pub(super) async fn raw_acquire(
 
 /// A raw holder's `lease_release` of `id` in session `sid`, numbered `seq`, carrying `low`.
 pub(super) async fn raw_release(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     id: &str,
     seq: u64,
     sid: &str,
@@ -215,28 +214,22 @@ pub(super) async fn raw_release(
     }
 }
 
-/// The call [`raw_release`] makes, to add to a `MULTI`.
-pub(super) fn raw_release_call(
-    id: &str,
-    seq: u64,
-    sid: &str,
-    low: u64,
-) -> redis::ScriptInvocation<'static> {
-    let mut call = LEASE_RELEASE.script().prepare_invoke();
-    call.key(&keys().all[..])
+/// The call [`raw_release`] makes, to add to a `MULTI` ([`Raw::add_to`]).
+pub(super) fn raw_release_call(id: &str, seq: u64, sid: &str, low: u64) -> Raw {
+    raw(&LEASE_RELEASE)
+        .key(&keys().all[..])
         .arg(id)
         .arg("t:wake:another")
         .arg(Hex(seq))
         .arg(sid)
         .arg(Hex(low))
-        .arg("r");
-    call
+        .arg("r")
 }
 
 /// A raw `lease_batch` in session `sid` carrying the low mark `low`, of the operations whose
 /// arguments `ops` gives (each operation's kind first); the replies to them.
 pub(super) async fn raw_batch(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     sid: &str,
     low: u64,
     ops: impl redis::ToRedisArgs,
@@ -244,8 +237,7 @@ pub(super) async fn raw_batch(
     let reply: Vec<Value> = within(
         LIMIT,
         "lease_batch",
-        LEASE_BATCH
-            .script()
+        raw(&LEASE_BATCH)
             .key(&keys().all[..])
             .arg(CHANNEL)
             .arg(sid)
@@ -262,10 +254,7 @@ pub(super) async fn raw_batch(
 }
 
 /// `lease_acquire` of `r` on the test semaphore, its result as the call gave it.
-pub(super) async fn acquire_result(
-    conn: &mut MultiplexedConnection,
-    r: Request<'_>,
-) -> Result<Acquire> {
+pub(super) async fn acquire_result(conn: &mut Conn, r: Request<'_>) -> Result<Acquire> {
     within(LIMIT, "lease_acquire", lease_acquire(conn, &keys(), &r)).await
 }
 
@@ -297,12 +286,10 @@ pub(super) fn acquire_args(r: &Request<'_>, mode: &str) -> Vec<String> {
     ]
 }
 
-/// `FCALL` of `op` with the test semaphore's keys, to add to a `MULTI` (its arguments after).
-pub(super) fn fcall(op: &Op) -> redis::Cmd {
-    let k = keys();
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(op.function()).arg(k.all.len()).arg(&k.all[..]);
-    cmd
+/// A call of `op` with the test semaphore's keys, to add to a `MULTI` (its arguments after):
+/// `FCALL`, or the module's command ([`op_command`]).
+pub(super) fn multi_call(op: &Op) -> redis::Cmd {
+    op_command(op, &keys().all)
 }
 
 /// `EVAL` of `script` with `keys`, to add to a `MULTI` (its arguments after): how a test plants
@@ -313,18 +300,18 @@ pub(super) fn eval(script: &str, keys: &[&str]) -> redis::Cmd {
     cmd
 }
 
-/// `FCALL lease_acquire` of `r` (try mode) in the test session, as a command to add to a
-/// `MULTI` after a script that plants the time.
-pub(super) fn fcall_try_acquire(r: &Request<'_>) -> redis::Cmd {
-    let mut cmd = fcall(&LEASE_ACQUIRE);
+/// `lease_acquire` of `r` (try mode) in the test session, as a command to add to a `MULTI`
+/// after a script that plants the time ([`multi_call`]).
+pub(super) fn multi_try_acquire(r: &Request<'_>) -> redis::Cmd {
+    let mut cmd = multi_call(&LEASE_ACQUIRE);
     cmd.arg(acquire_args(r, "try"));
     cmd
 }
 
-/// `FCALL lease_release` of holder `id` from a client whose channel is `channel`, numbered as
-/// [`release`] numbers it, as a command to add to a `MULTI`.
-pub(super) fn fcall_release(id: &str, channel: &str) -> redis::Cmd {
-    let mut cmd = fcall(&LEASE_RELEASE);
+/// `lease_release` of holder `id` from a client whose channel is `channel`, numbered as
+/// [`release`] numbers it, as a command to add to a `MULTI` ([`multi_call`]).
+pub(super) fn multi_release(id: &str, channel: &str) -> redis::Cmd {
+    let mut cmd = multi_call(&LEASE_RELEASE);
     cmd.arg(id)
         .arg(channel)
         .arg(Hex(number(&format!("release {id}"))))
@@ -339,7 +326,7 @@ pub(super) fn fcall_release(id: &str, channel: &str) -> redis::Cmd {
 /// single unit with nobody queued takes the fast path (the test session's low mark never
 /// moves, so its records keep every mark and its releases take the general path).
 pub(super) async fn release_in(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     id: &str,
     own: &std::sync::Arc<Session>,
 ) -> Result<Release> {
@@ -351,7 +338,7 @@ pub(super) async fn release_in(
 }
 
 /// A poll of `id` with 30 s leases.
-pub(super) async fn poll(conn: &mut MultiplexedConnection, id: &str) -> Acquire {
+pub(super) async fn poll(conn: &mut Conn, id: &str) -> Acquire {
     lease_poll(
         conn,
         &keys(),
@@ -388,7 +375,7 @@ pub(super) fn expect_wrong_type<T: std::fmt::Debug>(result: Result<T>, key: &str
 /// its record: its next release of a single unit with nobody queued needs no renewal, and
 /// takes the fast path.
 pub(super) async fn session_past_a_release(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     capacity: u32,
 ) -> std::sync::Arc<Session> {
     let own = Session::new();
@@ -399,7 +386,7 @@ pub(super) async fn session_past_a_release(
 
 /// Fields of the state hash, read raw (`HMGET`): no script runs, so nothing is settled first.
 pub(super) async fn state_fields_raw<T: redis::FromRedisValue>(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     fields: &[&str],
 ) -> T {
     redis::cmd("HMGET")
@@ -413,7 +400,7 @@ pub(super) async fn state_fields_raw<T: redis::FromRedisValue>(
 /// Assert that `id`'s entry in leases ends `lease` ms after a Redis time within `[t0, t1]`
 /// (`what`: the lease it is, for the message).
 pub(super) async fn assert_ends_after(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     id: &str,
     (t0, t1): (i64, i64),
     lease: i64,

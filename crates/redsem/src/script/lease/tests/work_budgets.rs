@@ -6,18 +6,10 @@ use super::support::*;
 /// [`start`], with a connection that waits for a reply as long as any wait of a test may
 /// take (not the default 500 ms): a pipeline of 4,200 scripts and the status of 4,200
 /// holders take longer on a loaded machine.
-async fn start_patient() -> (RedisServer, MultiplexedConnection, Keys) {
-    let server = RedisServer::start();
+async fn start_patient() -> (RedisServer, Conn, Keys) {
+    let server = start_server(&[]);
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(LIMIT));
-    let conn = within(
-        LIMIT,
-        "connect",
-        server
-            .client()
-            .get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-    .expect("connect");
+    let conn = connect_with(&server, &config).await;
     (server, conn, keys())
 }
 
@@ -62,20 +54,19 @@ async fn a_release_admitting_thousands_of_waiters_leaves_a_consistent_state() {
 }
 
 /// Queue a waiter of one unit for each of `ids` (capacity `cap`), in one pipeline of
-/// `EVALSHA` (the script loaded first), each numbered after its id in the test session.
-async fn queue_many(conn: &mut MultiplexedConnection, ids: &[String], cap: u32) {
+/// raw calls (`EVALSHA`, the script loaded first, or the module's command), each numbered
+/// after its id in the test session.
+async fn queue_many(conn: &mut Conn, ids: &[String], cap: u32) {
     let k = keys();
-    load_script(conn, LEASE_ACQUIRE.script()).await;
+    load_for_multi(conn, &LEASE_ACQUIRE).await;
     let mut pipe = redis::pipe();
     for id in ids {
         let r = req(id, cap, 1, true);
-        pipe.invoke_script(
-            LEASE_ACQUIRE
-                .script()
-                .key(&k.all[..])
-                .arg(acquire_args(&r, "wait")),
-        )
-        .ignore();
+        raw(&LEASE_ACQUIRE)
+            .key(&k.all[..])
+            .arg(acquire_args(&r, "wait"))
+            .add_to(&mut pipe)
+            .ignore();
     }
     let () = within(LIMIT, "queue the waiters", pipe.query_async(conn))
         .await

@@ -158,7 +158,7 @@ async fn a_permit_batch_resent_whole_is_applied_once() {
 }
 
 /// A semaphore of no permits with `w` (one permit) and `q` (five) queued, in that order.
-async fn start_with_w_and_q_queued() -> (RedisServer, MultiplexedConnection, Keys) {
+async fn start_with_w_and_q_queued() -> (RedisServer, Conn, Keys) {
     let (server, mut conn, k) = start_with_count(0).await;
     for (id, n) in [("w", 1), ("q", 5)] {
         assert!(matches!(
@@ -246,7 +246,7 @@ async fn a_batch_withdraws_a_queued_request_and_a_collection_it_made_answers_a_l
 
 /// Send the raw batch `call`, an addition of 1 then an unknown operation `z`, and assert that
 /// it is refused for `z` with the addition not applied (the count is 1 still).
-async fn assert_refused_whole(conn: &mut MultiplexedConnection, call: Call) {
+async fn assert_refused_whole(conn: &mut Conn, call: Call) {
     let reply: redis::RedisResult<Value> =
         within(LIMIT, "permit_batch", call.invoke_async(conn)).await;
     let err = reply.expect_err("an unknown operation is refused");
@@ -317,14 +317,8 @@ async fn a_batch_withdrawal_naming_a_call_its_low_mark_passed_gives_nothing_back
     // later mark kept them).
     let (_server, mut conn, k) = start().await;
     let batch = |low: &str, ops: &[&str]| {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(PERMIT_BATCH.function())
-            .arg(k.all.len())
-            .arg(&k.all[..])
-            .arg(CHANNEL)
-            .arg("c")
-            .arg(low)
-            .arg(ops);
+        let mut cmd = op_command(&PERMIT_BATCH, &k.all);
+        cmd.arg(CHANNEL).arg("c").arg(low).arg(ops);
         cmd
     };
     // (Set by a call of another session, which loads the library.)

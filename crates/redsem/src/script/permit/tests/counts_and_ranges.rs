@@ -214,10 +214,7 @@ async fn an_uncontended_addition_beyond_the_range_changes_nothing_and_is_not_mar
 async fn setting_a_count_already_set_answers_the_count_there() {
     // (The count there, not 0.)
     let (_server, mut conn, k) = start_with_count(5).await;
-    let reply: (String, i64) = redis::cmd("FCALL")
-        .arg(PERMIT_TRY_SET.function())
-        .arg(k.all.len())
-        .arg(&k.all[..])
+    let reply: (String, i64) = op_command(&PERMIT_TRY_SET, &k.all)
         .arg("s2")
         .arg(7)
         .arg(Hex(number("s2")))
@@ -225,7 +222,7 @@ async fn setting_a_count_already_set_answers_the_count_there() {
         .arg(Hex(session().low()))
         .query_async(&mut conn)
         .await
-        .expect("FCALL");
+        .expect("permit_try_set");
     assert_eq!(reply, ("EXISTS".to_owned(), 5));
 }
 
@@ -260,7 +257,7 @@ async fn an_addition_beyond_the_range_is_refused_even_where_the_sum_would_fit() 
     // but reads as 2^53 - 1). (Kills fast_add() taking such an addition.)
     let (_server, mut conn, k) = start_with_count(0).await;
     let own = Session::new();
-    let add = |conn: &mut redis::aio::MultiplexedConnection, request: &'static str, delta: i64| {
+    let add = |conn: &mut Conn, request: &'static str, delta: i64| {
         let (mut conn, k, own) = (conn.clone(), k.clone(), &own);
         async move {
             let seq = own.open();

@@ -196,10 +196,7 @@ async fn a_foreign_value_at_the_queue_or_the_waiters_key_is_left_to_the_calls_th
 }
 
 /// Replace the waiters key by a foreign value for `during`, then put it back as it was.
-async fn with_foreign_waiters<T>(
-    conn: &mut redis::aio::MultiplexedConnection,
-    during: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> T,
-) -> T {
+async fn with_foreign_waiters<T>(conn: &mut Conn, during: impl AsyncFnOnce(&mut Conn) -> T) -> T {
     let k = pk();
     let hidden = format!("{}:hidden", k.waiters);
     let () = conn.rename(&k.waiters, &hidden).await.expect("RENAME");
@@ -264,7 +261,7 @@ async fn an_addition_to_a_count_redis_cannot_add_to_reports_it_as_foreign_and_ch
     // (Pins when the addition reads the count first: read there, the addition fails in its
     // save with Redis's own error instead.)
     let (_server, mut conn, k) = start_with_count(0).await;
-    let add_as_new_session = async |conn: &mut redis::aio::MultiplexedConnection| {
+    let add_as_new_session = async |conn: &mut Conn| {
         let client = Session::new();
         let seq = client.open();
         script::permit_add(conn, &k, "r", 1, Caller::new(&client, seq.n()))

@@ -156,7 +156,7 @@ async fn withdrawing_the_head_lets_the_waiters_behind_it_through() {
 
 #[tokio::test]
 async fn counter_scripts_run_on_a_three_master_cluster() {
-    let cluster = RedisCluster::start(3);
+    let cluster = start_cluster(3);
     let mut conn = connect_cluster(&cluster).await;
     for name in ["a", "b", "c", "d", "e", "f"] {
         let k = PermitKeys::new("t", name);
@@ -238,7 +238,7 @@ async fn a_release_to_thousands_of_waiters_grants_a_bounded_number_and_the_rest_
 
 #[tokio::test]
 async fn a_publish_refused_by_acl_leaves_the_state_whole_and_the_call_succeeds() {
-    let server = RedisServer::start();
+    let server = start_server(&[]);
     let mut admin = connect(&server).await;
     let mut conn = connect_without_channels(&server).await;
     let k = pk();

@@ -32,7 +32,7 @@ async fn bookkeeping_keys_expire_only_while_idle_and_the_count_never() {
 
 #[tokio::test]
 async fn live_permit_state_carries_no_ttl_and_survives_volatile_lru_eviction() {
-    let server = RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"]);
+    let server = start_server(&["--maxmemory-policy", "volatile-lru"]);
     let mut conn = connect(&server).await;
     let k = pk();
     // A grant not collected yet, and a waiter behind it.

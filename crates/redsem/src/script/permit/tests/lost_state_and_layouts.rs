@@ -46,7 +46,7 @@ async fn lost_bookkeeping_is_rebuilt_and_a_waiter_without_a_place_is_told_gone()
 
 /// A state of layout 1 (no `layout` field) with a count of 2, bookkeeping that lasts, and
 /// `records` besides.
-async fn layout_1_state(conn: &mut MultiplexedConnection, records: &[(&str, &str)]) {
+async fn layout_1_state(conn: &mut Conn, records: &[(&str, &str)]) {
     let k = pk();
     let () = conn.set(&k.count, 2).await.expect("set");
     let mut fields = vec![

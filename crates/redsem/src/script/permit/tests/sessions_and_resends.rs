@@ -207,7 +207,7 @@ async fn a_session_record_past_its_expiry_is_dropped_by_a_call_in_the_millisecon
                 .arg(PRUNE_NOW)
                 .arg(1)
                 .arg(&k.records)
-                .add_command(fcall(&PERMIT_ACQUIRE))
+                .add_command(multi_call(&PERMIT_ACQUIRE))
                 .arg(&id)
                 .arg(1)
                 .arg("try")
@@ -340,7 +340,7 @@ async fn an_uncontended_grant_and_release_of_a_client_whose_calls_are_answered_a
     drop(seq);
     let seq = client.open();
     let n = seq.n();
-    let take = async |conn: &mut redis::aio::MultiplexedConnection| {
+    let take = async |conn: &mut Conn| {
         script::permit_acquire(
             conn,
             &k,
@@ -360,7 +360,7 @@ async fn an_uncontended_grant_and_release_of_a_client_whose_calls_are_answered_a
     assert_eq!(available(&mut conn).await, 1, "taken once");
     let seq = client.open();
     let n = seq.n();
-    let give = async |conn: &mut redis::aio::MultiplexedConnection| {
+    let give = async |conn: &mut Conn| {
         script::permit_add(conn, &k, "r", 2, Caller::new(&client, n))
             .await
             .expect("add")
@@ -423,7 +423,7 @@ async fn a_call_at_the_low_mark_keeps_its_mark_through_the_calls_after_it() {
     let (_server, mut conn, k) = start_with_count(0).await;
     let own = Session::new();
     let first = own.open();
-    let add = |conn: &mut redis::aio::MultiplexedConnection, request: &'static str, seq: u64| {
+    let add = |conn: &mut Conn, request: &'static str, seq: u64| {
         let (mut conn, k, own) = (conn.clone(), k.clone(), &own);
         async move {
             script::permit_add(&mut conn, &k, request, 1, Caller::new(own, seq))

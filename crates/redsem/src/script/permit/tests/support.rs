@@ -7,8 +7,7 @@ use std::ops::Deref;
 pub(super) use std::time::{Duration, Instant};
 
 pub(super) use redis::AsyncCommands;
-pub(super) use redis::aio::MultiplexedConnection;
-pub(super) use redsem_test::{RedisCluster, RedisServer, within};
+pub(super) use redsem_test::{RedisServer, within};
 
 pub(super) use crate::error::Error;
 pub(super) use crate::keys::LatchKeys;
@@ -22,9 +21,9 @@ pub(super) use crate::script::library::{
 pub(super) use crate::script::permit as script;
 pub(super) use crate::script::permit::*;
 pub(super) use crate::script::test_support::{
-    CHANNEL, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, number, only_a_foreign_list_at, plant_now, pttl, server_millis,
-    session, subscribe,
+    CHANNEL, Conn, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
+    evict_by_filling, next_message, number, only_a_foreign_list_at, op_command, plant_now, pttl,
+    server_millis, session, start_cluster, start_server, subscribe,
 };
 pub(super) use crate::session::{Caller, Hex, Session};
 
@@ -75,20 +74,20 @@ pub(super) fn pk() -> Keys {
 }
 
 /// A throwaway server, a connection to it and the test semaphore's keys.
-pub(super) async fn start() -> (RedisServer, MultiplexedConnection, Keys) {
-    let server = RedisServer::start();
+pub(super) async fn start() -> (RedisServer, Conn, Keys) {
+    let server = start_server(&[]);
     let conn = connect(&server).await;
     (server, conn, pk())
 }
 
 /// Set the test semaphore's count to `n` (a `try_set` numbered after `s`, which finds it
 /// never set).
-pub(super) async fn set_count(conn: &mut MultiplexedConnection, n: u32) {
+pub(super) async fn set_count(conn: &mut Conn, n: u32) {
     assert!(permit_try_set(conn, &pk(), "s", n).await.expect("set"));
 }
 
 /// [`start`], the count then set to `n` ([`set_count`]).
-pub(super) async fn start_with_count(n: u32) -> (RedisServer, MultiplexedConnection, Keys) {
+pub(super) async fn start_with_count(n: u32) -> (RedisServer, Conn, Keys) {
     let (server, mut conn, k) = start().await;
     set_count(&mut conn, n).await;
     (server, conn, k)
@@ -194,7 +193,7 @@ pub(super) async fn permit_batch(
 /// `permit_acquire` of `permits` by `id` on the test semaphore, from a client on [`CHANNEL`];
 /// panics on an error.
 pub(super) async fn acquire(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     id: &str,
     permits: u32,
     wait: bool,
@@ -210,17 +209,17 @@ pub(super) async fn acquire(
 }
 
 /// A check-in of `id` (30 s waiter lease); panics on an error.
-pub(super) async fn poll(conn: &mut MultiplexedConnection, id: &str) -> PermitAcquire {
+pub(super) async fn poll(conn: &mut Conn, id: &str) -> PermitAcquire {
     permit_poll(conn, &pk(), id, LONG).await.expect("poll")
 }
 
 /// An addition of `delta` numbered after `request`; panics on an error.
-pub(super) async fn add(conn: &mut MultiplexedConnection, request: &str, delta: i64) -> Addition {
+pub(super) async fn add(conn: &mut Conn, request: &str, delta: i64) -> Addition {
     permit_add(conn, &pk(), request, delta).await.expect("add")
 }
 
 /// The permits available; panics on an error.
-pub(super) async fn available(conn: &mut MultiplexedConnection) -> i64 {
+pub(super) async fn available(conn: &mut Conn) -> i64 {
     permit_available(conn, &pk())
         .await
         .expect("available")
@@ -228,10 +227,7 @@ pub(super) async fn available(conn: &mut MultiplexedConnection) -> i64 {
 }
 
 /// Fields of the bookkeeping hash, read raw (`HMGET`: no script runs, nothing is settled).
-pub(super) async fn fields(
-    conn: &mut MultiplexedConnection,
-    names: &[&str],
-) -> Vec<Option<String>> {
+pub(super) async fn fields(conn: &mut Conn, names: &[&str]) -> Vec<Option<String>> {
     redis::cmd("HMGET")
         .arg(&pk().records)
         .arg(names)
@@ -241,7 +237,7 @@ pub(super) async fn fields(
 }
 
 /// The number of `r:<id>` records in state "granted, not collected".
-pub(super) async fn uncollected(conn: &mut MultiplexedConnection) -> usize {
+pub(super) async fn uncollected(conn: &mut Conn) -> usize {
     let values: Vec<String> = conn.hvals(&pk().records).await.expect("HVALS");
     values.iter().filter(|v| v.starts_with("g|")).count()
 }
@@ -266,7 +262,7 @@ pub(super) fn one_by_one(replies: Vec<Value>) -> impl FnMut() -> Acked {
 /// A batch of `ops` made in `session` on the test semaphore (`permit_batch`, from a client on
 /// [`CHANNEL`]); its replies, one at a time ([`one_by_one`]).
 pub(super) async fn batch_in(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     session: &Session,
     ops: &[PermitOp],
 ) -> impl FnMut() -> Acked + use<> {
@@ -280,10 +276,8 @@ pub(super) async fn batch_in(
     one_by_one(replies)
 }
 
-/// `FCALL` of `op` with the test semaphore's keys, to add to a `MULTI` (its arguments after).
-pub(super) fn fcall(op: &Op) -> redis::Cmd {
-    let k = pk();
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(op.function()).arg(k.all.len()).arg(&k.all[..]);
-    cmd
+/// A call of `op` with the test semaphore's keys, to add to a `MULTI` (its arguments after):
+/// `FCALL`, or the module's command ([`op_command`]).
+pub(super) fn multi_call(op: &Op) -> redis::Cmd {
+    op_command(op, &pk().all)
 }

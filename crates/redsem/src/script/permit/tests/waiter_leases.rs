@@ -124,7 +124,7 @@ async fn a_waiter_queued_after_the_records_were_lost_is_dropped_at_the_end_of_it
 }
 
 /// Queue `id` (one permit, a 30 s waiter lease) in an empty queue.
-async fn queue_alone(conn: &mut MultiplexedConnection, id: &str) {
+async fn queue_alone(conn: &mut Conn, id: &str) {
     assert!(
         matches!(
             acquire(conn, id, 1, true, LONG).await,
@@ -149,7 +149,7 @@ async fn a_waiter_is_dropped_in_the_very_millisecond_its_lease_ends() {
             LIMIT,
             "MULTI",
             plant_now(&k.waiters, &id, &k.records, "wnext")
-                .add_command(fcall(&PERMIT_POLL))
+                .add_command(multi_call(&PERMIT_POLL))
                 .arg(&id)
                 .arg(LONG.as_millis().to_string())
                 .arg(Hex(number(&format!("poll {id}"))))
@@ -220,7 +220,7 @@ async fn an_addition_in_the_millisecond_a_granted_waiter_expires_counts_its_gran
             LIMIT,
             "MULTI",
             plant_now(&k.waiters, &id, &k.records, "wnext")
-                .add_command(fcall(&PERMIT_ADD))
+                .add_command(multi_call(&PERMIT_ADD))
                 .arg("r")
                 .arg(1)
                 .arg(Hex(number(&format!("add {id}"))))
