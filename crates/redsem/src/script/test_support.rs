@@ -333,6 +333,28 @@ pub(super) async fn subscribe(server: &RedisServer, channel: &str) -> redis::aio
     pubsub
 }
 
+/// Assert that nothing was published on `channel` since `pubsub` subscribed to it: a marker
+/// published now (by a plain connection to `server`) is the first message there.
+pub(super) async fn assert_nothing_published(
+    server: &RedisServer,
+    pubsub: &mut redis::aio::PubSub,
+    channel: &str,
+) {
+    let marker = "the marker after the calls";
+    let mut admin = connect_plain(server).await;
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg(marker)
+        .query_async(&mut admin)
+        .await
+        .expect("PUBLISH");
+    let first = next_message(pubsub).await;
+    assert_eq!(
+        first, marker,
+        "a message was published on {channel} for a user who may publish on no channel"
+    );
+}
+
 /// The next message's payload.
 pub(super) async fn next_message(pubsub: &mut redis::aio::PubSub) -> String {
     let msg = within(LIMIT, "a message", pubsub.on_message().next())

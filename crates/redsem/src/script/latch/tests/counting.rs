@@ -110,6 +110,7 @@ async fn a_count_down_whose_publish_is_refused_by_acl_is_applied_and_opens_the_l
     let mut admin = connect(&server).await;
     let mut conn = connect_without_channels(&server).await;
     let l = lk();
+    let mut pubsub = subscribe(&server, &l.channel).await;
     set_count(&mut conn, 1).await;
     let down = latch_count_down(&mut conn, &l, caller("c")).await;
     println!("count_down with a refused PUBLISH: {down:?}");
@@ -117,6 +118,8 @@ async fn a_count_down_whose_publish_is_refused_by_acl_is_applied_and_opens_the_l
         down.expect("the count-down is applied"),
         CountDown::Counted(0)
     );
+    // The opening's PUBLISH was refused: nobody heard it.
+    assert_nothing_published(&server, &mut pubsub, &l.channel).await;
     assert_eq!(
         latch_state(&mut admin, &l).await.expect("state"),
         RawLatchState::Done

@@ -13,9 +13,9 @@ pub(super) use redsem_test::{RedisServer, within};
 pub(super) use crate::script::latch::*;
 pub(super) use crate::script::library::LATCH_COUNT_DOWN;
 pub(super) use crate::script::test_support::{
-    Conn, LIMIT, assert_wrong_type, connect, connect_without_channels, evict_by_filling,
-    load_for_multi, load_script, next_message, number, only_a_foreign_list_at, pttl, raw,
-    server_millis, session, start_server, subscribe,
+    Conn, LIMIT, assert_nothing_published, assert_wrong_type, connect, connect_without_channels,
+    evict_by_filling, load_for_multi, load_script, next_message, number, only_a_foreign_list_at,
+    pttl, raw, server_millis, session, start_server, subscribe,
 };
 pub(super) use crate::session::{Hex, Session};
 

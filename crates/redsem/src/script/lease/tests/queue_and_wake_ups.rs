@@ -138,6 +138,7 @@ async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
         acquire(&mut conn, req("b", 1, 1, true)).await,
         Acquire::Queued { .. }
     ));
+    let mut pubsub = subscribe(&server, CHANNEL).await;
     assert_eq!(
         release(&mut conn, &k, "a").await.expect("release"),
         Release::Released
@@ -145,7 +146,8 @@ async fn a_refused_publish_costs_the_waiter_a_poll_not_the_state() {
     let status = lease_status(&mut conn, &k).await.expect("status");
     assert_eq!((status.in_use, status.holders.len()), (1, 1));
     assert_eq!(status.holders[0].id, "b");
-    // The wake-up was refused; b's poll collects the grant.
+    // The wake-up was refused (nobody heard it); b's poll collects the grant.
+    assert_nothing_published(&server, &mut pubsub, CHANNEL).await;
     assert!(matches!(
         poll(&mut conn, "b").await,
         Acquire::Granted { .. }

@@ -12,9 +12,10 @@ pub(super) use crate::error::Error;
 pub(super) use crate::script::lease::*;
 pub(super) use crate::script::library::Op;
 pub(super) use crate::script::test_support::{
-    CHANNEL, Conn, LIMIT, Raw, connect, connect_cluster, connect_with, connect_without_channels,
-    load_for_multi, load_script, next_message, number, op_command, plant_now, pttl, raw,
-    server_micros, server_millis, session, start_cluster, start_server, subscribe,
+    CHANNEL, Conn, LIMIT, Raw, assert_nothing_published, connect, connect_cluster, connect_with,
+    connect_without_channels, load_for_multi, load_script, next_message, number, op_command,
+    plant_now, pttl, raw, server_micros, server_millis, session, start_cluster, start_server,
+    subscribe,
 };
 pub(super) use crate::session::Hex;
 

@@ -246,9 +246,12 @@ async fn a_publish_refused_by_acl_leaves_the_state_whole_and_the_call_succeeds()
         permit_acquire(&mut conn, &k, "w", 1, true, LONG, CHANNEL).await,
         Ok(PermitAcquire::Queued { .. })
     ));
+    let mut pubsub = subscribe(&server, CHANNEL).await;
     let added = permit_add(&mut conn, &k, "r", 1).await;
     println!("release with a refused PUBLISH: {added:?}");
     assert_eq!(added.expect("the release is applied"), Addition::Applied(0));
+    // The wake-up was refused: nobody heard it.
+    assert_nothing_published(&server, &mut pubsub, CHANNEL).await;
     assert_eq!(
         permit_poll(&mut conn, &k, "w", LONG).await.expect("poll"),
         PermitAcquire::Granted,

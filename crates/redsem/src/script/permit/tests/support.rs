@@ -21,9 +21,9 @@ pub(super) use crate::script::library::{
 pub(super) use crate::script::permit as script;
 pub(super) use crate::script::permit::*;
 pub(super) use crate::script::test_support::{
-    CHANNEL, Conn, LIMIT, assert_wrong_type, connect, connect_cluster, connect_without_channels,
-    evict_by_filling, next_message, number, only_a_foreign_list_at, op_command, plant_now, pttl,
-    server_millis, session, start_cluster, start_server, subscribe,
+    CHANNEL, Conn, LIMIT, assert_nothing_published, assert_wrong_type, connect, connect_cluster,
+    connect_without_channels, evict_by_filling, next_message, number, only_a_foreign_list_at,
+    op_command, plant_now, pttl, server_millis, session, start_cluster, start_server, subscribe,
 };
 pub(super) use crate::session::{Caller, Hex, Session};
 
