@@ -86,12 +86,14 @@ unsafe fn fcall(
     argv: &[*mut RedisModuleString],
 ) -> Reply {
     let rest = &argv[1..];
-    // "!": replicate what the function does; "E": errors (also those before it runs) come
-    // back as an error reply; "v": the keys and arguments as they came.
+    // "!": replicate what the function does; "C": run it as the caller's user, so its ACL
+    // applies inside as it does to a client's FCALL (a PUBLISH to a channel the user may not
+    // use is refused); "E": errors (also those before it runs) come back as an error reply;
+    // "v": the keys and arguments as they came.
     Reply(api!(RedisModule_Call)(
         ctx,
         c"FCALL".as_ptr(),
-        c"!Eccv".as_ptr(),
+        c"!CEccv".as_ptr(),
         function.name.as_ptr(),
         function.keys.as_ptr(),
         rest.as_ptr(),
