@@ -68,10 +68,22 @@ impl RedisSentinels {
     /// If a process does not start, or the sentinels do not discover each other within 20 s;
     /// the message carries the sentinels' log tails.
     pub fn start() -> RedisSentinels {
-        let primary = RedisServer::start();
+        RedisSentinels::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with `extra_args` appended to the `redis-server` arguments
+    /// of the primary and both replicas (not of the sentinels): e.g. `--loadmodule PATH`, so
+    /// that whichever node is promoted has the module. Each node keeps them across
+    /// [`RedisServer::restart`].
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(extra_args: &[&str]) -> RedisSentinels {
+        let primary = RedisServer::start_with(extra_args);
         let replicas = [
-            RedisServer::start_replica_of(&primary),
-            RedisServer::start_replica_of(&primary),
+            RedisServer::start_replica_of_with(&primary, extra_args),
+            RedisServer::start_replica_of_with(&primary, extra_args),
         ];
         // A replica the Sentinels promote starts the syncs of the others at once, as
         // `start_replica_of`'s primary and a `promote`d replica do, not after the default 5 s.

@@ -90,6 +90,17 @@ impl RedisServer {
     /// If the server does not start, or the sync is not complete within 10 s; the message
     /// carries the log tail of both servers.
     pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        RedisServer::start_replica_of_with(primary, &[])
+    }
+
+    /// Like [`start_replica_of`](Self::start_replica_of), with `extra_args` appended to the
+    /// replica's `redis-server` arguments (e.g. `--loadmodule PATH`); they are kept across
+    /// [`restart`](Self::restart), as [`start_with`](Self::start_with)'s are.
+    ///
+    /// # Panics
+    ///
+    /// As [`start_replica_of`](Self::start_replica_of).
+    pub fn start_replica_of_with(primary: &RedisServer, extra_args: &[&str]) -> RedisServer {
         // Diskless sync waits 5 s by default for more replicas to come: start it at once.
         let () = primary
             .query(
@@ -100,7 +111,9 @@ impl RedisServer {
             )
             .unwrap_or_else(|e| primary.fail(&format!("CONFIG SET on the primary failed: {e}")));
         let port = primary.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend_from_slice(extra_args);
+        let replica = RedisServer::start_with(&args);
         replica.wait_replication_state(primary, "the initial sync from the primary", |info| {
             field(info, "role") == Some("slave")
                 && field(info, "master_link_status") == Some("up")
