@@ -43,6 +43,36 @@ pub struct Meta {
     pub latch_count: u64,
     pub lease_ms: u64,
     pub waiter_lease_ms: u64,
+    /// The engine the run asked for: `scripts`, `native` or `mixed` (absent from histories
+    /// written before the soak had the choice, which ran the scripts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// Each client's engine by client number, `native` or `scripts`: the one asked, which
+    /// the client reported serving at connect (the run stops otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_engines: Vec<String>,
+    /// Each client's engine as it reported it at the end of the run (a native client falls
+    /// back to the scripts for good when a call finds no module).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_engines_at_end: Vec<String>,
+    /// What the server that took writes at the end counted since it last started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_calls: Option<ServerCalls>,
+}
+
+/// Commands a server counted since it last started (a restart or a failover starts over).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ServerCalls {
+    /// `REDSEM.<OP>` commands (`INFO commandstats`; `REDSEM.ENGINE` left out).
+    pub redsem_commands: u64,
+    /// `FCALL` commands (`INFO commandstats`).
+    pub fcall: u64,
+    /// Of the module's calls, those served by a native path and those by the Lua function
+    /// within the command (`REDSEM.ENGINE`); absent without the module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub native_paths: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_lua: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

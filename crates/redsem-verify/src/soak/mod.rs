@@ -17,14 +17,45 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use redsem::{LeaseOptions, PermitOptions, Redsem, RedsemOptions};
+use redsem::{Engine, LeaseOptions, PermitOptions, Redsem, RedsemOptions, ServingEngine};
 use redsem_test::{FaultProxy, RedisSentinels, RedisServer};
 
 use history::{Final, Meta, Record};
 
 const USAGE: &str = "usage: redsem-soak [--duration 60s] [--seed N] [--clients 3] [--tasks 6] \
 [--deployment single|volatile|sentinel] [--lease-ms 1000] [--data-dir DIR] [--history FILE] \
-[--no-edges] [--no-cancels] | --check FILE";
+[--no-edges] [--no-cancels] [--engine scripts|native|mixed] [--module PATH] | --check FILE";
+
+/// Which engine the soak's clients use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EngineMode {
+    /// Every client `Engine::Scripts` (the Lua library by `FCALL`).
+    Scripts,
+    /// Every client `Engine::Native` (redsem's module, `REDSEM.<OP>`).
+    Native,
+    /// Clients alternate, client 0 native, client 1 scripts, ..., on the same semaphores.
+    Mixed,
+}
+
+impl EngineMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            EngineMode::Scripts => "scripts",
+            EngineMode::Native => "native",
+            EngineMode::Mixed => "mixed",
+        }
+    }
+
+    /// The engine client `c` asks for (the control client asks as client 0).
+    fn client(self, c: usize) -> Engine {
+        match self {
+            EngineMode::Scripts => Engine::Scripts,
+            EngineMode::Native => Engine::Native,
+            EngineMode::Mixed if c.is_multiple_of(2) => Engine::Native,
+            EngineMode::Mixed => Engine::Scripts,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -42,6 +73,10 @@ struct Args {
     /// Calls cancelled at random points and looked after, state losses of lease semaphores
     /// and lost count-down replies.
     cancels: bool,
+    /// Which engine the clients ask for (`--engine`).
+    engine: EngineMode,
+    /// redsem's module (`--module`, made absolute), loaded by every server the soak starts.
+    module: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -72,6 +107,8 @@ fn parse_args() -> Result<Args, String> {
         data_dir: None,
         edges: true,
         cancels: true,
+        engine: EngineMode::Scripts,
+        module: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -100,9 +137,38 @@ fn parse_args() -> Result<Args, String> {
             "--check" => args.check = Some(value()?),
             "--no-edges" => args.edges = false,
             "--no-cancels" => args.cancels = false,
+            "--engine" => {
+                args.engine = match value()?.as_str() {
+                    "scripts" => EngineMode::Scripts,
+                    "native" => EngineMode::Native,
+                    "mixed" => EngineMode::Mixed,
+                    e => return Err(format!("--engine {e}: scripts, native or mixed\n{USAGE}")),
+                };
+            }
+            "--module" => {
+                let path = value()?;
+                let module =
+                    std::fs::canonicalize(&path).map_err(|e| format!("--module {path}: {e}"))?;
+                if !module.is_file() {
+                    return Err(format!("--module {path}: not a file"));
+                }
+                let module = module
+                    .into_os_string()
+                    .into_string()
+                    .map_err(|p| format!("--module {}: not UTF-8", p.display()))?;
+                args.module = Some(module);
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument {flag}\n{USAGE}")),
         }
+    }
+    if args.engine != EngineMode::Scripts && args.module.is_none() && args.check.is_none() {
+        return Err(format!(
+            "--engine {} needs --module PATH, redsem's module for the servers to load \
+             (target/release/libredsem_module.so after cargo build --release -p redsem-module)\n\
+             {USAGE}",
+            args.engine.as_str()
+        ));
     }
     Ok(args)
 }
@@ -149,13 +215,17 @@ pub fn main() -> ExitCode {
         }
     }
     let violations = checker::check(&records);
-    let seed = records
-        .iter()
-        .find_map(|r| match r {
-            Record::Meta(m) => Some(m.seed),
-            _ => None,
-        })
-        .unwrap_or(args.seed);
+    let meta = records.iter().find_map(|r| match r {
+        Record::Meta(m) => Some(m),
+        _ => None,
+    });
+    let seed = meta.map_or(args.seed, |m| m.seed);
+    // Histories from before the engine choice ran the scripts.
+    let engine = meta.and_then(|m| m.engine.as_deref()).unwrap_or("scripts");
+    let fallbacks = meta.map_or(0, engine_fallbacks);
+    if let Some(m) = meta {
+        println!("{}", engine_report(m));
+    }
     let mut by_rule: BTreeMap<&str, u64> = BTreeMap::new();
     for v in &violations {
         *by_rule.entry(v.rule).or_insert(0) += 1;
@@ -181,8 +251,13 @@ pub fn main() -> ExitCode {
         .min_by_key(|v| v.at_us)
         .map(|v| format!(", the first at {:.3} s ({})", v.at_us as f64 / 1e6, v.rule))
         .unwrap_or_default();
+    let fallbacks_text = if fallbacks > 0 {
+        format!(" ({fallbacks} clients no longer on the engine asked at the end)")
+    } else {
+        String::new()
+    };
     println!(
-        "soak: seed {seed}, {:.1} s, {operations} operations, {fault_total} faults ({}), {} violations{}{first}",
+        "soak: seed {seed}, engine {engine}{fallbacks_text}, {:.1} s, {operations} operations, {fault_total} faults ({}), {} violations{}{first}",
         started.elapsed().as_secs_f64(),
         faults_text.join(", "),
         violations.len(),
@@ -192,11 +267,60 @@ pub fn main() -> ExitCode {
             format!(" ({})", rules_text.join(", "))
         }
     );
-    if violations.is_empty() {
+    // A client that left the engine asked for ran part of the soak on the other one: not a
+    // violation of a rule, but not the run that was asked for either.
+    if violations.is_empty() && fallbacks == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// How many clients report another engine at the end than the one they asked for.
+fn engine_fallbacks(meta: &Meta) -> usize {
+    meta.client_engines_at_end
+        .iter()
+        .zip(&meta.client_engines)
+        .filter(|(end, asked)| end != asked)
+        .count()
+}
+
+/// The line before the summary: each client's engine (asked and checked at connect, and at
+/// the end), and what the server that took writes at the end counted.
+fn engine_report(meta: &Meta) -> String {
+    let engine = meta.engine.as_deref().unwrap_or("scripts");
+    let mut text = format!("engine: {engine}");
+    if !meta.client_engines.is_empty() {
+        let clients: Vec<String> = meta
+            .client_engines
+            .iter()
+            .enumerate()
+            .map(|(c, e)| match meta.client_engines_at_end.get(c) {
+                Some(end) if end != e => format!("client{c} {e}, at the end {end}"),
+                _ => format!("client{c} {e}"),
+            })
+            .collect();
+        text.push_str(&format!(" ({})", clients.join(", ")));
+    }
+    if let Some(calls) = &meta.server_calls {
+        // The module runs its Lua by `FCALL` within the command, which the server counts
+        // among its `FCALL`s.
+        let lua = calls.module_lua.unwrap_or(0);
+        text.push_str(&format!(
+            "; the primary since it last started: {} REDSEM.<OP>",
+            calls.redsem_commands
+        ));
+        if let Some(native) = calls.native_paths {
+            text.push_str(&format!(
+                " ({native} by a native path, {lua} by the module's Lua)"
+            ));
+        }
+        text.push_str(&format!(
+            ", {} FCALL from clients",
+            calls.fcall.saturating_sub(lua)
+        ));
+    }
+    text
 }
 
 /// The servers of one run.
@@ -267,16 +391,22 @@ fn current_thread_runtime() -> tokio::runtime::Runtime {
 fn run(args: &Args) -> Vec<Record> {
     let volatile = args.deployment == "volatile";
     let sentinel = args.deployment == "sentinel";
+    // Every data node loads the module (the Sentinels are no data nodes); the kit keeps a
+    // server's arguments across its restarts, so a restarted server has it too.
+    let module_args: Vec<&str> = match &args.module {
+        Some(path) => vec!["--loadmodule", path],
+        None => Vec::new(),
+    };
     let mut deployment = if sentinel {
-        Deployment::Sentinel(RedisSentinels::start())
+        Deployment::Sentinel(RedisSentinels::start_with(&module_args))
     } else {
-        let server_args: &[&str] = if volatile {
-            &[]
+        let mut server_args: Vec<&str> = if volatile {
+            Vec::new()
         } else {
             // A small rewrite threshold keeps the AOF short, so a restart loads it within the
             // kit's ready timeout even after an hour of writes (a 30-minute run once grew it
             // past that).
-            &[
+            vec![
                 "--appendonly",
                 "yes",
                 "--appendfsync",
@@ -285,9 +415,10 @@ fn run(args: &Args) -> Vec<Record> {
                 "4mb",
             ]
         };
+        server_args.extend(&module_args);
         let server = match data_root(args) {
-            Some(root) => RedisServer::start_in(&root, server_args),
-            None => RedisServer::start_with(server_args),
+            Some(root) => RedisServer::start_in(&root, &server_args),
+            None => RedisServer::start_with(&server_args),
         };
         Deployment::Single(server)
     };
@@ -339,6 +470,11 @@ fn run(args: &Args) -> Vec<Record> {
         latch_count,
         lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
         waiter_lease_ms: u64::try_from(waiter_lease.as_millis()).unwrap_or(u64::MAX),
+        engine: Some(args.engine.as_str().to_owned()),
+        client_engines: (0..targets.len())
+            .map(|c| args.engine.client(c).as_str().to_owned())
+            .collect(),
+        ..Meta::default()
     }));
     let mut options = RedsemOptions::default()
         .connect_timeout(Duration::from_secs(1))
@@ -358,10 +494,14 @@ fn run(args: &Args) -> Vec<Record> {
     // A control client on this thread sets the permits up and reads the final state.
     let control_rt = current_thread_runtime();
     let control = control_rt.block_on(async {
-        let control = match direct.connect(options.clone()).await {
+        let asked = args.engine.client(0);
+        let control = match direct.connect(options.clone().engine(asked)).await {
             Ok(r) => r,
             Err(e) => panic!("cannot connect the control client: {e}"),
         };
+        if let Err(e) = served_by(&control, asked, "the control client") {
+            panic!("{e}");
+        }
         for (name, &n) in &permits {
             let sem = control
                 .permit_semaphore_with(name, permit_options.clone())
@@ -378,11 +518,18 @@ fn run(args: &Args) -> Vec<Record> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let latches_set = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let latch_reached = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, tokio::runtime::Handle)>();
+    // Each client sends its runtime once connected (and served by the engine it asked), or
+    // why it is not.
+    let (ready_tx, ready_rx) =
+        std::sync::mpsc::channel::<(usize, Result<tokio::runtime::Handle, String>)>();
     let mut client_threads = Vec::new();
+    // What each client's engine is at the end of the run.
+    let served_at_end: Vec<Arc<std::sync::Mutex<Option<ServingEngine>>>> =
+        targets.iter().map(|_| Arc::default()).collect();
     for (c, target) in targets.iter().enumerate() {
         let target = target.clone();
-        let options = options.clone();
+        let engine = args.engine.client(c);
+        let options = options.clone().engine(engine);
         let options_direct = options.clone();
         let lease_options = lease_options.clone();
         let permit_options = permit_options.clone();
@@ -393,6 +540,7 @@ fn run(args: &Args) -> Vec<Record> {
         let latches_set = Arc::clone(&latches_set);
         let latch_reached = Arc::clone(&latch_reached);
         let ready_tx = ready_tx.clone();
+        let served_at_end = Arc::clone(&served_at_end[c]);
         let (seed, tasks, cancels) = (args.seed, args.tasks, args.cancels);
         let look_url = audit_url.clone();
         let edges = args.edges.then(|| {
@@ -408,16 +556,32 @@ fn run(args: &Args) -> Vec<Record> {
             .spawn(move || {
                 let rt = current_thread_runtime();
                 rt.block_on(async move {
+                    let not_ready = |why: String| {
+                        let _ = ready_tx.send((c, Err(why)));
+                    };
                     let redsem = match target.connect(options).await {
                         Ok(r) => r,
-                        Err(e) => panic!("client {c} cannot connect: {e}"),
+                        Err(e) => return not_ready(format!("client {c} cannot connect: {e}")),
                     };
-                    // The edge holds' probes reach the server directly.
+                    if let Err(e) = served_by(&redsem, engine, &format!("client {c}")) {
+                        return not_ready(e);
+                    }
+                    // The edge holds' probes reach the server directly, on the same engine.
                     let edges = match edges {
                         Some((gate, direct, url, options)) => {
                             match direct.connect(options_direct).await {
-                                Ok(probe) => Some((gate, probe, url, options)),
-                                Err(e) => panic!("client {c} cannot connect its probe client: {e}"),
+                                Ok(probe) => {
+                                    let who = format!("client {c}'s probe client");
+                                    if let Err(e) = served_by(&probe, engine, &who) {
+                                        return not_ready(e);
+                                    }
+                                    Some((gate, probe, url, options))
+                                }
+                                Err(e) => {
+                                    return not_ready(format!(
+                                        "client {c} cannot connect its probe client: {e}"
+                                    ));
+                                }
                             }
                         }
                         None => None,
@@ -487,13 +651,16 @@ fn run(args: &Args) -> Vec<Record> {
                         };
                         handles.push(tokio::spawn(task.run()));
                     }
-                    let _ = ready_tx.send((c, tokio::runtime::Handle::current()));
+                    let _ = ready_tx.send((c, Ok(tokio::runtime::Handle::current())));
                     for h in handles {
                         let _ = h.await;
                     }
                     // Calls cancelled near the end finish in the background: let them, before
                     // this runtime (and its tasks) is gone and the final state is read.
                     let _ = tokio::time::timeout(Duration::from_secs(5), redsem.flush()).await;
+                    *served_at_end
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(redsem.engine());
                 });
             });
         match spawned {
@@ -505,7 +672,8 @@ fn run(args: &Args) -> Vec<Record> {
     let mut runtimes: Vec<Option<tokio::runtime::Handle>> = vec![None; targets.len()];
     for _ in 0..targets.len() {
         match ready_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok((c, handle)) => runtimes[c] = Some(handle),
+            Ok((c, Ok(handle))) => runtimes[c] = Some(handle),
+            Ok((_, Err(why))) => panic!("{why}"),
             Err(e) => panic!("a client did not connect: {e}"),
         }
     }
@@ -524,6 +692,9 @@ fn run(args: &Args) -> Vec<Record> {
         deployment: args.deployment.clone(),
         edges: Arc::clone(&edge_gate),
         state_losses: args.cancels,
+        native: (0..targets.len())
+            .map(|c| args.engine.client(c) == Engine::Native)
+            .collect(),
     };
     thread::scope(|scope| {
         let nemesis_thread = scope.spawn(|| nemesis.run(&mut deployment, nemesis_until));
@@ -573,15 +744,110 @@ fn run(args: &Args) -> Vec<Record> {
             }
         }
     });
+    let server_calls = server_calls(deployment.primary_port());
     drop(control);
     drop(control_rt);
     drop(deployment);
+    let at_end: Vec<String> = served_at_end
+        .iter()
+        .enumerate()
+        .map(|(c, served)| {
+            let served = served
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let asked = args.engine.client(c);
+            match served {
+                Some(served) => {
+                    if served.name() != asked.as_str() {
+                        eprintln!(
+                            "ENGINE client {c} asked for {asked}, served by {} at the end",
+                            describe(&served)
+                        );
+                    }
+                    served.name().to_owned()
+                }
+                None => "unknown".to_owned(),
+            }
+        })
+        .collect();
+    rec.with_meta(|meta| {
+        meta.client_engines_at_end = at_end;
+        meta.server_calls = server_calls;
+    });
     std::mem::take(
         &mut *rec
             .records
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     )
+}
+
+/// `Ok` if `redsem` reports being served by the engine it asked for, else what it reports.
+fn served_by(redsem: &Redsem, asked: Engine, who: &str) -> Result<(), String> {
+    let served = redsem.engine();
+    if served.name() == asked.as_str() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{who} asked for the {asked} engine and is served by {}",
+            describe(&served)
+        ))
+    }
+}
+
+/// The engine as `Redsem::engine()` reports it, with why the scripts.
+fn describe(served: &ServingEngine) -> String {
+    match served {
+        ServingEngine::Scripts { why, .. } => format!("scripts ({why})"),
+        other => other.to_string(),
+    }
+}
+
+/// What the server on `port` counted since it last started: its `REDSEM.<OP>` and `FCALL`
+/// commands (`INFO commandstats`) and, with the module, `REDSEM.ENGINE`'s calls served by a
+/// native path and by the Lua within. `None` if it does not answer.
+fn server_calls(port: u16) -> Option<history::ServerCalls> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    con.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut con)
+        .ok()?;
+    let mut calls = history::ServerCalls::default();
+    for line in stats.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let n: u64 = rest
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if name == "fcall" {
+            calls.fcall += n;
+        } else if name.starts_with("redsem.") && name != "redsem.engine" {
+            calls.redsem_commands += n;
+        }
+    }
+    // ["native", version, library, native calls, Lua calls]; an error without the module.
+    let engine: redis::RedisResult<Vec<redis::Value>> = redis::cmd("REDSEM.ENGINE").query(&mut con);
+    if let Ok(reply) = engine {
+        let int = |i: usize| {
+            reply
+                .get(i)
+                .and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
+        };
+        calls.native_paths = int(3);
+        calls.module_lua = int(4);
+    }
+    Some(calls)
 }
 
 /// What one task needs for its edge holds: handles with the edge lease (without and with
@@ -636,4 +902,60 @@ async fn retried<T, F: Future<Output = redsem::Result<T>>>(
 /// How long before the end the nemesis stops, so the last faults heal before the final checks.
 fn settle(duration: Duration) -> Duration {
     (duration / 5).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_alternates_native_first_and_the_others_ask_alike() {
+        let asked = |mode: EngineMode| -> Vec<Engine> { (0..4).map(|c| mode.client(c)).collect() };
+        assert_eq!(asked(EngineMode::Scripts), [Engine::Scripts; 4]);
+        assert_eq!(asked(EngineMode::Native), [Engine::Native; 4]);
+        assert_eq!(
+            asked(EngineMode::Mixed),
+            [
+                Engine::Native,
+                Engine::Scripts,
+                Engine::Native,
+                Engine::Scripts
+            ]
+        );
+    }
+
+    #[test]
+    fn a_history_from_before_the_engine_choice_reads_as_scripts() {
+        let line = r#"{"type":"meta","seed":7,"deployment":"single","capacity":{},"permits":{},"latch_count":12,"lease_ms":1000,"waiter_lease_ms":1000}"#;
+        let records = history::read(line.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let Some(Record::Meta(meta)) = records.first() else {
+            panic!("no meta in {records:?}")
+        };
+        assert_eq!(meta.engine, None);
+        assert_eq!(engine_fallbacks(meta), 0);
+        assert_eq!(engine_report(meta), "engine: scripts");
+    }
+
+    #[test]
+    fn a_client_on_another_engine_at_the_end_is_counted_and_named() {
+        let meta = Meta {
+            engine: Some("mixed".into()),
+            client_engines: vec!["native".into(), "scripts".into()],
+            client_engines_at_end: vec!["scripts".into(), "scripts".into()],
+            server_calls: Some(history::ServerCalls {
+                redsem_commands: 10,
+                fcall: 7,
+                native_paths: Some(6),
+                module_lua: Some(4),
+            }),
+            ..Meta::default()
+        };
+        assert_eq!(engine_fallbacks(&meta), 1);
+        assert_eq!(
+            engine_report(&meta),
+            "engine: mixed (client0 native, at the end scripts, client1 scripts); the primary \
+             since it last started: 10 REDSEM.<OP> (6 by a native path, 4 by the module's Lua), \
+             3 FCALL from clients"
+        );
+    }
 }

@@ -61,6 +61,21 @@ pub struct Nemesis {
     /// State losses of one lease semaphore (`lose_state`, `rollback`) beside a
     /// server with AOF too, and lost replies aimed at a latch count-down (`drop_count_down`).
     pub state_losses: bool,
+    /// Whether each client asked for the native engine: its calls are `REDSEM.<OP>`
+    /// commands, not `FCALL`s, which the lost-reply faults look for.
+    pub native: Vec<bool>,
+}
+
+/// What a lost-reply fault waits for in a client's requests: its next call (`FCALL`, or a
+/// module command), or its next count-down (the Lua function `<library>_latch_count_down`,
+/// or the module's `REDSEM.LATCH_COUNT_DOWN`; the proxy matches bytes as they are).
+fn call_pattern(native: bool, count_down: bool) -> &'static [u8] {
+    match (native, count_down) {
+        (false, false) => b"FCALL",
+        (false, true) => b"latch_count_down",
+        (true, false) => b"REDSEM.",
+        (true, true) => b"REDSEM.LATCH_COUNT_DOWN",
+    }
 }
 
 /// The keys of lease semaphore `name` (crates/redsem/src/keys.rs, the default prefix).
@@ -259,11 +274,8 @@ impl Nemesis {
                     let before = proxy.triggered();
                     // Aimed at a count-down: its resend must not count twice.
                     let count_down = kind == "drop_count_down";
-                    if count_down {
-                        proxy.drop_reply_after(b"latch_count_down");
-                    } else {
-                        proxy.drop_reply_after(b"FCALL");
-                    }
+                    let native = self.native.get(client).copied().unwrap_or(false);
+                    proxy.drop_reply_after(call_pattern(native, count_down));
                     let wait = Duration::from_secs(if count_down { 3 } else { 1 });
                     let deadline = Instant::now() + wait;
                     while proxy.triggered() == before && Instant::now() < deadline {
@@ -402,5 +414,27 @@ impl Nemesis {
                 end_us: end,
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::call_pattern;
+
+    #[test]
+    fn lost_reply_patterns_are_the_bytes_each_engine_sends() {
+        // What the proxy sees of a call: `FCALL <library>_<op> ...` or `REDSEM.<OP> ...`.
+        let fcall = b"*5\r\n$5\r\nFCALL\r\n$36\r\nredsem_7de154df7c1d_latch_count_down\r\n";
+        let native = b"*6\r\n$23\r\nREDSEM.LATCH_COUNT_DOWN\r\n$23\r\nredsem:{latch:l0}:state\r\n";
+        let lease = b"*6\r\n$20\r\nREDSEM.LEASE_ACQUIRE\r\n";
+        let has = |hay: &[u8], pat: &[u8]| hay.windows(pat.len()).any(|w| w == pat);
+        assert!(has(fcall, call_pattern(false, false)));
+        assert!(has(fcall, call_pattern(false, true)));
+        assert!(has(native, call_pattern(true, false)));
+        assert!(has(native, call_pattern(true, true)));
+        assert!(has(lease, call_pattern(true, false)));
+        assert!(!has(lease, call_pattern(true, true)));
+        // The keys are lower case: no native pattern matches them.
+        assert!(!has(b"redsem:{lease:a}:leases", call_pattern(true, false)));
     }
 }

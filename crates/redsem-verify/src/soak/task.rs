@@ -42,6 +42,18 @@ impl Recorder {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(record);
     }
+
+    /// Change the run's `meta` record (the first), after the fact.
+    pub fn with_meta(&self, change: impl FnOnce(&mut super::history::Meta)) {
+        let mut records = self
+            .records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(Record::Meta(meta)) = records.iter_mut().find(|r| matches!(r, Record::Meta(_)))
+        {
+            change(meta);
+        }
+    }
 }
 
 /// One task's handles and identity.

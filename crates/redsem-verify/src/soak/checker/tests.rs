@@ -12,6 +12,7 @@ fn meta() -> Record {
         latch_count: 2,
         lease_ms: 1000,
         waiter_lease_ms: 1000,
+        ..Meta::default()
     })
 }
 
