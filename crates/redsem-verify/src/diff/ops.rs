@@ -207,7 +207,9 @@ pub struct Generator {
     next_id: u64,
 }
 
-const LEASES: [u64; 4] = [200, 1_000, 5_000, 30_000];
+// (An hour: a lease that outlives a client session's record, so a record falls due for
+// pruning while the lease is held and no lease end is due.)
+const LEASES: [u64; 5] = [200, 1_000, 5_000, 30_000, 3_600_000];
 const WAITER_LEASES: [u64; 2] = [300, 2_000];
 
 impl Generator {
