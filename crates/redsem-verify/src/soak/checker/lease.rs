@@ -232,8 +232,9 @@ pub(super) fn check_lease_ends(
 /// * `acquire`: the ids listed at the look but not just before the call, that belong to no
 ///   grant of the history whose permit was alive (or ended within `SETTLE_US`) then, are
 ///   requests the history cannot name: at most one per other lease call of the semaphore
-///   in progress then (or ended within `SETTLE_US`) that got no grant it knows. One more is a
-///   request left queued, or a unit granted and never given back.
+///   in progress then (or ended within `SETTLE_US`) that got no grant it knows, or whose
+///   check-ins were half a waiter lease apart (it may have been queued again under a new
+///   id). One more is a request left queued, or a unit granted and never given back.
 pub(super) fn check_looks(
     name: &str,
     ops: &[&LeaseOp],
@@ -304,10 +305,19 @@ pub(super) fn check_looks(
                     .collect();
                 unknown.sort_unstable();
                 unknown.dedup();
-                // Other calls that may stand behind an id the history does not know.
+                // Other calls that may stand behind an id the history does not know: those
+                // that got no grant, and those whose check-ins were half a waiter lease apart
+                // or more (the FIFO rule's bound): such a call may have lost its place and
+                // been queued again under a new id (`Gone`), the history knowing it by the
+                // id of its grant only, while its first id stays listed until its waiter
+                // lease ends.
+                let requeued = |op: &LeaseOp| {
+                    op.max_gap_us
+                        .is_some_and(|gap| gap >= meta.waiter_lease_ms * 1000 / 2)
+                };
                 let unnamed = ops
                     .iter()
-                    .filter(|op| op.op != "status" && op.id.is_none())
+                    .filter(|op| op.op != "status" && (op.id.is_none() || requeued(op)))
                     .filter(|op| {
                         !(op.client == look.client
                             && op.task == look.task

@@ -408,6 +408,19 @@ fn cancel() {
     let mut records = with(vec![acquire.clone()], vec![]);
     records.push(Record::Lease(held.clone()));
     assert_eq!(rules(records), Vec::<&str>::new());
+    // Or "w" is the first id of a call granted later under another id: it stalled half a
+    // waiter lease or more between check-ins, lost its place and was queued again.
+    let mut requeued = grant(50_000, 900_000, 3, &[0], 950_000);
+    requeued.id = Some("v".into());
+    requeued.max_gap_us = Some(500_000);
+    let mut records = with(vec![acquire.clone()], vec![]);
+    records.push(Record::Lease(requeued.clone()));
+    assert_eq!(rules(records), Vec::<&str>::new());
+    // Without such a gap its place was never dropped: "w" is not its.
+    requeued.max_gap_us = Some(400_000);
+    let mut records = with(vec![acquire.clone()], vec![]);
+    records.push(Record::Lease(requeued));
+    assert_eq!(rules(records), vec!["cancel"]);
     // Released long before the look: it stands behind nothing any more.
     held.end_us = Some(70_000);
     let mut records = with(vec![acquire.clone()], vec![]);
