@@ -316,7 +316,7 @@ fn engine_report(meta: &Meta) -> String {
             ));
         }
         text.push_str(&format!(
-            ", {} FCALL from clients",
+            ", {} other FCALL",
             calls.fcall.saturating_sub(lua)
         ));
     }
@@ -955,7 +955,7 @@ mod tests {
             engine_report(&meta),
             "engine: mixed (client0 native, at the end scripts, client1 scripts); the primary \
              since it last started: 10 REDSEM.<OP> (6 by a native path, 4 by the module's Lua), \
-             3 FCALL from clients"
+             3 other FCALL"
         );
     }
 }
