@@ -167,6 +167,28 @@ fn plant_foreign(conn: &mut Connection, key: &str, string_key: bool) -> Result<A
     })
 }
 
+/// Put `text` at `key` (a string key), its own value set aside.
+fn plant_text(conn: &mut Connection, key: &str, text: &str) -> Result<Aside, String> {
+    let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+        .arg(key)
+        .query(conn)
+        .map_err(failed("DUMP"))?;
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(conn)
+        .map_err(failed("PEXPIRETIME"))?;
+    redis::cmd("SET")
+        .arg(key)
+        .arg(text)
+        .query::<()>(conn)
+        .map_err(failed("an odd text"))?;
+    Ok(Aside {
+        key: key.to_owned(),
+        dump,
+        expires,
+    })
+}
+
 fn put_back(conn: &mut Connection, aside: Aside) -> Result<(), String> {
     redis::cmd("DEL")
         .arg(&aside.key)
@@ -363,6 +385,9 @@ fn call_both(
                     .arg(&keys)
                     .query::<()>(conn)
                     .map_err(failed("DEL"))?;
+            }
+            Some(Fault::OddText(index, which)) => {
+                aside.push(plant_text(conn, &keys[index], ops::ODD_TEXTS[which])?);
             }
             Some(Fault::Foreign(index)) => {
                 aside.push(plant_foreign(

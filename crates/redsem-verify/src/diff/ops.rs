@@ -66,7 +66,24 @@ pub enum Fault {
     Lose(usize),
     /// Every key of the semaphore deleted before the step.
     LoseAll,
+    /// The string at key `index` (a count, the slot bitmap, the latch's marker) replaced by
+    /// [`ODD_TEXTS`]`[which]`, a text that is no count as the scripts write one, while the
+    /// step runs; put back after it.
+    OddText(usize, usize),
 }
+
+/// Texts a string key may hold that the scripts never write: an integer written another way
+/// (a leading zero, a sign, an exponent, a space), one past the exact range, or no number.
+pub const ODD_TEXTS: [&str; 8] = [
+    "007",
+    "-0",
+    "+5",
+    "1e3",
+    " 5",
+    "abc",
+    "9007199254740992",
+    "99999999999999999999",
+];
 
 /// One call, as both engines get it.
 #[derive(Debug, Clone)]
@@ -323,6 +340,16 @@ impl Generator {
                 self.rng.below(step.primitive.keys().len() as u64) as usize,
             )),
             4 => Some(Fault::LoseAll),
+            5..=6 => {
+                let strings: Vec<usize> = (0..step.primitive.keys().len())
+                    .filter(|&i| step.primitive.string_key(i))
+                    .collect();
+                let index = self.pick(&strings);
+                Some(Fault::OddText(
+                    index,
+                    self.rng.below(ODD_TEXTS.len() as u64) as usize,
+                ))
+            }
             _ => None,
         };
         step
