@@ -73,8 +73,9 @@ pub enum Fault {
 }
 
 /// Texts a string key may hold that the scripts never write: an integer written another way
-/// (a leading zero, a sign, an exponent, a space), one past the exact range, or no number.
-pub const ODD_TEXTS: [&str; 8] = [
+/// (a leading zero, a sign, an exponent, a space), one past the exact range, or no number (an
+/// empty text, a lone sign, letters).
+pub const ODD_TEXTS: [&str; 10] = [
     "007",
     "-0",
     "+5",
@@ -83,6 +84,8 @@ pub const ODD_TEXTS: [&str; 8] = [
     "abc",
     "9007199254740992",
     "99999999999999999999",
+    "",
+    "-",
 ];
 
 /// One call, as both engines get it.
