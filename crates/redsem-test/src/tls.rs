@@ -123,7 +123,9 @@ impl TlsRedisCluster {
         let mut tls_ports = Vec::with_capacity(masters);
         let nodes = (0..masters)
             .map(|_| {
-                let tls_port = port::free_port(false);
+                // With --tls-cluster the cluster bus listens on the TLS port + 10000: that one
+                // must be free too (a busy one fails every start attempt of the node).
+                let tls_port = port::free_port(true);
                 tls_ports.push(tls_port);
                 let mut args = certificate.server_args(tls_port);
                 args.extend(["--tls-cluster".to_owned(), "yes".to_owned()]);
