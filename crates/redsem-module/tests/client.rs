@@ -4,29 +4,19 @@
 //! serve one semaphore at once, and a client whose server loses the module goes on with the
 //! scripts. Real servers throughout, each test its own.
 
+mod support;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redsem::{Engine, Error, Redsem, RedsemOptions, ServingEngine};
 use redsem_test::{RedisCluster, RedisServer, within};
+use support::module;
 
 /// The most any one step of a test may take.
 const LIMIT: Duration = Duration::from_secs(20);
-
-/// The module cargo built for these tests (see tests/diff.rs).
-fn module() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe.with_file_name("libredsem_module.so");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo builds it with the tests",
-        path.display()
-    );
-    path
-}
 
 /// A server with the module loaded (and `extra` arguments).
 fn with_module(extra: &[&str]) -> RedisServer {

@@ -3,24 +3,11 @@
 //! to the Lua library and to this module in one server and compares every reply, every
 //! message published and every key after each call. And a native path changed is seen.
 
-use std::path::PathBuf;
+mod support;
 
 use redsem_test::RedisServer;
 use redsem_verify::diff::{self, Config, EngineKind, Report};
-
-/// The module cargo built for these tests: `libredsem_module.so` beside the test binary, in
-/// `target/<profile>/deps` (the package's cdylib is built with its tests; the copy in
-/// `target/<profile>` is only refreshed by `cargo build`).
-fn module() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe.with_file_name("libredsem_module.so");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo builds it with the tests",
-        path.display()
-    );
-    path
-}
+use support::module;
 
 fn config(seed: u64, steps: u64) -> Config {
     Config {

@@ -2,32 +2,11 @@
 //! serves, natively or by the Lua (every string, key handle, read value and call reply it
 //! makes is freed before the command returns).
 
-use std::path::PathBuf;
+mod support;
 
 use redis::Connection;
 use redsem_test::RedisServer;
-
-fn module() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe.with_file_name("libredsem_module.so");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo builds it with the tests",
-        path.display()
-    );
-    path
-}
-
-const LEASE: [&str; 4] = ["{l}:leases", "{l}:queue", "{l}:state", "{l}:slots"];
-const LATCH: [&str; 4] = ["{c}:count", "{c}:done", "{c}:applied", "{c}:sessions"];
-const PERMITS: [&str; 6] = [
-    "{p}:count",
-    "{p}:queue",
-    "{p}:waiters",
-    "{p}:records",
-    "{p}:meta",
-    "{p}:applied",
-];
+use support::{LATCH, LEASE, PERMITS, module, served};
 
 /// The server's `used_memory`, in bytes.
 fn used_memory(conn: &mut Connection) -> i64 {
@@ -39,14 +18,6 @@ fn used_memory(conn: &mut Connection) -> i64 {
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
         .expect("used_memory in INFO memory")
-}
-
-/// `(native, lua)` calls served so far.
-fn served(conn: &mut Connection) -> (u64, u64) {
-    let (_, _, _, native, lua): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
-        .query(conn)
-        .expect("REDSEM.ENGINE");
-    (native, lua)
 }
 
 /// `n` cycles of the session numbered from `*seq`, pipelined: a lease acquire and release

@@ -2,40 +2,12 @@
 //! the module, attached before or after native calls, and a server restarted from its AOF hold
 //! exactly what the primary holds.
 
-use std::path::PathBuf;
+mod support;
 
 use redis::Connection;
 use redsem_test::RedisServer;
 use redsem_verify::diff::dump;
-
-fn module() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe.with_file_name("libredsem_module.so");
-    assert!(
-        path.exists(),
-        "{} is missing: cargo builds it with the tests",
-        path.display()
-    );
-    path
-}
-
-const LEASE: [&str; 4] = ["{l}:leases", "{l}:queue", "{l}:state", "{l}:slots"];
-const PERMITS: [&str; 6] = [
-    "{p}:count",
-    "{p}:queue",
-    "{p}:waiters",
-    "{p}:records",
-    "{p}:meta",
-    "{p}:applied",
-];
-
-/// `(native, lua)` calls the module has served.
-fn served(conn: &mut Connection) -> (u64, u64) {
-    let (_, _, _, native, lua): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
-        .query(conn)
-        .expect("REDSEM.ENGINE");
-    (native, lua)
-}
+use support::{LEASE, PERMITS, module, served};
 
 /// `cycles` lease cycles (try_acquire + release) and permit cycles (acquire + add) by one
 /// client session whose numbers continue from `*seq`; every reply as expected.

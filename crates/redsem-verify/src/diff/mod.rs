@@ -143,7 +143,8 @@ struct Aside {
     expires: i64,
 }
 
-fn plant_foreign(conn: &mut Connection, key: &str, string_key: bool) -> Result<Aside, String> {
+/// `key`'s value and expiry, to be put back after the step.
+fn set_aside(conn: &mut Connection, key: &str) -> Result<Aside, String> {
     let dump: Option<Vec<u8>> = redis::cmd("DUMP")
         .arg(key)
         .query(conn)
@@ -152,6 +153,15 @@ fn plant_foreign(conn: &mut Connection, key: &str, string_key: bool) -> Result<A
         .arg(key)
         .query(conn)
         .map_err(failed("PEXPIRETIME"))?;
+    Ok(Aside {
+        key: key.to_owned(),
+        dump,
+        expires,
+    })
+}
+
+fn plant_foreign(conn: &mut Connection, key: &str, string_key: bool) -> Result<Aside, String> {
+    let aside = set_aside(conn, key)?;
     let mut pipe = redis::pipe();
     pipe.del(key).ignore();
     if string_key {
@@ -160,33 +170,18 @@ fn plant_foreign(conn: &mut Connection, key: &str, string_key: bool) -> Result<A
         pipe.set(key, "foreign").ignore();
     }
     pipe.query::<()>(conn).map_err(failed("a foreign value"))?;
-    Ok(Aside {
-        key: key.to_owned(),
-        dump,
-        expires,
-    })
+    Ok(aside)
 }
 
 /// Put `text` at `key` (a string key), its own value set aside.
 fn plant_text(conn: &mut Connection, key: &str, text: &str) -> Result<Aside, String> {
-    let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-        .arg(key)
-        .query(conn)
-        .map_err(failed("DUMP"))?;
-    let expires: i64 = redis::cmd("PEXPIRETIME")
-        .arg(key)
-        .query(conn)
-        .map_err(failed("PEXPIRETIME"))?;
+    let aside = set_aside(conn, key)?;
     redis::cmd("SET")
         .arg(key)
         .arg(text)
         .query::<()>(conn)
         .map_err(failed("an odd text"))?;
-    Ok(Aside {
-        key: key.to_owned(),
-        dump,
-        expires,
-    })
+    Ok(aside)
 }
 
 fn put_back(conn: &mut Connection, aside: Aside) -> Result<(), String> {
