@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use redsem_test::{RedisServer, eventually};
+use redsem_test::{FaultProxy, RedisServer, eventually};
 
 use crate::support::{LIMIT, Running, World, bare, closed_port, finish};
 
@@ -212,10 +212,12 @@ fn status_watch_off_a_terminal_prints_each_table_after_the_last() {
 
 #[test]
 fn serve_starts_without_redis_reports_it_down_and_up_once_redis_answers() {
-    // A server's port and URL, with the server stopped: nothing answers there yet.
-    let mut server = RedisServer::start();
-    let url = server.url();
-    server.stop();
+    // A server behind a proxy that refuses it: nothing answers at the URL yet. (Not a stopped
+    // server: its port, free, may be handed to another test's server meanwhile.)
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    proxy.set_refusing(true);
+    let url = proxy.url();
     let port = closed_port();
     let listen = format!("127.0.0.1:{port}");
     let serve = Running::start(bare(&["--url", &url, "serve", "--listen", &listen]));
@@ -238,7 +240,7 @@ fn serve_starts_without_redis_reports_it_down_and_up_once_redis_answers() {
     let (code, body) = get(port, "/status.json");
     assert_eq!(code, 503, "{body}");
 
-    server.restart();
+    proxy.set_refusing(false);
     finish(bare(&[
         "--url", &url, "acquire", "jobs", "--limit", "2", "--lease", "1m",
     ]))
