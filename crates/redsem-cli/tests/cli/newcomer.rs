@@ -177,7 +177,7 @@ fn status_json_and_serves_status_json_are_one_type() {
     let world = World::new();
     world.acquire("jobs", 2, &["--holder", "web-1", "--lease", "20s"]);
     let cli = world.status("jobs");
-    let port = crate::support::closed_port();
+    let port = crate::support::listen_port();
     let listen = format!("127.0.0.1:{port}");
     let serve = world.start(&["serve", "--listen", &listen]);
     let mut body = String::new();

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 
 use redsem_test::{FaultProxy, RedisServer, eventually};
 
-use crate::support::{LIMIT, Running, World, bare, closed_port, finish};
+use crate::support::{LIMIT, Running, World, bare, finish, listen_port};
 
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, the connection closed by the server): the status
 /// code and the body. Connecting is retried until the server listens (at most [`LIMIT`]).
@@ -62,7 +62,7 @@ fn serve_shows_three_holders_and_five_waiters_over_http() {
         world.wait_for_waiters("demo", i);
     }
     let status = world.status("demo");
-    let port = closed_port();
+    let port = listen_port();
     let listen = format!("127.0.0.1:{port}");
     let serve = world.start(&["serve", "--listen", &listen, "--refresh", "1s"]);
 
@@ -145,7 +145,7 @@ fn serve_shows_only_the_names_given() {
     let world = World::new();
     world.acquire("shown", 1, &["--lease", "1m"]);
     world.acquire("hidden", 1, &["--lease", "1m"]);
-    let port = closed_port();
+    let port = listen_port();
     let serve = world.start(&["serve", "--listen", &format!("127.0.0.1:{port}"), "shown"]);
     let (_, metrics) = get(port, "/metrics");
     assert_eq!(
@@ -218,7 +218,7 @@ fn serve_starts_without_redis_reports_it_down_and_up_once_redis_answers() {
     let proxy = FaultProxy::start(server.port());
     proxy.set_refusing(true);
     let url = proxy.url();
-    let port = closed_port();
+    let port = listen_port();
     let listen = format!("127.0.0.1:{port}");
     let serve = Running::start(bare(&["--url", &url, "serve", "--listen", &listen]));
 

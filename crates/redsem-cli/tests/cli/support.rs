@@ -379,6 +379,16 @@ pub(crate) fn wait_dead(pid: i32, limit: Duration) -> Duration {
     start.elapsed()
 }
 
+/// A port for `serve --listen`, its own: one the kernel hands out free now (bind to port 0),
+/// not [`closed_port`], which gives every caller the same low port (two `serve`s of tests
+/// running at once would then share it, and one test read the other's page).
+pub(crate) fn listen_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port on 127.0.0.1")
+        .port()
+}
+
 /// A port of 127.0.0.1 with nothing listening on it, and that nothing of the tests will take:
 /// one below 1024 that refuses a connection now. (A free port of the ephemeral range, found by
 /// binding port 0, could be taken by a server another test starts at the same moment.)
