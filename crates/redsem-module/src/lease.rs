@@ -130,6 +130,35 @@ unsafe fn name(ctx: *mut RedisModuleCtx, prefix: &[u8], id: &[u8]) -> Option<Str
     Some(Str::new(ctx, Text::of(&[prefix, id])?.as_bytes()))
 }
 
+/// What both fast paths start from: the keys open (of the types a fast path works on), the
+/// names of the caller's record and session record, and the state read with them.
+struct Loaded {
+    keys: Keys<3>,
+    record: Str,
+    sess: Str,
+    s: Read<FIELDS>,
+}
+
+/// Open the keys and read the state with the record `r:<id>` and the session record
+/// `s:<session>` (None: not a fast path's keys, or a name too long).
+unsafe fn load(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+    id: &[u8],
+    session: &[u8],
+    with_tok: bool,
+) -> Option<Loaded> {
+    let keys = open(ctx, argv)?;
+    let (record, sess) = (name(ctx, b"r:", id)?, name(ctx, b"s:", session)?);
+    let s = read(ctx, keys.0[1], &record, &sess, with_tok);
+    Some(Loaded {
+        keys,
+        record,
+        sess,
+        s,
+    })
+}
+
 /// The slot bitmap's first clear bit (`BITPOS slots 0`: past the end if none).
 unsafe fn first_clear(key: *mut RedisModuleKey) -> u64 {
     if key_type(key) == raw::REDISMODULE_KEYTYPE_EMPTY {
@@ -201,14 +230,16 @@ pub(crate) unsafe fn fast_acquire(
     else {
         return false;
     };
-    let Some(keys) = open(ctx, argv) else {
+    let Some(Loaded {
+        keys,
+        record,
+        sess: _,
+        s,
+    }) = load(ctx, argv, a(1), a(11), true)
+    else {
         return false;
     };
     let [leases, state, slots] = keys.0;
-    let (Some(record), Some(sess)) = (name(ctx, b"r:", a(1)), name(ctx, b"s:", a(11))) else {
-        return false;
-    };
-    let s = read(ctx, state, &record, &sess, true);
     if s.get(RECORD).is_some() {
         return false;
     }
@@ -362,14 +393,16 @@ pub(crate) unsafe fn fast_release(
     let (Some(seq), Some(low)) = (hex(a(3)), hex(a(5))) else {
         return false;
     };
-    let Some(keys) = open(ctx, argv) else {
+    let Some(Loaded {
+        keys,
+        record,
+        sess,
+        s,
+    }) = load(ctx, argv, a(1), a(4), false)
+    else {
         return false;
     };
     let [leases, state, slots] = keys.0;
-    let (Some(record), Some(sess)) = (name(ctx, b"r:", a(1)), name(ctx, b"s:", a(4))) else {
-        return false;
-    };
-    let s = read(ctx, state, &record, &sess, false);
     let Some((now, _)) = clock::now(ctx) else {
         return false;
     };
