@@ -48,6 +48,13 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) acks: bool,
 
+    /// Also time S3 (hand-off: release → the waiter's grant) on a Redis Cluster of three
+    /// primaries started here (whatever `--url` says), holder and waiter on two clients, and
+    /// count the pub/sub messages the cluster bus carried to the nodes that do not own the
+    /// semaphore's slot.
+    #[arg(long)]
+    pub(crate) cluster_handoff: bool,
+
     /// Also run S2's hold loop (64 tasks, capacity 8, hold 1 ms) with every step of every
     /// cycle timestamped, for redsem on 1 and 4 clients and the polling baseline: where the
     /// hand-off time goes.

@@ -5,6 +5,7 @@
 mod acks;
 mod admin;
 mod cli;
+mod cluster;
 mod core;
 mod cost;
 mod counters;

@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cost, counters, many, raw, scale, stages, steady};
+use crate::{acks, cluster, cost, counters, many, raw, scale, stages, steady};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -52,6 +52,9 @@ struct Output<'a> {
     /// `--acks`: S1 without and with replica acknowledgements.
     #[serde(skip_serializing_if = "Option::is_none")]
     acks_overhead: Option<&'a acks::AcksOverhead>,
+    /// `--cluster-handoff`: S3 on a three-primary cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_handoff: Option<&'a cluster::ClusterHandoff>,
     /// `--hold-stages`: S2's hold loop, stage by stage.
     #[serde(skip_serializing_if = "Option::is_none")]
     hold_stages: Option<&'a [stages::StagesRun]>,
@@ -177,6 +180,15 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
         )
         .await;
     }
+    let mut cluster_handoff = None;
+    if args.cluster_handoff {
+        cluster_handoff = step(
+            "S3 hand-off on a three-primary cluster",
+            e,
+            cluster::run(ctx.sizes.s3_trials, ctx.group_commit),
+        )
+        .await;
+    }
     let mut hold_stages = None;
     if args.hold_stages {
         hold_stages = step("S2 hold loop, stage by stage", e, stages::run(&ctx)).await;
@@ -263,6 +275,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     if let Some(a) = &acks_overhead {
         println!("\n{}", a.summary());
     }
+    if let Some(c) = &cluster_handoff {
+        println!("\n{}", c.summary());
+    }
     if let Some(s) = &hold_stages {
         print!("\n{}", stages::summary(s));
     }
@@ -286,6 +301,7 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
             errors: &errors,
             recorder_overhead: recorder_overhead.as_ref(),
             acks_overhead: acks_overhead.as_ref(),
+            cluster_handoff: cluster_handoff.as_ref(),
             hold_stages: hold_stages.as_deref(),
         };
         std::fs::write(path, serde_json::to_string_pretty(&out)? + "\n")
