@@ -23,6 +23,8 @@
 //!   [`RedisCluster::proxy_for_key`] and [`RedisCluster::node_for_key`]. redis-rs's cluster
 //!   client resends a request whose reply was lost with its connection, so a script can run twice
 //!   for one call (`tests/cluster_proxies.rs` shows it).
+//! * Managed services: [`profiles`], one ACL user per kind of service (ElastiCache, MemoryDB,
+//!   Memorystore, Azure, Upstash, OCI Cache), refused what that service refuses.
 //! * Sentinel: [`RedisSentinels`], a primary with two replicas and three sentinels, with a
 //!   forced failover ([`RedisSentinels::failover`]) or a killed primary
 //!   ([`RedisSentinels::kill_primary`]).
@@ -48,6 +50,7 @@
 
 mod cluster;
 mod port;
+pub mod profiles;
 mod proxy;
 mod sentinel;
 mod server;

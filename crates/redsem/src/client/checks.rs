@@ -63,6 +63,7 @@ pub(super) async fn check_primaries(
             key: &key,
             channel: wake_channel,
             rules: &rules,
+            waits: options.replica_acks.is_some(),
         };
         all.push(crate::conn::check_node(&mut node_conn, &probe).await?);
     }
@@ -202,12 +203,14 @@ impl Redsem {
                     key: &key,
                     channel: &shared.wake_channel,
                     rules: &rules,
+                    waits: shared.replica_acks.is_some(),
                 };
                 vec![crate::conn::check_node(&mut single.clone(), &probe).await?]
             }
             #[cfg(feature = "cluster")]
             Conn::Cluster(conn, _) => {
-                let options = RedsemOptions::default().prefix(shared.prefix.as_str());
+                let mut options = RedsemOptions::default().prefix(shared.prefix.as_str());
+                options.replica_acks = shared.replica_acks;
                 check_primaries(
                     &mut conn.clone(),
                     &shared.pubsub_clients,

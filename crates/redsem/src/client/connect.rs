@@ -201,6 +201,7 @@ impl Redsem {
                 key: &key,
                 channel: &wake_channel,
                 rules: &rules,
+                waits: options.replica_acks.is_some(),
             };
             let findings = crate::conn::check_node(&mut conn, &probe).await?;
             judge(options.server_checks, vec![findings])?;

@@ -61,11 +61,15 @@ pub(crate) struct Probe<'a> {
     pub(crate) channel: &'a str,
     /// The ACL rules redsem needs, for messages.
     pub(crate) rules: &'a str,
+    /// Whether every change is sent with a `WAIT` (`RedsemOptions::replica_acks`): then the
+    /// check sends `WAIT 0 1` too (it returns at once), which some services refuse.
+    pub(crate) waits: bool,
 }
 
 /// Check one node in one round trip: `INFO memory` (the eviction policy), `SCRIPT LOAD` of the
 /// ACL probe and its `EVALSHA` (script rights, key rights, the rights of every command the
-/// scripts run, channel rights). Writes no data.
+/// scripts run, channel rights), and `WAIT 0 1` when every change will be sent with a `WAIT`.
+/// Writes no data.
 ///
 /// # Errors
 ///
@@ -83,11 +87,31 @@ pub(crate) async fn check_node(
         .arg(1)
         .arg(probe.key)
         .arg(probe.channel);
+    if probe.waits {
+        pipe.cmd("WAIT").arg(0).arg(1);
+    }
     let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(conn).await?;
     let mut replies = replies.into_iter();
     let mut findings = Findings::default();
     let node = probe.node;
-    let (info, load, eval) = (replies.next(), replies.next(), replies.next());
+    let (info, load, eval, wait) = (
+        replies.next(),
+        replies.next(),
+        replies.next(),
+        replies.next(),
+    );
+    // Refused by the ACL (NOPERM) or by the service (ElastiCache Serverless has no WAIT):
+    // every change would fail.
+    if let Some(Err(err)) = &wait {
+        findings.unsuitable.push((
+            "ACL commands".to_owned(),
+            format!(
+                "{node}: the server refuses WAIT ({err}), which replica_acks sends with every \
+                 change, so every change would fail; grant +wait, or connect without \
+                 replica_acks where the server has no WAIT"
+            ),
+        ));
+    }
     match info.map(|r| r.and_then(|v| redis::from_redis_value::<String>(v).map_err(Into::into))) {
         Some(Ok(info)) => match eviction_policy(&info) {
             Some(policy) if policy.starts_with("allkeys-") => findings.unsuitable.push((

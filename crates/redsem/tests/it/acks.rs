@@ -490,6 +490,12 @@ async fn on_a_cluster_the_wait_runs_on_the_node_that_ran_the_script() {
     .await
     .expect("connect");
     let owner = cluster.node_for_key("t:{lease:jobs}:state").port();
+    // The connect-time check sent each primary one `WAIT 0 1`: counted from here on.
+    let before: Vec<u64> = cluster
+        .nodes()
+        .iter()
+        .map(|node| command_calls(node, "wait"))
+        .collect();
     let sem = acking.lease_semaphore("jobs", 1).expect("handle");
     // Load the function library first (a read, no WAIT).
     within(LIMIT, "status", sem.status()).await.expect("status");
@@ -499,7 +505,8 @@ async fn on_a_cluster_the_wait_runs_on_the_node_that_ran_the_script() {
     let waits: Vec<(u16, u64)> = cluster
         .nodes()
         .iter()
-        .map(|node| (node.port(), command_calls(node, "wait")))
+        .zip(&before)
+        .map(|(node, before)| (node.port(), command_calls(node, "wait") - before))
         .collect();
     println!("WAITs per node (owner {owner}): {waits:?}");
     for (port, calls) in waits {

@@ -71,3 +71,7 @@ mod cancellation;
 /// Every key a script touches arrives in its KEYS, and no script is called without keys
 /// (MONITOR and COMMAND GETKEYS over a workload of every operation).
 mod script_keys;
+
+/// Managed services emulated by ACL users refused what each service refuses
+/// (`redsem_test::profiles`): every primitive works, or the connect names the refused command.
+mod profiles;
