@@ -243,30 +243,8 @@ async fn node_checks(
         eviction(info, &mine).on(node),
         persistence(info, conn).await.on(node),
         replication(info, acks).on(node),
-        may_wait(acks, conn).await.on(node),
         clock(conn).await.on(node),
     ]
-}
-
-/// With `--replica-acks`: an `acl` row if the user may not run `WAIT`, which every change then
-/// sends (`WAIT 0 1` returns at once and changes nothing). No row otherwise.
-async fn may_wait(acks: Option<ReplicaAcks>, conn: &mut MultiplexedConnection) -> Check {
-    if acks.is_none() {
-        return check("acl", Status::Ok, "");
-    }
-    let waited: Result<i64, redis::RedisError> =
-        redis::cmd("WAIT").arg(0).arg(1).query_async(conn).await;
-    match waited {
-        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
-            check(
-                "acl",
-                Status::Fail,
-                "the user may not run WAIT, which --replica-acks sends with every change: \
-                 every call would fail; grant +wait",
-            )
-        }
-        _ => check("acl", Status::Ok, ""),
-    }
 }
 
 /// Which engine serves (`--engine`): redsem's Redis module, or the Lua scripts and why. Either
@@ -290,27 +268,45 @@ fn names_node(text: &str, node: &str) -> bool {
     })
 }
 
-/// `INFO` (every default section) as `field -> value`; empty if refused.
+/// The field of [`info`]'s map that holds, when `INFO` was refused, why (a name no server
+/// uses: it has a space).
+const INFO_REFUSED: &str = "(info refused)";
+
+/// `INFO` (every default section) as `field -> value`. When it is refused (managed services
+/// may: Upstash did not have it) the map holds only [`INFO_REFUSED`], the server's answer.
 async fn info(conn: &mut MultiplexedConnection) -> HashMap<String, String> {
-    let text: String = redis::cmd("INFO")
-        .query_async(conn)
-        .await
-        .unwrap_or_default();
+    let text: String = match redis::cmd("INFO").query_async(conn).await {
+        Ok(text) => text,
+        Err(err) => return HashMap::from([(INFO_REFUSED.to_owned(), err.to_string())]),
+    };
     text.lines()
         .filter_map(|line| line.split_once(':'))
         .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
         .collect()
 }
 
-/// `CONFIG GET name`, if the user may.
-async fn config(conn: &mut MultiplexedConnection, name: &str) -> Option<String> {
+/// Why `field` is not in `info`: INFO was refused (and what the server said), or it answered
+/// without that field (a service may leave sections out).
+fn unread(info: &HashMap<String, String>, field: &str) -> String {
+    match info.get(INFO_REFUSED) {
+        Some(why) => format!("INFO is refused ({why})"),
+        None => format!("INFO shows no {field}"),
+    }
+}
+
+/// `CONFIG GET name`, or why it could not be read: managed services refuse `CONFIG`
+/// (ElastiCache, MemoryDB, Memorystore, Azure; the error says how).
+async fn config(conn: &mut MultiplexedConnection, name: &str) -> Result<String, String> {
     let pairs: HashMap<String, String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg(name)
         .query_async(conn)
         .await
-        .ok()?;
-    pairs.get(name).cloned()
+        .map_err(|e| format!("CONFIG GET refused: {e}"))?;
+    pairs
+        .get(name)
+        .cloned()
+        .ok_or_else(|| format!("CONFIG GET {name} answered nothing"))
 }
 
 /// The server and its version, recognised by `server_name` (Valkey 8 and later report
@@ -321,7 +317,10 @@ fn version(info: &HashMap<String, String>) -> Check {
         return check(
             "version",
             Status::Warn,
-            "unknown: INFO is refused (allow +info to have the server checked)",
+            format!(
+                "unknown: {} (allow +info to have the server checked)",
+                unread(info, "redis_version")
+            ),
         );
     };
     let (server, version) = match info.get("server_name").map(String::as_str) {
@@ -385,22 +384,26 @@ fn eviction(info: &HashMap<String, String>, findings: &[ServerFinding]) -> Check
 
 async fn persistence(info: &HashMap<String, String>, conn: &mut MultiplexedConnection) -> Check {
     let Some(aof) = info.get("aof_enabled") else {
-        return check("persistence", Status::Warn, "unknown: INFO is refused");
+        return check(
+            "persistence",
+            Status::Warn,
+            format!("unknown: {}", unread(info, "aof_enabled")),
+        );
     };
     if aof == "1" {
         return match config(conn, "appendfsync").await.as_deref() {
-            Some("always") => check(
+            Ok("always") => check(
                 "persistence",
                 Status::Ok,
                 "AOF, appendfsync always: a restart loses nothing",
             ),
-            Some("everysec") => check(
+            Ok("everysec") => check(
                 "persistence",
                 Status::Ok,
                 "AOF, appendfsync everysec: a restart (of the machine) may lose the last second's \
                  grants and releases; appendfsync always loses nothing",
             ),
-            Some(other) => check(
+            Ok(other) => check(
                 "persistence",
                 Status::Warn,
                 format!(
@@ -408,11 +411,13 @@ async fn persistence(info: &HashMap<String, String>, conn: &mut MultiplexedConne
                      restart may lose recent grants; set appendfsync everysec or always"
                 ),
             ),
-            None => check(
+            Err(why) => check(
                 "persistence",
                 Status::Ok,
-                "AOF on (appendfsync unknown: CONFIG GET refused; always loses nothing, \
-                 everysec up to a second)",
+                format!(
+                    "AOF on (INFO aof_enabled:1; appendfsync unknown, {why}; always loses \
+                     nothing, everysec up to a second)"
+                ),
             ),
         };
     }
@@ -420,31 +425,51 @@ async fn persistence(info: &HashMap<String, String>, conn: &mut MultiplexedConne
     let lost = "a restart loses the grants since the last snapshot: their holders learn at \
                 their next renewal, and until then new grants may coexist with them";
     match save.as_deref() {
-        Some("") => check(
+        Ok("") => check(
             "persistence",
             Status::Warn,
             "none (appendonly no, no save points): a restart loses every grant, holders learn \
              at their next renewal and until then new grants may coexist with them; set \
              appendonly yes (appendfsync everysec or always)",
         ),
-        Some(points) => check(
+        Ok(points) => check(
             "persistence",
             Status::Warn,
             format!("RDB snapshots only (save {points}): {lost}; set appendonly yes"),
         ),
-        None => check(
+        Err(why) => check(
             "persistence",
             Status::Warn,
             format!(
-                "appendonly no (save points unknown: CONFIG GET refused): {lost}; set appendonly yes"
+                "appendonly no (INFO aof_enabled:0; save points unknown, {why}{}): {lost}; \
+                 set appendonly yes (managed services: their persistence setting)",
+                last_snapshot(info)
             ),
         ),
     }
 }
 
+/// What INFO says of the last RDB snapshot, for when the save points cannot be read:
+/// `; INFO: last snapshot at <unix time>, N changes since`, or nothing.
+fn last_snapshot(info: &HashMap<String, String>) -> String {
+    match (
+        info.get("rdb_last_save_time"),
+        info.get("rdb_changes_since_last_save"),
+    ) {
+        (Some(at), Some(changes)) => {
+            format!("; INFO: last snapshot at {at} (unix time), {changes} changes since")
+        }
+        _ => String::new(),
+    }
+}
+
 fn replication(info: &HashMap<String, String>, acks: Option<ReplicaAcks>) -> Check {
     let Some(role) = info.get("role") else {
-        return check("replication", Status::Warn, "unknown: INFO is refused");
+        return check(
+            "replication",
+            Status::Warn,
+            format!("unknown: {}", unread(info, "role")),
+        );
     };
     if role == "slave" {
         let primary = format!(
@@ -666,6 +691,30 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn what_info_did_not_say_is_told_from_what_it_refused() {
+        // Refused: the server's answer is shown.
+        let refused = info(&[(INFO_REFUSED, "NOPERM no permissions to run 'info'")]);
+        let version = version(&refused);
+        assert!(
+            version
+                .detail
+                .contains("INFO is refused (NOPERM no permissions"),
+            "{}",
+            version.detail
+        );
+        assert_eq!(
+            replication(&refused, None).detail,
+            "unknown: INFO is refused (NOPERM no permissions to run 'info')"
+        );
+        // Answered without a section (Upstash leaves some out): the field is named.
+        let partial = info(&[("redis_version", "6.2.0")]);
+        assert_eq!(
+            replication(&partial, None).detail,
+            "unknown: INFO shows no role"
+        );
     }
 
     #[test]

@@ -42,3 +42,7 @@ mod tree;
 /// Defects found by using the binary as a user would: a one-node cluster's empty address, a
 /// killed queued `acquire`.
 mod user_defects;
+
+/// Managed services emulated by ACL users (`redsem_test::profiles`): run, lock, status, serve
+/// and doctor as each service's user.
+mod profiles;

@@ -210,9 +210,11 @@ pub(super) async fn min_replicas_row(
 ) -> Check {
     let to_write = super::config(conn, "min-replicas-to-write")
         .await
+        .ok()
         .and_then(|v| v.parse().ok());
     let max_lag = super::config(conn, "min-replicas-max-lag")
         .await
+        .ok()
         .and_then(|v| v.parse().ok());
     let replicas = info
         .get("connected_slaves")
