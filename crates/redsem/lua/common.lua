@@ -325,6 +325,15 @@ local function expire_at(at, keys)
 end
 
 -- Publish `message` on `channel` once everything is saved.
+--
+-- Sharded or classic: a channel whose last byte is '}' is published with SPUBLISH, any
+-- other with PUBLISH. This is the one rule (docs/DESIGN.md, "Wake-up channels"; the native
+-- engine and the client, keys::is_sharded, apply it the same). A client on a Redis Cluster
+-- names its channels `<prefix>:wake:<client>:{<kind>:<name>}` and
+-- `<prefix>:opened:{latch:<name>}`: they end with the primitive's hash tag, so they lie in
+-- the slot of its keys, and SPUBLISH reaches the one node that owns it (and its replicas)
+-- where the waiter subscribed with SSUBSCRIBE, not every node of the cluster. Classic
+-- channels (one server, Sentinel) end with a client id or ':opened', never with '}'.
 local function wake(channel, message)
   outbox = outbox or {}
   outbox[#outbox + 1] = channel
@@ -372,7 +381,8 @@ local function save()
   end
   if outbox then
     for i = 1, #outbox, 2 do
-      rpcall('PUBLISH', outbox[i], outbox[i + 1])
+      local channel = outbox[i]
+      rpcall(byte(channel, -1) == 125 and 'SPUBLISH' or 'PUBLISH', channel, outbox[i + 1]) -- 125: '}'
     end
   end
 end

@@ -91,9 +91,41 @@ pub(crate) fn lease_name_of_state(prefix: &str, key: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The channel on which one `Redsem` client is told that one of its queued requests was granted.
+/// The channel on which one `Redsem` client is told that one of its queued requests was granted
+/// (classic pub/sub: one server, or a primary behind Sentinels).
 pub(crate) fn wake_channel(prefix: &str, client_id: &str) -> String {
     format!("{prefix}:wake:{client_id}")
+}
+
+/// The channel on which one `Redsem` client connected to a Redis Cluster is told that one of
+/// its queued requests on the primitive `{<kind>:<name>}` was granted: its classic channel
+/// ([`wake_channel`]) and the primitive's hash tag, `<prefix>:wake:<client>:{<kind>:<name>}`,
+/// sharded pub/sub in that primitive's slot.
+///
+/// It ends with the primitive's hash tag, which is what marks it sharded ([`is_sharded`]),
+/// and it hashes to the slot of the primitive's keys: its first `{` is the one before
+/// `<kind>` (the prefix and the client id have none) and what follows it up to the first `}`
+/// is the same text as in the keys.
+pub(crate) fn shard_wake_channel(wake_channel: &str, kind: &str, name: &str) -> String {
+    format!("{wake_channel}:{{{kind}:{name}}}")
+}
+
+/// The channel on which the waiters of a latch on a Redis Cluster hear that it opened:
+/// `<prefix>:opened:{latch:<name>}`, sharded pub/sub in the latch's slot (see
+/// [`shard_wake_channel`]; the classic one is [`LatchKeys::channel`]).
+pub(crate) fn shard_latch_channel(prefix: &str, name: &str) -> String {
+    format!("{prefix}:opened:{{latch:{name}}}")
+}
+
+/// Whether wake-ups on `channel` go by sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`) rather than
+/// classic (`PUBLISH`, `SUBSCRIBE`): exactly when its last byte is `}`.
+///
+/// The one rule, shared by the scripts (`lua/common.lua`, `save()`), the native engine and
+/// this crate; docs/DESIGN.md states it. Classic channels never end with `}`: they end with a
+/// client id (hexadecimal) or `:opened`. Sharded ones end with their primitive's hash tag
+/// ([`shard_wake_channel`], [`shard_latch_channel`]).
+pub(crate) fn is_sharded(channel: &str) -> bool {
+    channel.as_bytes().last() == Some(&b'}')
 }
 
 /// The keys of one permit semaphore, in the order the `lua/permit/` scripts expect them.
@@ -239,6 +271,40 @@ mod tests {
         }
         let why = prefix_problem("x{1}").unwrap_or_default();
         assert!(why.contains("brace") && why.contains("CROSSSLOT"), "{why}");
+    }
+
+    #[test]
+    fn sharded_channels_end_with_the_hash_tag_of_their_primitive() {
+        for name in ["jobs", "a}b", "{x}", "", "weird:{name", "x{y", "}"] {
+            let lease = LeaseKeys::new("redsem", name);
+            let permits = PermitKeys::new("redsem", name);
+            let latch = LatchKeys::new("redsem", name);
+            let wake = shard_wake_channel(&wake_channel("redsem", "0af3"), "lease", name);
+            let permit_wake = shard_wake_channel(&wake_channel("redsem", "0af3"), "permits", name);
+            let opened = shard_latch_channel("redsem", name);
+            assert_eq!(hash_tag(&wake), hash_tag(&lease.all[0]), "{wake}");
+            assert_eq!(
+                hash_tag(&permit_wake),
+                hash_tag(&permits.all[0]),
+                "{permit_wake}"
+            );
+            assert_eq!(hash_tag(&opened), hash_tag(&latch.all[0]), "{opened}");
+            for channel in [&wake, &permit_wake, &opened] {
+                assert!(is_sharded(channel), "{channel}");
+                assert!(
+                    channel.starts_with("redsem:"),
+                    "{channel}: under the prefix (ACL)"
+                );
+            }
+            // The classic ones are not, whatever the name.
+            assert!(!is_sharded(&latch.channel), "{}", latch.channel);
+        }
+        assert!(!is_sharded(&wake_channel("redsem", "0af3")));
+        assert_eq!(
+            shard_wake_channel(&wake_channel("p", "c1"), "lease", "jobs"),
+            "p:wake:c1:{lease:jobs}"
+        );
+        assert_eq!(shard_latch_channel("p", "boot"), "p:opened:{latch:boot}");
     }
 
     #[test]

@@ -176,11 +176,16 @@ impl CountDownLatch {
                 options.recheck
             )));
         }
+        let mut keys = LatchKeys::new(redsem.prefix(), name);
+        if redsem.sharded_wake_ups() {
+            // On a cluster, "opened" goes by sharded pub/sub in the latch's slot.
+            keys.channel = crate::keys::shard_latch_channel(redsem.prefix(), name);
+        }
         Ok(CountDownLatch {
             inner: Arc::new(LatchInner {
                 redsem: redsem.clone(),
                 name: name.to_owned(),
-                keys: LatchKeys::new(redsem.prefix(), name),
+                keys,
                 options,
                 meter: Meter::new("latch", name, &redsem.shared.metric_names),
             }),

@@ -396,6 +396,28 @@ impl Redsem {
         }
     }
 
+    /// Whether wake-ups go by sharded pub/sub: on a Redis Cluster (each in its primitive's
+    /// slot, `SPUBLISH` to the one node that owns it); classic pub/sub on one server or
+    /// behind Sentinels.
+    pub(crate) fn sharded_wake_ups(&self) -> bool {
+        match &self.shared.conn {
+            Conn::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(..) => true,
+        }
+    }
+
+    /// The channel on which this client's queued requests on the primitive `{<kind>:<name>}`
+    /// are told they were granted: the client's one classic channel, or on a cluster one in
+    /// the primitive's slot (see [`keys::is_sharded`](crate::keys::is_sharded)).
+    pub(crate) fn wake_channel_for(&self, kind: &str, name: &str) -> String {
+        if self.sharded_wake_ups() {
+            crate::keys::shard_wake_channel(&self.shared.wake_channel, kind, name)
+        } else {
+            self.shared.wake_channel.clone()
+        }
+    }
+
     /// Whether lease operations go by group commit ([`RedsemOptions::group_commit`]).
     pub(crate) fn group_commit(&self) -> bool {
         self.shared.group_commit
@@ -523,17 +545,18 @@ impl Redsem {
             .notifier
             .get_or_init(|| async {
                 let shared = &self.shared;
-                let source = match &shared.conn {
-                    Conn::Single(single) => Some(single.source().clone()),
+                let place = match &shared.conn {
+                    Conn::Single(single) => crate::notify::Place::Single {
+                        clients: shared.pubsub_clients.clone(),
+                        source: single.source().clone(),
+                    },
                     #[cfg(feature = "cluster")]
-                    Conn::Cluster(..) => None,
+                    Conn::Cluster(cluster, _) => crate::notify::Place::Cluster {
+                        seeds: shared.pubsub_clients.clone(),
+                        cluster: cluster.clone(),
+                    },
                 };
-                Notifier::start(
-                    shared.pubsub_clients.clone(),
-                    source,
-                    shared.wake_channel.clone(),
-                    shared.closed.clone(),
-                )
+                Notifier::start(place, shared.wake_channel.clone(), shared.closed.clone())
             })
             .await
     }

@@ -12,6 +12,8 @@ use crate::script::{self, BatchOp};
 pub(crate) struct LeaseGroup {
     pub(crate) redsem: Redsem,
     pub(crate) keys: LeaseKeys,
+    /// Where this client's waiters on it are woken.
+    pub(crate) wake_channel: String,
 }
 
 impl Group for LeaseGroup {
@@ -24,7 +26,7 @@ impl Group for LeaseGroup {
         let batch = script::lease_batch(
             &mut conn,
             &self.keys,
-            &shared.wake_channel,
+            &self.wake_channel,
             &shared.session,
             &ops,
         )

@@ -73,6 +73,8 @@ pub(crate) struct SemInner {
     pub(crate) redsem: Redsem,
     pub(crate) name: String,
     pub(crate) keys: LeaseKeys,
+    /// Where this client's waiters on it are woken ([`Redsem::wake_channel_for`]).
+    pub(crate) wake_channel: String,
     capacity: AtomicU32,
     pub(crate) options: LeaseOptions,
     /// Its metrics (`primitive` is `lease` or `mutex`).
@@ -98,11 +100,13 @@ impl LeaseSemaphore {
         }
         options.validate()?;
         let keys = LeaseKeys::new(redsem.prefix(), name);
+        let wake_channel = redsem.wake_channel_for("lease", name);
         let meter = Meter::new(primitive, name, &redsem.shared.metric_names);
         let batcher = redsem.group_commit().then(|| {
             let group = batch::LeaseGroup {
                 redsem: redsem.clone(),
                 keys: keys.clone(),
+                wake_channel: wake_channel.clone(),
             };
             redsem.shared_for(&keys.all[2], || Batcher::new(group))
         });
@@ -113,6 +117,7 @@ impl LeaseSemaphore {
                 redsem,
                 name: name.to_owned(),
                 keys,
+                wake_channel,
                 capacity: AtomicU32::new(capacity),
                 options,
             }),

@@ -41,9 +41,7 @@ impl SemInner {
         id: &str,
         by: ReleaseBy<'_>,
     ) -> Result<Release> {
-        let shared = &self.redsem.shared;
-        let released =
-            script::lease_release(conn, &self.keys, id, &shared.wake_channel, by).await?;
+        let released = script::lease_release(conn, &self.keys, id, &self.wake_channel, by).await?;
         self.redsem
             .after_release(&self.keys, &released.handed, released.idle)
             .await;
@@ -65,6 +63,10 @@ impl Queue for SemInner {
 
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn wake_channel(&self) -> &str {
+        &self.wake_channel
     }
 
     async fn withdraw(&self, id: &str, pending: Option<u64>) -> Result<()> {

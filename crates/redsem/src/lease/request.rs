@@ -66,7 +66,7 @@ impl wait::Request for LeaseRequest<'_> {
             one_per_label: options.one_per_label,
             wait,
             waiter_lease: options.waiter_lease,
-            channel: &inner.redsem.shared.wake_channel,
+            channel: &inner.wake_channel,
             call: Caller::new(inner.redsem.session(), seq),
         };
         let send = || async {

@@ -6,9 +6,16 @@
 //! the task reconnects, subscribes again and wakes every waiter once so each re-checks: a lost
 //! message costs latency, never liveness (waiters also re-check on a timer).
 //!
+//! On a Redis Cluster the wake-ups go by sharded pub/sub instead: each primitive's channels
+//! lie in its slot (see [`crate::keys::is_sharded`]), the scripts `SPUBLISH` them, and the
+//! task subscribes to each with `SSUBSCRIBE` on the node that owns that slot, following the
+//! slot when it moves (`shard.rs`). A client's wake channel on one primitive is subscribed
+//! while a waiter of it is registered, and for a while after ([`WAKE_LINGER`]).
+//!
 //! Here: the [`Notifier`] handle, waiters' [`Registration`]s and broadcast [`Listener`]s,
-//! and the routing table they share. Beside it: `task.rs` (the connection's life) and
-//! `wake.rs` (the wake-up message format).
+//! and the routing table they share. Beside it: `task.rs` (the classic connection's life),
+//! `shard.rs` (the sharded connections, one per node) and `wake.rs` (the wake-up message
+//! format).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::conn::Source;
 
+#[cfg(feature = "cluster")]
+mod shard;
 mod task;
 pub(crate) mod wake;
 
@@ -27,6 +36,29 @@ use task::{Backoff, Task};
 /// How long a new waiter waits for the first subscription before relying on its timer alone.
 const FIRST_SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a sharded wake channel stays subscribed after its last waiter left: the next
+/// waiter on the same primitive then needs no `SSUBSCRIBE` round trip before it queues.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+const WAKE_LINGER: Duration = Duration::from_secs(30);
+
+/// Where the pub/sub connection(s) go.
+pub(crate) enum Place {
+    /// One primary: `source` says where it is now (behind Sentinels it moves); `clients`
+    /// holds its client as first located.
+    Single {
+        clients: Vec<redis::Client>,
+        source: Source,
+    },
+    /// A Redis Cluster: sharded pub/sub, one connection per node that owns a slot of a
+    /// subscribed channel, found through `cluster` (`CLUSTER NODES`) and reached with the
+    /// credentials and TLS of `seeds[0]`.
+    #[cfg(feature = "cluster")]
+    Cluster {
+        seeds: Vec<redis::Client>,
+        cluster: redis::cluster_async::ClusterConnection,
+    },
+}
+
 #[derive(Default)]
 struct Routes {
     /// Queued requests of this client, by request id.
@@ -34,6 +66,16 @@ struct Routes {
     /// Broadcast channels with local listeners: (listener count, their notifier, true once
     /// the server confirmed the subscription).
     channels: HashMap<String, (usize, Arc<Notify>, watch::Receiver<bool>)>,
+    /// Sharded wake channels of this client (one per primitive it waits on, on a cluster).
+    wakes: HashMap<String, WakeChannel>,
+}
+
+/// A sharded wake channel: its registrations, and whether the server confirmed it.
+struct WakeChannel {
+    users: usize,
+    /// When the last registration left (`None` while one is in place).
+    idle_since: Option<std::time::Instant>,
+    confirmed: watch::Receiver<bool>,
 }
 
 /// Handle to the pub/sub task.
@@ -59,31 +101,39 @@ fn lock(routes: &Mutex<Routes>) -> MutexGuard<'_, Routes> {
 }
 
 impl Notifier {
-    /// Start the pub/sub task: it connects to `clients` (cluster seed nodes, tried in turn)
-    /// or, for one primary, wherever `source` says it is now; it subscribes to `own_channel`
-    /// (where this client's queued requests are told they were granted) and stops when
-    /// `closed` is cancelled.
-    pub(crate) fn start(
-        clients: Vec<redis::Client>,
-        source: Option<Source>,
-        own_channel: String,
-        closed: CancellationToken,
-    ) -> Notifier {
+    /// Start the pub/sub task: for one primary, it connects wherever the source of `place`
+    /// says the primary is now and subscribes to `own_channel` (where this client's queued
+    /// requests are told they were granted); on a cluster, it subscribes to each sharded
+    /// channel asked for on the node that owns its slot. It stops when `closed` is
+    /// cancelled.
+    pub(crate) fn start(place: Place, own_channel: String, closed: CancellationToken) -> Notifier {
         let routes = Arc::new(Mutex::new(Routes::default()));
         let (subscribed_tx, subscribed) = watch::channel(0);
         let (commands, commands_rx) = mpsc::unbounded_channel();
-        let task = Task {
-            clients,
-            next_client: 0,
-            source,
-            own_channel,
-            routes: routes.clone(),
-            subscribed: subscribed_tx,
-            commands: commands_rx,
-            closed,
-            backoff: Backoff::new(),
-        };
-        tokio::spawn(task.run());
+        match place {
+            Place::Single { clients, source } => {
+                let task = Task {
+                    clients,
+                    next_client: 0,
+                    source: Some(source),
+                    own_channel,
+                    routes: routes.clone(),
+                    subscribed: subscribed_tx,
+                    commands: commands_rx,
+                    closed,
+                    backoff: Backoff::new(),
+                };
+                tokio::spawn(task.run());
+            }
+            #[cfg(feature = "cluster")]
+            Place::Cluster { seeds, cluster } => {
+                // No classic subscription: the first one "succeeds" at once.
+                subscribed_tx.send_replace(1);
+                let task =
+                    shard::ShardTask::new(seeds, cluster, routes.clone(), commands_rx, closed);
+                tokio::spawn(task.run());
+            }
+        }
         Notifier {
             routes,
             subscribed,
@@ -91,18 +141,51 @@ impl Notifier {
         }
     }
 
-    /// Route wake-ups for request `id` to the returned registration. Returns once the
-    /// subscription is in place (or after a bounded wait if pub/sub is unreachable), so a
-    /// grant published right after this cannot be missed.
-    pub(crate) async fn register(&self, id: &str) -> Registration {
+    /// Route wake-ups for request `id`, published on `channel` (the client's wake channel on
+    /// the primitive), to the returned registration. Returns once the subscription is in
+    /// place (or after a bounded wait if pub/sub is unreachable), so a grant published right
+    /// after this cannot be missed.
+    pub(crate) async fn register(&self, id: &str, channel: &str) -> Registration {
         let mailbox = Arc::new(Mailbox::default());
-        lock(&self.routes)
-            .waiters
-            .insert(id.to_owned(), mailbox.clone());
-        self.wait_subscribed().await;
+        let sharded = crate::keys::is_sharded(channel);
+        let (confirmed, first) = {
+            let mut routes = lock(&self.routes);
+            routes.waiters.insert(id.to_owned(), mailbox.clone());
+            if sharded {
+                let mut confirm = None;
+                let entry = routes.wakes.entry(channel.to_owned()).or_insert_with(|| {
+                    let (tx, rx) = watch::channel(false);
+                    confirm = Some(tx);
+                    WakeChannel {
+                        users: 0,
+                        idle_since: None,
+                        confirmed: rx,
+                    }
+                });
+                entry.users += 1;
+                entry.idle_since = None;
+                (Some(entry.confirmed.clone()), confirm)
+            } else {
+                (None, None)
+            }
+        };
+        if let Some(confirm) = first {
+            // Ignored error: the task is gone only when the client is closed.
+            let _ = self
+                .commands
+                .send(Command::Subscribe(channel.to_owned(), confirm));
+        }
+        match confirmed {
+            Some(mut confirmed) => {
+                let _ =
+                    tokio::time::timeout(FIRST_SUBSCRIBE_WAIT, confirmed.wait_for(|ok| *ok)).await;
+            }
+            None => self.wait_subscribed().await,
+        }
         Registration {
             routes: self.routes.clone(),
             id: id.to_owned(),
+            channel: sharded.then(|| channel.to_owned()),
             mailbox,
         }
     }
@@ -165,6 +248,8 @@ struct Mailbox {
 pub(crate) struct Registration {
     routes: Arc<Mutex<Routes>>,
     id: String,
+    /// Its sharded wake channel, if it has one.
+    channel: Option<String>,
     mailbox: Arc<Mailbox>,
 }
 
@@ -186,7 +271,17 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        lock(&self.routes).waiters.remove(&self.id);
+        let mut routes = lock(&self.routes);
+        routes.waiters.remove(&self.id);
+        if let Some(channel) = &self.channel
+            && let Some(wake) = routes.wakes.get_mut(channel)
+        {
+            wake.users = wake.users.saturating_sub(1);
+            if wake.users == 0 {
+                // Unsubscribed by the task once idle for WAKE_LINGER.
+                wake.idle_since = Some(std::time::Instant::now());
+            }
+        }
     }
 }
 

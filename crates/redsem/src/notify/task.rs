@@ -29,14 +29,14 @@ impl Backoff {
     }
 
     /// The wait before the next attempt; the one after it is twice as long (capped).
-    fn failed(&mut self) -> Duration {
+    pub(super) fn failed(&mut self) -> Duration {
         let wait = self.next;
         self.next = (self.next * 2).min(MAX_BACKOFF);
         wait
     }
 
     /// A (re)subscription succeeded: the next failure waits the shortest time again.
-    fn succeeded(&mut self) {
+    pub(super) fn succeeded(&mut self) {
         self.next = MIN_BACKOFF;
     }
 }

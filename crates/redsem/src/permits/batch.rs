@@ -11,6 +11,8 @@ use crate::script::{self, PermitOp};
 pub(crate) struct PermitGroup {
     pub(crate) redsem: Redsem,
     pub(crate) keys: PermitKeys,
+    /// Where this client's waiters on it are woken.
+    pub(crate) wake_channel: String,
 }
 
 impl Group for PermitGroup {
@@ -19,7 +21,7 @@ impl Group for PermitGroup {
 
     async fn send(&self, ops: Vec<PermitOp>) -> Result<Sent> {
         let mut conn = self.redsem.conn_acked_if(ops.iter().any(|op| op.acked));
-        let channel = &self.redsem.shared.wake_channel;
+        let channel = &self.wake_channel;
         let (replies, unconfirmed) =
             script::permit_batch(&mut conn, &self.keys, channel, self.redsem.session(), &ops)
                 .await?;

@@ -93,6 +93,8 @@ struct PermitInner {
     redsem: Redsem,
     name: String,
     keys: PermitKeys,
+    /// Where this client's waiters on it are woken ([`Redsem::wake_channel_for`]).
+    wake_channel: String,
     options: PermitOptions,
     meter: Meter,
     /// [`PermitOptions::permits`] was applied (reset when the queue vanished).
@@ -111,10 +113,12 @@ impl PermitSemaphore {
         }
         options.validate()?;
         let keys = PermitKeys::new(redsem.prefix(), name);
+        let wake_channel = redsem.wake_channel_for("permits", name);
         let batcher = redsem.group_commit().then(|| {
             let group = batch::PermitGroup {
                 redsem: redsem.clone(),
                 keys: keys.clone(),
+                wake_channel: wake_channel.clone(),
             };
             redsem.shared_for(&keys.all[3], || Batcher::new(group))
         });
@@ -123,6 +127,7 @@ impl PermitSemaphore {
                 redsem: redsem.clone(),
                 name: name.to_owned(),
                 keys,
+                wake_channel,
                 options,
                 meter: Meter::new("permits", name, &redsem.shared.metric_names),
                 ensured: AtomicBool::new(false),

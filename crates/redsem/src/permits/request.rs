@@ -59,7 +59,7 @@ impl wait::Request for PermitRequest<'_> {
                     script::permits_granted("permit_acquire", script::Acked { reply, unconfirmed })
                 }
                 None => {
-                    let channel = &inner.redsem.shared.wake_channel;
+                    let channel = &inner.wake_channel;
                     let mut conn = inner.redsem.conn();
                     let (keys, permits) = (&inner.keys, self.permits);
                     let call = Caller::new(inner.redsem.session(), seq);

@@ -16,6 +16,10 @@ impl Queue for PermitInner {
         &self.name
     }
 
+    fn wake_channel(&self) -> &str {
+        &self.wake_channel
+    }
+
     async fn withdraw(&self, id: &str, pending: Option<u64>) -> Result<()> {
         match &self.batcher {
             // After the acquire it withdraws, which may still wait in the batcher.

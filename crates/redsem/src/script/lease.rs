@@ -223,8 +223,13 @@ pub(crate) async fn lease_release(
     // semaphore gets its TTL now.
     if !released.handed.is_empty() {
         let mut pipe = redis::pipe();
+        // (By the rule of the scripts: keys::is_sharded.)
+        let publish = match crate::keys::is_sharded(channel) {
+            true => "SPUBLISH",
+            false => "PUBLISH",
+        };
         for grant in &released.handed {
-            pipe.cmd("PUBLISH").arg(channel).arg(grant).ignore();
+            pipe.cmd(publish).arg(channel).arg(grant).ignore();
         }
         if let Err(err) = pipe.query_async::<()>(conn).await {
             tracing::debug!(error = %err, "could not publish the grants of an unacknowledged release; the waiters will check in");

@@ -138,7 +138,7 @@ pub(crate) async fn acquire<R: Request>(
         let id = PermitId::random();
         tracing::Span::current().record("id", id.as_str());
         let mailbox = match &notifier {
-            Some(notifier) => Some(notifier.register(id.as_str()).await),
+            Some(notifier) => Some(notifier.register(id.as_str(), queue.wake_channel()).await),
             None => None,
         };
         // The enqueue's number stays open until it is answered, or, if the request is

@@ -22,6 +22,8 @@ const WITHDRAW_PATIENCE: Duration = Duration::from_secs(30);
 pub(crate) trait Queue: Send + Sync + 'static {
     fn redsem(&self) -> &Redsem;
     fn name(&self) -> &str;
+    /// The channel on which this client's waiters on the primitive are woken.
+    fn wake_channel(&self) -> &str;
     /// Withdraw request `id`, giving back what was granted to it; `pending` is the number of
     /// its call in the client's session that went unanswered (its enqueue or a check-in), if
     /// one did: a late copy of it must be refused, and what it took given back. Sends no replica acknowledgement (`RedsemOptions::replica_acks`): a

@@ -15,6 +15,9 @@ mod lease;
 /// The lease semaphore on a 3-master cluster.
 mod cluster;
 
+/// Wake-ups on a cluster: sharded pub/sub in each primitive's slot, following the slot.
+mod cluster_wakeups;
+
 /// Waiting: FIFO order, targeted wake-ups, dead waiters, cancellation, the mutex.
 mod waiting;
 
