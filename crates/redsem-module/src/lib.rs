@@ -63,8 +63,9 @@ static LUA_CALLS: AtomicU64 = AtomicU64::new(0);
 /// The native path of the operation `name`, if it has one.
 fn native_path(name: &str) -> Option<Native> {
     match name {
-        "lease_acquire" => Some(lease::fast_acquire),
-        "lease_release" => Some(lease::fast_release),
+        "lease_acquire" => Some(lease::acquire),
+        "lease_release" => Some(lease::release),
+        "lease_batch" => Some(lease::batch),
         "permit_acquire" => Some(permit::fast_acquire),
         "permit_add" => Some(permit::fast_add),
         _ => None,

@@ -283,24 +283,33 @@ local function session_put(low, seq, mark)
     return value, renewed
   end
   if not marks then
-    marks = {}
+    -- (S.sorder: the marked numbers in the order first met, the record's then the call's,
+    -- so the record is written in an order of its own, not in the table's.)
+    marks, S.sorder = {}, {}
     for s, m in string.gmatch(string.sub(S[S.sess], S.sp), ',(%x+)=([^,]+)') do
+      if not marks[s] then
+        S.sorder[#S.sorder + 1] = s
+      end
       marks[s] = m
     end
     S.smarks = marks
+  end
+  if not marks[seq] then
+    S.sorder[#S.sorder + 1] = seq
   end
   marks[seq] = mark
   return nil, renewed
 end
 
--- The caller's record with the marks kept in S.smarks (those at or above its low mark).
+-- The caller's record with the marks kept in S.smarks (those at or above its low mark), in
+-- the order S.sorder keeps.
 local function session_text()
-  local kept, n, top = {}, 0, 0
-  for s, m in pairs(S.smarks) do
+  local kept, n, top, marks = {}, 0, 0, S.smarks
+  for _, s in ipairs(S.sorder) do
     local number = seqno(s)
     if number >= S.sl then
       n = n + 1
-      kept[n] = ',' .. s .. '=' .. m
+      kept[n] = ',' .. s .. '=' .. marks[s]
       top = max(top, number)
     end
   end

@@ -11,6 +11,8 @@
 //! KEYS (lease/layout.lua): 1 leases (zset), 2 queue (zset; not touched here: nobody
 //! waits), 3 state (hash), 4 slots (string bitmap).
 
+mod general;
+
 use std::ffi::{c_char, c_int};
 use std::ptr;
 
@@ -21,6 +23,20 @@ use crate::api::{
 use crate::clock;
 use crate::record::{Session, Text, decimal, fmt, hex};
 use crate::replicate::Effects;
+
+/// lease_acquire: the uncontended grant (`fast_acquire`), else the general path on a settled
+/// state (general.rs), else declined (the Lua).
+pub(crate) unsafe fn acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    fast_acquire(ctx, argv) || general::acquire(ctx, argv)
+}
+
+/// lease_release: the uncontended release (`fast_release`), else the general path.
+pub(crate) unsafe fn release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    fast_release(ctx, argv) || general::release(ctx, argv)
+}
+
+/// lease_batch: the general path.
+pub(crate) use general::batch;
 
 /// The layout this protocol writes (lease/layout.lua: LAYOUT).
 const LAYOUT: &[u8] = b"2";
@@ -159,10 +175,11 @@ unsafe fn load(
     })
 }
 
-/// The slot bitmap's first clear bit (`BITPOS slots 0`: past the end if none).
-unsafe fn first_clear(key: *mut RedisModuleKey) -> u64 {
+/// The slot bitmap's first clear bit (`BITPOS slots 0`: past the end if none; None for an
+/// empty string, where BITPOS answers -1 and the Lua's SETBIT fails).
+unsafe fn first_clear(key: *mut RedisModuleKey) -> Option<u64> {
     if key_type(key) == raw::REDISMODULE_KEYTYPE_EMPTY {
-        return 0;
+        return Some(0);
     }
     let mut len = 0usize;
     let p = api!(RedisModule_StringDMA)(key, &mut len, raw::REDISMODULE_READ as c_int);
@@ -171,12 +188,15 @@ unsafe fn first_clear(key: *mut RedisModuleKey) -> u64 {
     } else {
         std::slice::from_raw_parts(p.cast::<u8>(), len)
     };
+    if b.is_empty() {
+        return None;
+    }
     for (i, &byte) in b.iter().enumerate() {
         if byte != 0xff {
-            return i as u64 * 8 + u64::from((!byte).leading_zeros());
+            return Some(i as u64 * 8 + u64::from((!byte).leading_zeros()));
         }
     }
-    len as u64 * 8
+    Some(len as u64 * 8)
 }
 
 /// `SETBIT slots bit on`, growing the string as SETBIT does.
@@ -214,10 +234,7 @@ const MAX_BIT: u64 = (1 << 32) - 1;
 /// ARGV (argv[5..]): 1 id, 2 capacity, 3 units, 4 lease ms, 5 label, 6 one per label, 7 mode,
 /// 8 waiter lease ms, 9 channel, 10 seq, 11 session id, 12 low mark. Answers whether it
 /// replied (false: nothing was written, the Lua runs).
-pub(crate) unsafe fn fast_acquire(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> bool {
+unsafe fn fast_acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
     if argv.len() != 17 {
         return false;
     }
@@ -265,7 +282,14 @@ pub(crate) unsafe fn fast_acquire(
     };
     let token = (last + 1).max(now_us);
     let ends = now + lease;
-    let slot = if used > 0 { first_clear(slots) } else { 0 };
+    let slot = if used > 0 {
+        first_clear(slots)
+    } else {
+        Some(0)
+    };
+    let Some(slot) = slot else {
+        return false;
+    };
     let mut held = Text::new();
     let made = (|| {
         held.push(b"h|")?
@@ -379,10 +403,7 @@ fn one_unit_slot(raw: &[u8]) -> Option<u64> {
 /// lease_release's fast path: a holder of one unit without a label, nobody queued, a session
 /// record that needs no renewal and keeps no other marks. ARGV (argv[5..]): 1 id, 2 channel,
 /// 3 seq, 4 session id, 5 low mark, 6 "r" | "w". Answers whether it replied.
-pub(crate) unsafe fn fast_release(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> bool {
+unsafe fn fast_release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
     if argv.len() != 11 {
         return false;
     }
