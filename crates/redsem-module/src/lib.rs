@@ -34,6 +34,7 @@ mod lease;
 mod permit;
 mod record;
 mod replicate;
+mod session;
 
 use std::ffi::{CString, c_int};
 use std::sync::OnceLock;

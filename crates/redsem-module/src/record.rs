@@ -118,6 +118,20 @@ pub(crate) fn fmt(buf: &mut [u8; 20], n: u64) -> &[u8] {
     &buf[i..]
 }
 
+/// What a native path answers where it declines: None, and the Lua serves the call.
+pub(crate) type Native<T> = Option<T>;
+
+/// `n` in decimal, as text of its own.
+pub(crate) fn decimal_text(n: u64) -> Vec<u8> {
+    let mut b = [0u8; 20];
+    fmt(&mut b, n).to_vec()
+}
+
+/// The parts joined.
+pub(crate) fn join(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
 /// How long a session record is kept after its renewal, and how long after it is renewed
 /// again (common.lua: SESSION_MS, SESSION_RENEW_MS).
 pub(crate) const SESSION_MS: u64 = 600_000;

@@ -11,7 +11,9 @@
 //! KEYS (lease/layout.lua): 1 leases (zset), 2 queue (zset; not touched here: nobody
 //! waits), 3 state (hash), 4 slots (string bitmap).
 
+mod call;
 mod general;
+mod view;
 
 use std::ffi::{c_char, c_int};
 use std::ptr;

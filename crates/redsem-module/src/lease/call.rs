@@ -1,0 +1,477 @@
+//! One general native call of the lease semaphore (general.rs), worked out in memory: the
+//! state's fields read once and cached, its counters, the sorted sets as changes over the
+//! keys, a copy of the slot bitmap, the session record, the grants handed back and the
+//! wake-ups; load() as lease/state.lua's load() and settle() where they have nothing but
+//! promote to do, save() as common.lua's save() with keep().
+
+use std::ffi::{c_char, c_int};
+use std::ptr;
+
+use super::view::{Record, Reply, Zset, bulk, int, parse, send};
+use super::{HASH_DELETE, LAYOUT, MAX_BIT, PRUNE_LAG_MS};
+use crate::api::{
+    self, Keys, RedisModuleCtx, RedisModuleString, Str, api, is_or_empty, key_type, raw,
+};
+use crate::clock;
+use crate::record::{Native, decimal, decimal_text, hex, join};
+use crate::replicate::Effects;
+use crate::session::SessionRecord;
+
+/// lease/layout.lua: WORK_BUDGET.
+const WORK_BUDGET: u64 = 4096;
+/// The largest slot bitmap copied (a capacity of half a million units).
+const MAX_BITMAP: usize = 1 << 16;
+
+/// The state's counters (lease/state.lua's load()), and which of them the call changed.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) cap: u64,
+    pub(super) used: u64,
+    pub(super) qlen: u64,
+    pub(super) seq: u64,
+    pub(super) nh: u64,
+    pub(super) nt: u64,
+    pub(super) next: u64,
+    pub(super) tnext: u64,
+    /// The last token (None: not a count; a grant then declines).
+    pub(super) tok: Option<u64>,
+}
+
+pub(super) const COUNTER_NAMES: [&[u8]; 8] = [
+    b"used", b"qlen", b"seq", b"nh", b"nt", b"next", b"tnext", b"tok",
+];
+pub(super) const USED: usize = 0;
+pub(super) const QLEN: usize = 1;
+pub(super) const SEQ: usize = 2;
+pub(super) const NH: usize = 3;
+pub(super) const NT: usize = 4;
+pub(super) const NEXT: usize = 5;
+pub(super) const TNEXT: usize = 6;
+pub(super) const TOK: usize = 7;
+
+/// One call, worked out in memory (see the top of this file).
+pub(super) struct Call<'a> {
+    pub(super) ctx: *mut RedisModuleCtx,
+    pub(super) argv: &'a [*mut RedisModuleString],
+    pub(super) keys: Keys<4>,
+    pub(super) leases: Zset,
+    pub(super) queue: Zset,
+    /// The slot bitmap: its copy, its length as stored, the bits set or cleared (in order).
+    pub(super) bits: Vec<u8>,
+    pub(super) stored_bits: usize,
+    pub(super) slots_stored: bool,
+    pub(super) touched: Vec<u64>,
+    /// Fields read (None: absent) and whether the call changed them.
+    pub(super) fields: Vec<(Vec<u8>, Option<Vec<u8>>, bool)>,
+    pub(super) c: Counters,
+    pub(super) dirty: [bool; 8],
+    pub(super) now: u64,
+    pub(super) now_us: u64,
+    pub(super) low: u64,
+    pub(super) session: SessionRecord,
+    pub(super) budget: u64,
+    pub(super) checked: bool,
+    pub(super) defer_idle: bool,
+    /// The caller's wake channel; the grants made to waiters on it; the wake-ups to publish.
+    pub(super) mine: Option<Vec<u8>>,
+    pub(super) handed: Vec<Vec<u8>>,
+    pub(super) outbox: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl<'a> Call<'a> {
+    /// begin() and load() of the state, then settle() where it has nothing to do but
+    /// promote (no lease ended, no session record to prune). None: declined.
+    pub(super) unsafe fn load(
+        ctx: *mut RedisModuleCtx,
+        argv: &'a [*mut RedisModuleString],
+        session: &[u8],
+        low: &[u8],
+        mine: Option<&[u8]>,
+    ) -> Native<Call<'a>> {
+        let keys = Keys::<4>::open(ctx, &argv[1..5]);
+        let [leases, queue, state, slots] = keys.0;
+        let zset = raw::REDISMODULE_KEYTYPE_ZSET;
+        if key_type(state) != raw::REDISMODULE_KEYTYPE_HASH
+            || !is_or_empty(key_type(leases), zset)
+            || !is_or_empty(key_type(queue), zset)
+            || !is_or_empty(key_type(slots), raw::REDISMODULE_KEYTYPE_STRING)
+        {
+            return None;
+        }
+        let (now, now_us) = clock::now(ctx)?;
+        let mut call = Call {
+            ctx,
+            argv,
+            leases: Zset {
+                key: leases,
+                changes: Vec::new(),
+            },
+            queue: Zset {
+                key: queue,
+                changes: Vec::new(),
+            },
+            keys,
+            bits: Vec::new(),
+            stored_bits: 0,
+            slots_stored: key_type(slots) != raw::REDISMODULE_KEYTYPE_EMPTY,
+            touched: Vec::new(),
+            fields: Vec::new(),
+            c: Counters::default(),
+            dirty: [false; 8],
+            now,
+            now_us,
+            low: hex(low)?,
+            session: SessionRecord::parse(Vec::new(), None)?,
+            budget: WORK_BUDGET,
+            checked: false,
+            defer_idle: false,
+            mine: mine.map(<[u8]>::to_vec),
+            handed: Vec::new(),
+            outbox: Vec::new(),
+        };
+        if call.field(b"layout")? != LAYOUT {
+            return None; // (another layout, or none: adopted or refused by the Lua)
+        }
+        let count = |call: &mut Call, name: &[u8]| -> Native<u64> {
+            match call.field_opt(name) {
+                None => Some(0),
+                Some(text) => decimal(&text),
+            }
+        };
+        call.c.cap = decimal(&call.field(b"cap")?)?;
+        call.field(b"nh")?;
+        call.c.used = count(&mut call, b"used")?;
+        call.c.qlen = count(&mut call, b"qlen")?;
+        call.c.seq = count(&mut call, b"seq")?;
+        call.c.nh = count(&mut call, b"nh")?;
+        call.c.nt = count(&mut call, b"nt")?;
+        call.c.next = count(&mut call, b"next")?;
+        call.c.tnext = count(&mut call, b"tnext")?;
+        call.c.tok = count(&mut call, b"tok");
+        let idle = count(&mut call, b"idle")?;
+        if idle != 0 || (call.c.used > 0) != (call.c.nh > 0) {
+            return None; // (keep() persists, or repair() rebuilds)
+        }
+        if (call.c.tnext != 0 && call.c.tnext + PRUNE_LAG_MS <= now) || call.c.next <= now {
+            return None; // (settle has records to prune or leases to look at)
+        }
+        let name = join(&[b"s:", session]);
+        let raw = call.field_opt(&name);
+        call.session = SessionRecord::parse(name, raw)?;
+        if key_type(slots) != raw::REDISMODULE_KEYTYPE_EMPTY {
+            let mut len = 0usize;
+            let p = api!(RedisModule_StringDMA)(slots, &mut len, raw::REDISMODULE_READ as c_int);
+            if len > MAX_BITMAP {
+                return None;
+            }
+            if !p.is_null() {
+                call.bits = std::slice::from_raw_parts(p.cast::<u8>(), len).to_vec();
+            }
+            call.stored_bits = len;
+        }
+        // settle(): promote_left().
+        if call.c.used < call.c.cap {
+            call.promote()?;
+        }
+        Some(call)
+    }
+
+    /// A field of the state hash, read once (None: absent).
+    pub(super) unsafe fn field_opt(&mut self, name: &[u8]) -> Option<Vec<u8>> {
+        if let Some((_, value, _)) = self.fields.iter().find(|(n, _, _)| n == name) {
+            return value.clone();
+        }
+        let n = Str::new(self.ctx, name);
+        let mut value: *mut RedisModuleString = ptr::null_mut();
+        api!(RedisModule_HashGet)(
+            self.keys.0[2],
+            raw::REDISMODULE_HASH_NONE as c_int,
+            n.ptr,
+            &mut value as *mut _,
+            ptr::null::<c_char>(),
+        );
+        let read = (!value.is_null()).then(|| api::bytes(value).to_vec());
+        api::free(self.ctx, value);
+        self.fields.push((name.to_vec(), read.clone(), false));
+        read
+    }
+
+    /// A field that must be there (None: absent, declined).
+    pub(super) unsafe fn field(&mut self, name: &[u8]) -> Native<Vec<u8>> {
+        self.field_opt(name)
+    }
+
+    pub(super) fn put(&mut self, name: &[u8], value: Option<Vec<u8>>) {
+        match self.fields.iter_mut().find(|(n, _, _)| n == name) {
+            Some(f) => {
+                f.1 = value;
+                f.2 = true;
+            }
+            None => self.fields.push((name.to_vec(), value, true)),
+        }
+    }
+
+    pub(super) fn set(&mut self, counter: usize, value: u64) {
+        match counter {
+            USED => self.c.used = value,
+            QLEN => self.c.qlen = value,
+            SEQ => self.c.seq = value,
+            NH => self.c.nh = value,
+            NT => self.c.nt = value,
+            NEXT => self.c.next = value,
+            TNEXT => self.c.tnext = value,
+            _ => self.c.tok = Some(value),
+        }
+        self.dirty[counter] = true;
+    }
+
+    pub(super) unsafe fn record(&mut self, id: &[u8]) -> Native<Option<Record>> {
+        let raw = self.field_opt(&join(&[b"r:", id]));
+        parse(raw.as_deref())
+    }
+
+    /// label_add(label, delta).
+    pub(super) unsafe fn label_add(&mut self, label: &[u8], delta: i64) -> Native<()> {
+        if label.is_empty() {
+            return Some(());
+        }
+        let name = join(&[b"label:", label]);
+        let n = match self.field_opt(&name) {
+            None => 0,
+            Some(text) => decimal(&text)? as i64,
+        } + delta;
+        self.put(&name, (n > 0).then(|| decimal_text(n as u64)));
+        Some(())
+    }
+
+    /// label_held(label).
+    pub(super) unsafe fn label_held(&mut self, label: &[u8]) -> Native<bool> {
+        if label.is_empty() {
+            return Some(false);
+        }
+        Some(match self.field_opt(&join(&[b"label:", label])) {
+            None => false,
+            Some(text) => decimal(&text)? > 0,
+        })
+    }
+
+    /// `BITPOS slots 0` (past the end if every bit is set).
+    pub(super) fn first_clear(&self) -> u64 {
+        for (i, &byte) in self.bits.iter().enumerate() {
+            if byte != 0xff {
+                return i as u64 * 8 + u64::from((!byte).leading_zeros());
+            }
+        }
+        self.bits.len() as u64 * 8
+    }
+
+    /// `SETBIT slots bit on`, growing the copy as SETBIT grows the string.
+    pub(super) fn set_bit(&mut self, bit: u64, on: bool) -> Native<()> {
+        if bit > MAX_BIT || bit / 8 >= MAX_BITMAP as u64 {
+            return None;
+        }
+        let byte = (bit / 8) as usize;
+        if self.bits.len() <= byte {
+            self.bits.resize(byte + 1, 0);
+        }
+        let mask = 0x80u8 >> (bit % 8);
+        if on {
+            self.bits[byte] |= mask;
+        } else {
+            self.bits[byte] &= !mask;
+        }
+        self.touched.push(bit);
+        Some(())
+    }
+
+    /// check(): the entries of leases and the bits agree with the counters (once per call).
+    /// None: they disagree (repair(): declined).
+    pub(super) unsafe fn check(&mut self) -> Native<()> {
+        if self.checked {
+            return Some(());
+        }
+        self.checked = true;
+        let bits: u64 = self.bits.iter().map(|b| u64::from(b.count_ones())).sum();
+        (self.leases.card(self.ctx) == self.c.nh + self.c.qlen + self.c.nt && bits == self.c.used)
+            .then_some(())
+    }
+
+    /// add_lease(id, ends).
+    pub(super) unsafe fn add_lease(&mut self, id: &[u8], ends: u64) {
+        self.leases.set(self.ctx, id, Some(ends as f64));
+        if self.c.next == 0 || ends < self.c.next {
+            self.set(NEXT, ends);
+        }
+    }
+
+    /// needs_idle_ttl() (the idle deadline is 0 here: load() declines any other).
+    pub(super) fn idle(&self) -> bool {
+        self.c.used == 0 && self.c.qlen == 0
+    }
+
+    /// {outcome, idle flag, grants handed back...}: released().
+    pub(super) fn released(&self, outcome: Reply, idle: bool) -> Reply {
+        let mut reply = vec![outcome, int(u64::from(idle))];
+        reply.extend(self.handed.iter().map(|m| bulk(m)));
+        Reply::Array(reply)
+    }
+
+    /// keep() and save(): the fields, the sorted sets and the bitmap written, the wake-ups
+    /// published, the reply sent. None (nothing written): keep() would give the idle TTL.
+    pub(super) unsafe fn save(self, reply: &Reply) -> Native<()> {
+        if self.idle() && !self.defer_idle {
+            return None;
+        }
+        let session = if self.session.dirty {
+            Some(self.session.text()?)
+        } else {
+            None
+        };
+        let ctx = self.ctx;
+        let [leases, queue, state, slots] = self.keys.0;
+        let (l_name, q_name, h_name, s_name) =
+            (self.argv[1], self.argv[2], self.argv[3], self.argv[4]);
+        let mut effects = Effects::new(ctx);
+        let replicating = effects.replicating();
+
+        // The state hash: the counters changed, the fields put, the session record.
+        let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let values = [
+            self.c.used,
+            self.c.qlen,
+            self.c.seq,
+            self.c.nh,
+            self.c.nt,
+            self.c.next,
+            self.c.tnext,
+            self.c.tok.unwrap_or(0),
+        ];
+        for (i, name) in COUNTER_NAMES.iter().enumerate() {
+            if self.dirty[i] {
+                writes.push((name.to_vec(), Some(decimal_text(values[i]))));
+            }
+        }
+        for (name, value, dirty) in &self.fields {
+            if *dirty {
+                writes.push((name.clone(), value.clone()));
+            }
+        }
+        if let Some(text) = session {
+            writes.push((self.session.name.clone(), text));
+        }
+        let (mut set_args, mut del_args) = (vec![h_name], vec![h_name]);
+        let mut made = Vec::new();
+        for (name, value) in &writes {
+            let n = Str::new(ctx, name);
+            match value {
+                Some(v) => {
+                    let v = Str::new(ctx, v);
+                    api!(RedisModule_HashSet)(
+                        state,
+                        raw::REDISMODULE_HASH_NONE as c_int,
+                        n.ptr,
+                        v.ptr,
+                        ptr::null::<c_char>(),
+                    );
+                    set_args.extend([n.ptr, v.ptr]);
+                    made.push(v);
+                }
+                None => {
+                    api!(RedisModule_HashSet)(
+                        state,
+                        raw::REDISMODULE_HASH_NONE as c_int,
+                        n.ptr,
+                        HASH_DELETE,
+                        ptr::null::<c_char>(),
+                    );
+                    del_args.push(n.ptr);
+                }
+            }
+            made.push(n);
+        }
+        if set_args.len() > 1 {
+            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", h_name);
+            if replicating {
+                effects.replicate(c"HSET", &set_args);
+            }
+        }
+        if del_args.len() > 1 {
+            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hdel", h_name);
+            if replicating {
+                effects.replicate(c"HDEL", &del_args);
+            }
+        }
+        drop(made);
+
+        self.leases.write(ctx, l_name, &mut effects);
+        self.queue.write(ctx, q_name, &mut effects);
+        let _ = (leases, queue);
+
+        // The bitmap: as long as SETBIT would have left it.
+        if !self.touched.is_empty() {
+            let len = self.bits.len().max(self.stored_bits);
+            let mut have = 0usize;
+            let dma = api!(RedisModule_StringDMA);
+            let write = raw::REDISMODULE_WRITE as c_int;
+            let mut p = if key_type(slots) == raw::REDISMODULE_KEYTYPE_EMPTY {
+                ptr::null_mut()
+            } else {
+                dma(slots, &mut have, write)
+            };
+            if p.is_null() || have < len {
+                api!(RedisModule_StringTruncate)(slots, len);
+                p = dma(slots, &mut have, write);
+            }
+            if !p.is_null() {
+                ptr::copy_nonoverlapping(self.bits.as_ptr(), p.cast::<u8>(), self.bits.len());
+            }
+            effects.notify(raw::REDISMODULE_NOTIFY_STRING, c"setbit", s_name);
+            if replicating {
+                for &bit in &self.touched {
+                    let on = self.bits[(bit / 8) as usize] & (0x80u8 >> (bit % 8)) != 0;
+                    let b = Str::new(ctx, &decimal_text(bit));
+                    let v = Str::new(ctx, if on { b"1" } else { b"0" });
+                    effects.replicate(c"SETBIT", &[s_name, b.ptr, v.ptr]);
+                }
+            }
+        }
+
+        send(ctx, reply);
+        // The wake-ups, last, as the caller's user; a refused PUBLISH changes nothing.
+        for (channel, message) in &self.outbox {
+            publish(ctx, channel, message, replicating);
+        }
+        Some(())
+    }
+}
+
+/// `PUBLISH channel message` as the caller's user (ACL checked), errors ignored as the Lua's
+/// pcall ignores them; `SPUBLISH` for a channel whose last byte is '}' (common.lua's rule: a
+/// cluster client's channel in the primitive's slot). Replicated where the Lua's would be
+/// (not in a cluster, which carries messages on its bus).
+unsafe fn publish(ctx: *mut RedisModuleCtx, channel: &[u8], message: &[u8], replicating: bool) {
+    let cluster =
+        api!(RedisModule_GetContextFlags)(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER as c_int != 0;
+    let flags = if replicating && !cluster {
+        c"!CEbb"
+    } else {
+        c"CEbb"
+    };
+    let command = if channel.last() == Some(&b'}') {
+        c"SPUBLISH"
+    } else {
+        c"PUBLISH"
+    };
+    let reply = api!(RedisModule_Call)(
+        ctx,
+        command.as_ptr(),
+        flags.as_ptr(),
+        channel.as_ptr().cast::<c_char>(),
+        channel.len(),
+        message.as_ptr().cast::<c_char>(),
+        message.len(),
+    );
+    if !reply.is_null() {
+        api!(RedisModule_FreeCallReply)(reply);
+    }
+}

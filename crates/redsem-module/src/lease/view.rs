@@ -1,0 +1,303 @@
+//! What a general native path works on in memory (general.rs): its reply, the two sorted
+//! sets as the call's changes over the keys, and the state's records as lease/layout.lua's
+//! parse() reads them.
+
+use crate::api::{
+    self, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, key_type, raw,
+};
+use crate::record::{Native, decimal, decimal_text, join};
+use crate::replicate::Effects;
+
+use super::general::MAX_UNITS;
+
+/// The largest integer a Lua number holds exactly.
+const EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// A reply, built while the call is worked out and sent once it is written.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Bulk(Vec<u8>),
+    Int(i64),
+    Array(Vec<Reply>),
+}
+
+pub(super) fn bulk(b: &[u8]) -> Reply {
+    Reply::Bulk(b.to_vec())
+}
+
+pub(super) fn int(n: u64) -> Reply {
+    Reply::Int(n as i64)
+}
+
+pub(super) unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) {
+    match reply {
+        Reply::Bulk(b) => api::reply_bulk(ctx, b),
+        Reply::Int(n) => api::reply_integer(ctx, *n),
+        Reply::Array(items) => {
+            api::reply_array(ctx, items.len());
+            for item in items {
+                send(ctx, item);
+            }
+        }
+    }
+}
+
+/// A sorted set as the call sees it: the key, and the call's changes over it (a member's
+/// new score, or None: removed), written at the end.
+pub(super) struct Zset {
+    pub(super) key: *mut RedisModuleKey,
+    pub(super) changes: Vec<(Vec<u8>, Option<f64>)>,
+}
+
+impl Zset {
+    pub(super) unsafe fn stored_score(
+        &self,
+        ctx: *mut RedisModuleCtx,
+        member: &[u8],
+    ) -> Option<f64> {
+        if key_type(self.key) == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return None;
+        }
+        let m = Str::new(ctx, member);
+        let mut score = 0f64;
+        (api!(RedisModule_ZsetScore)(self.key, m.ptr, &mut score) == api::OK).then_some(score)
+    }
+
+    /// `ZSCORE`.
+    pub(super) unsafe fn score(&self, ctx: *mut RedisModuleCtx, member: &[u8]) -> Option<f64> {
+        match self.changes.iter().find(|(m, _)| m == member) {
+            Some((_, score)) => *score,
+            None => self.stored_score(ctx, member),
+        }
+    }
+
+    /// `ZADD` (a score) or `ZREM` (None); answers whether the member was absent before.
+    pub(super) unsafe fn set(
+        &mut self,
+        ctx: *mut RedisModuleCtx,
+        member: &[u8],
+        score: Option<f64>,
+    ) -> bool {
+        let absent = self.score(ctx, member).is_none();
+        match self.changes.iter_mut().find(|(m, _)| m == member) {
+            Some(change) => change.1 = score,
+            None => self.changes.push((member.to_vec(), score)),
+        }
+        absent
+    }
+
+    /// `ZCARD`.
+    pub(super) unsafe fn card(&self, ctx: *mut RedisModuleCtx) -> u64 {
+        let mut n = if key_type(self.key) == raw::REDISMODULE_KEYTYPE_EMPTY {
+            0
+        } else {
+            api!(RedisModule_ValueLength)(self.key) as u64
+        };
+        for (member, score) in &self.changes {
+            match (self.stored_score(ctx, member).is_some(), score.is_some()) {
+                (false, true) => n += 1,
+                (true, false) => n -= 1,
+                _ => {}
+            }
+        }
+        n
+    }
+
+    /// The first member (lowest score, then lowest member), as `ZRANGE key 0 0` would answer
+    /// after the changes.
+    pub(super) unsafe fn first(&self, ctx: *mut RedisModuleCtx) -> Option<Vec<u8>> {
+        let mut best: Option<(f64, Vec<u8>)> = None;
+        if key_type(self.key) != raw::REDISMODULE_KEYTYPE_EMPTY
+            && api!(RedisModule_ZsetFirstInScoreRange)(
+                self.key,
+                f64::NEG_INFINITY,
+                f64::INFINITY,
+                0,
+                0,
+            ) == api::OK
+        {
+            while api!(RedisModule_ZsetRangeEndReached)(self.key) == 0 {
+                let mut score = 0f64;
+                let element = api!(RedisModule_ZsetRangeCurrentElement)(self.key, &mut score);
+                let member = api::bytes(element).to_vec();
+                api::free(ctx, element);
+                if !self.changes.iter().any(|(m, _)| *m == member) {
+                    best = Some((score, member));
+                    break;
+                }
+                api!(RedisModule_ZsetRangeNext)(self.key);
+            }
+            api!(RedisModule_ZsetRangeStop)(self.key);
+        }
+        for (member, score) in &self.changes {
+            if let Some(score) = *score {
+                let before = best
+                    .as_ref()
+                    .is_none_or(|(s, m)| score < *s || (score == *s && member < m));
+                if before {
+                    best = Some((score, member.clone()));
+                }
+            }
+        }
+        best.map(|(_, member)| member)
+    }
+
+    /// Write the changes; replicated as ZADD / ZREM.
+    pub(super) unsafe fn write(
+        &self,
+        ctx: *mut RedisModuleCtx,
+        name: *mut RedisModuleString,
+        effects: &mut Effects,
+    ) {
+        let (mut added, mut removed) = (false, false);
+        for (member, score) in &self.changes {
+            let m = Str::new(ctx, member);
+            match score {
+                Some(score) => {
+                    let mut flags = 0;
+                    api!(RedisModule_ZsetAdd)(self.key, *score, m.ptr, &mut flags);
+                    added = true;
+                    if effects.replicating() {
+                        let s = Str::new(ctx, &decimal_score(*score));
+                        effects.replicate(c"ZADD", &[name, s.ptr, m.ptr]);
+                    }
+                }
+                None => {
+                    let mut deleted = 0;
+                    if key_type(self.key) != raw::REDISMODULE_KEYTYPE_EMPTY {
+                        api!(RedisModule_ZsetRem)(self.key, m.ptr, &mut deleted);
+                    }
+                    removed |= deleted != 0;
+                    if deleted != 0 && effects.replicating() {
+                        effects.replicate(c"ZREM", &[name, m.ptr]);
+                    }
+                }
+            }
+        }
+        if added {
+            effects.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zadd", name);
+        }
+        if removed {
+            effects.notify(raw::REDISMODULE_NOTIFY_ZSET, c"zrem", name);
+        }
+    }
+}
+
+/// A score as `%d` (every score written here is an integer).
+pub(super) fn decimal_score(score: f64) -> Vec<u8> {
+    if score < 0.0 {
+        join(&[b"-", &decimal_text((-score) as u64)])
+    } else {
+        decimal_text(score as u64)
+    }
+}
+
+/// An integer score as the Lua reads it (`tonumber(ZSCORE ...)`), or None if not a plain one.
+pub(super) fn integral(score: f64) -> Native<i64> {
+    (score.fract() == 0.0 && score.abs() <= EXACT).then_some(score as i64)
+}
+
+/// A record of the state hash, as lease/layout.lua's parse() reads it (only plain ones).
+#[derive(Debug)]
+pub(super) enum Record {
+    /// "h|token|units|granted at|lease|slots|label": the slots and the label.
+    Holder {
+        k: u64,
+        slots: Vec<u64>,
+        label: Vec<u8>,
+    },
+    /// "w|units|since|lease|waiter lease|len(channel)|channel label".
+    Waiter {
+        k: u64,
+        lease: u64,
+        wl: u64,
+        channel: Vec<u8>,
+        label: Vec<u8>,
+    },
+}
+
+/// Plain decimal digits (as `%d+` matches them) read as a count.
+pub(super) fn digits(b: &[u8]) -> Native<u64> {
+    decimal(b)
+}
+
+/// Slots as runs, "0-2,7": only runs of plain numbers.
+pub(super) fn slots_of(text: &[u8]) -> Native<Vec<u64>> {
+    if let Some(one) = decimal(text) {
+        return Some(vec![one]);
+    }
+    let mut slots = Vec::new();
+    for run in text.split(|&c| c == b',') {
+        let mut ends = run.splitn(2, |&c| c == b'-');
+        let first = decimal(ends.next()?)?;
+        let last = match ends.next() {
+            Some(last) => decimal(last)?,
+            None => first,
+        };
+        if last < first || last - first > MAX_UNITS {
+            return None;
+        }
+        slots.extend(first..=last);
+    }
+    Some(slots)
+}
+
+/// parse(raw): Some(None) for no record; None (declined) for one read otherwise than plainly.
+pub(super) fn parse(raw: Option<&[u8]>) -> Native<Option<Record>> {
+    let Some(raw) = raw else {
+        return Some(None);
+    };
+    match raw.first() {
+        Some(b'h') => {
+            let mut p = raw.splitn(7, |&c| c == b'|');
+            let (_, t, k, a, lease, slots, label) = (
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+            );
+            digits(t)?;
+            digits(a)?;
+            digits(lease)?;
+            let (k, slots) = (digits(k)?, slots_of(slots)?);
+            Some(Some(Record::Holder {
+                k,
+                slots,
+                label: label.to_vec(),
+            }))
+        }
+        Some(b'w') => {
+            let mut p = raw.splitn(7, |&c| c == b'|');
+            let (_, k, since, lease, wl, clen, rest) = (
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+                p.next()?,
+            );
+            digits(since)?;
+            let (k, lease, wl, clen) = (
+                digits(k)?,
+                digits(lease)?,
+                digits(wl)?,
+                digits(clen)? as usize,
+            );
+            if clen > rest.len() {
+                return None;
+            }
+            Some(Some(Record::Waiter {
+                k,
+                lease,
+                wl,
+                channel: rest[..clen].to_vec(),
+                label: rest[clen..].to_vec(),
+            }))
+        }
+        _ => None,
+    }
+}
