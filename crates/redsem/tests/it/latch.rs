@@ -9,8 +9,13 @@ use tokio::time::Instant;
 
 use crate::support::*;
 
+/// The latch's channel: classic on one server, sharded in its slot on a cluster.
 fn channel(ctx: &TestContext<Topology>, name: &str) -> String {
-    format!("{}:{{latch:{name}}}:opened", ctx.prefix)
+    match ctx.server {
+        Topology::Single(_) => format!("{}:{{latch:{name}}}:opened", ctx.prefix),
+        #[cfg(feature = "cluster")]
+        Topology::Cluster { .. } => format!("{}:opened:{{latch:{name}}}", ctx.prefix),
+    }
 }
 
 async fn until_subscribed(ctx: &TestContext<Topology>, name: &str, n: u64) {

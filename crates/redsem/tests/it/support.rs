@@ -140,8 +140,22 @@ impl<S: Nodes> TestContext<S> {
             .count()
     }
 
-    /// Subscribers of `channel` (`PUBSUB NUMSUB`).
+    /// Subscribers of `channel` (`PUBSUB NUMSUB`, or `SHARDNUMSUB` for a sharded one).
     pub(crate) async fn subscribers(&self, channel: &str) -> u64 {
+        if channel.ends_with('}') {
+            // A sharded channel (a cluster's): counted by the node that owns its slot, which
+            // alone answers.
+            let mut n = 0;
+            for node in self.server.nodes() {
+                let reply: redis::RedisResult<(String, u64)> = redis::cmd("PUBSUB")
+                    .arg("SHARDNUMSUB")
+                    .arg(channel)
+                    .query_async(&mut raw_connection(node).await)
+                    .await;
+                n += reply.map_or(0, |(_, count)| count);
+            }
+            return n;
+        }
         let replies: Vec<(String, u64)> = self
             .ask_each_node(redis::cmd("PUBSUB").arg("NUMSUB").arg(channel))
             .await;
