@@ -11,8 +11,9 @@ use crate::error::Result;
 /// The connect-time probe of the user's ACL rights, run by EVALSHA with a key and a channel
 /// under the prefix (`KEYS[1]`, `ARGV[1]`): asks `redis.acl_check_cmd` (Redis 7) about every
 /// command redsem's scripts and its pub/sub connection run, with those as their key or
-/// channel. It writes nothing. Returns the names of the commands refused; nothing on servers
-/// without `redis.acl_check_cmd`.
+/// channel (and, for a sharded channel, `SPUBLISH`, `SSUBSCRIBE` and `SUNSUBSCRIBE` too). It
+/// writes nothing. Returns the names of the commands refused; nothing on servers without
+/// `redis.acl_check_cmd`.
 ///
 /// Keep the list in step with the commands of `lua/*.lua`.
 const ACL_PROBE_LUA: &str = r#"
@@ -30,6 +31,10 @@ local probes = {
   {'BITCOUNT', k}, {'SETRANGE', k, '0', 'x'}, {'STRLEN', k},
   {'PING'}, {'PUBLISH', c, ''}, {'SUBSCRIBE', c}, {'UNSUBSCRIBE', c},
 }
+if string.byte(c, -1) == 125 then -- a sharded channel (a cluster's, ending with '}': keys::is_sharded)
+  local sharded = { {'SPUBLISH', c, ''}, {'SSUBSCRIBE', c}, {'SUNSUBSCRIBE', c} }
+  for _, probe in ipairs(sharded) do probes[#probes + 1] = probe end
+end
 local refused = {}
 for _, probe in ipairs(probes) do
   local ok, allowed = pcall(redis.acl_check_cmd, unpack(probe))
@@ -161,7 +166,15 @@ pub(crate) async fn check_node(
     match eval {
         Some(Ok(refused)) => {
             let refused: Vec<String> = redis::from_redis_value(refused).unwrap_or_default();
-            let pubsub = ["PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE", "PING"];
+            let pubsub = [
+                "PUBLISH",
+                "SUBSCRIBE",
+                "UNSUBSCRIBE",
+                "PING",
+                "SPUBLISH",
+                "SSUBSCRIBE",
+                "SUNSUBSCRIBE",
+            ];
             let (on_channels, on_keys): (Vec<String>, Vec<String>) = refused
                 .into_iter()
                 .partition(|c| pubsub.contains(&c.as_str()));
