@@ -10,7 +10,8 @@ use std::ptr;
 use super::view::{Record, Reply, Zset, bulk, int, parse, send};
 use super::{HASH_DELETE, LAYOUT, MAX_BIT, PRUNE_LAG_MS};
 use crate::api::{
-    self, Keys, RedisModuleCtx, RedisModuleString, Str, api, is_or_empty, key_type, raw,
+    self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, is_or_empty,
+    key_type, raw,
 };
 use crate::clock;
 use crate::record::{Native, decimal, decimal_text, hex, join};
@@ -78,6 +79,34 @@ pub(super) struct Call<'a> {
     pub(super) outbox: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+/// The state's fields load() reads, in this order: layout, cap, then COUNTER_NAMES, idle.
+const STATE_FIELDS: [&[u8]; 11] = [
+    b"layout", b"cap", b"used", b"qlen", b"seq", b"nh", b"nt", b"next", b"tnext", b"tok", b"idle",
+];
+
+/// Their names as strings made once (read-only afterwards, Redis's main thread only).
+struct StateNames([*mut RedisModuleString; 11]);
+// SAFETY: made once, never changed, used on Redis's main thread only.
+unsafe impl Send for StateNames {}
+unsafe impl Sync for StateNames {}
+static STATE_NAMES: std::sync::OnceLock<StateNames> = std::sync::OnceLock::new();
+
+/// The fields of STATE_FIELDS by one HashGet.
+#[rustfmt::skip]
+unsafe fn read_counters(ctx: *mut RedisModuleCtx, state: *mut RedisModuleKey) -> Read<11> {
+    let n = &STATE_NAMES
+        // SAFETY: strings with no context, kept for the module's life.
+        .get_or_init(|| StateNames(STATE_FIELDS.map(|f| unsafe { api::create(ptr::null_mut(), f) })))
+        .0;
+    let mut r = Read::<11>::new(ctx);
+    let [a, b, c, d, e, f, g, h, i, j, k] = &mut r.v;
+    api!(RedisModule_HashGet)(state, raw::REDISMODULE_HASH_NONE as c_int,
+        n[0], a as *mut _, n[1], b as *mut _, n[2], c as *mut _, n[3], d as *mut _, n[4], e as *mut _,
+        n[5], f as *mut _, n[6], g as *mut _, n[7], h as *mut _, n[8], i as *mut _, n[9], j as *mut _,
+        n[10], k as *mut _, ptr::null::<c_char>());
+    r
+}
+
 impl<'a> Call<'a> {
     /// begin() and load() of the state, then settle() where it has nothing to do but
     /// promote (no lease ended, no session record to prune). None: declined.
@@ -129,26 +158,23 @@ impl<'a> Call<'a> {
             handed: Vec::new(),
             outbox: Vec::new(),
         };
-        if call.field(b"layout")? != LAYOUT {
+        let stored = read_counters(ctx, state);
+        if stored.get(0) != Some(LAYOUT) {
             return None; // (another layout, or none: adopted or refused by the Lua)
         }
-        let count = |call: &mut Call, name: &[u8]| -> Native<u64> {
-            match call.field_opt(name) {
-                None => Some(0),
-                Some(text) => decimal(&text),
-            }
-        };
-        call.c.cap = decimal(&call.field(b"cap")?)?;
-        call.field(b"nh")?;
-        call.c.used = count(&mut call, b"used")?;
-        call.c.qlen = count(&mut call, b"qlen")?;
-        call.c.seq = count(&mut call, b"seq")?;
-        call.c.nh = count(&mut call, b"nh")?;
-        call.c.nt = count(&mut call, b"nt")?;
-        call.c.next = count(&mut call, b"next")?;
-        call.c.tnext = count(&mut call, b"tnext")?;
-        call.c.tok = count(&mut call, b"tok");
-        let idle = count(&mut call, b"idle")?;
+        let count = |i: usize| -> Native<u64> { stored.get(i).map_or(Some(0), decimal) };
+        stored.get(NH + 2)?;
+        call.c.cap = decimal(stored.get(1)?)?;
+        call.c.used = count(USED + 2)?;
+        call.c.qlen = count(QLEN + 2)?;
+        call.c.seq = count(SEQ + 2)?;
+        call.c.nh = count(NH + 2)?;
+        call.c.nt = count(NT + 2)?;
+        call.c.next = count(NEXT + 2)?;
+        call.c.tnext = count(TNEXT + 2)?;
+        call.c.tok = count(TOK + 2);
+        let idle = count(10)?;
+        drop(stored);
         if idle != 0 || (call.c.used > 0) != (call.c.nh > 0) {
             return None; // (keep() persists, or repair() rebuilds)
         }
@@ -194,11 +220,6 @@ impl<'a> Call<'a> {
         api::free(self.ctx, value);
         self.fields.push((name.to_vec(), read.clone(), false));
         read
-    }
-
-    /// A field that must be there (None: absent, declined).
-    pub(super) unsafe fn field(&mut self, name: &[u8]) -> Native<Vec<u8>> {
-        self.field_opt(name)
     }
 
     pub(super) fn put(&mut self, name: &[u8], value: Option<Vec<u8>>) {
@@ -298,7 +319,7 @@ impl<'a> Call<'a> {
 
     /// add_lease(id, ends).
     pub(super) unsafe fn add_lease(&mut self, id: &[u8], ends: u64) {
-        self.leases.set(self.ctx, id, Some(ends as f64));
+        self.leases.set(id, Some(ends as f64));
         if self.c.next == 0 || ends < self.c.next {
             self.set(NEXT, ends);
         }

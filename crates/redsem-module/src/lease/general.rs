@@ -71,14 +71,14 @@ impl Call<'_> {
             let head = self.queue.first(self.ctx)?; // (none: repair())
             match self.record(&head)? {
                 None | Some(Record::Holder { .. }) => {
-                    self.queue.set(self.ctx, &head, None);
+                    self.queue.set(&head, None);
                     self.set(QLEN, self.c.qlen.saturating_sub(1));
                 }
                 Some(Record::Waiter {
                     k, channel, label, ..
                 }) if k > self.c.cap => {
                     self.drop_waiter(&head, &label)?;
-                    self.leases.set(self.ctx, &head, None);
+                    self.leases.set(&head, None);
                     self.outbox.push((channel, head));
                 }
                 Some(Record::Waiter { k, .. }) if self.c.used + k > self.c.cap => return Some(()),
@@ -103,7 +103,7 @@ impl Call<'_> {
                     }
                     let (token, slot) =
                         self.grant(&head, k, &label, lease, u64::try_from(ends).ok()?)?;
-                    self.queue.set(self.ctx, &head, None);
+                    self.queue.set(&head, None);
                     self.set(QLEN, self.c.qlen.saturating_sub(1));
                     let message = join(&[
                         &head,
@@ -130,7 +130,7 @@ impl Call<'_> {
 
     /// drop_waiter(id, r) (its lease entry is the caller's to remove).
     unsafe fn drop_waiter(&mut self, id: &[u8], label: &[u8]) -> Native<()> {
-        self.queue.set(self.ctx, id, None);
+        self.queue.set(id, None);
         self.put(&join(&[b"r:", id]), None);
         self.set(QLEN, self.c.qlen.saturating_sub(1));
         self.label_add(label, -1)
@@ -140,7 +140,7 @@ impl Call<'_> {
     unsafe fn mark(&mut self, seq: &[u8], letter: &[u8]) -> Native<()> {
         if let Some(renewed) = self.session.put(self.low, seq, letter, self.now)? {
             let name = self.session.name.clone();
-            if self.leases.set(self.ctx, &name, Some(-(renewed as f64))) {
+            if self.leases.add(self.ctx, &name, -(renewed as f64)) {
                 self.set(NT, self.c.nt + 1);
             }
             if self.c.tnext == 0 {
@@ -200,8 +200,7 @@ impl Call<'_> {
         }
         // enqueue()
         let position = self.c.qlen;
-        self.queue
-            .set(self.ctx, r.id, Some((self.c.seq + 1) as f64));
+        self.queue.set(r.id, Some((self.c.seq + 1) as f64));
         self.add_lease(r.id, self.now + wl);
         self.set(SEQ, self.c.seq + 1);
         self.set(QLEN, position + 1);
@@ -247,7 +246,7 @@ impl Call<'_> {
         }
         let record = self.record(id)?;
         if record.is_some() {
-            self.leases.set(self.ctx, id, None);
+            self.leases.set(id, None);
         }
         let outcome: &'static [u8] = match &record {
             Some(Record::Holder { k, slots, label }) => {

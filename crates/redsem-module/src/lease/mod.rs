@@ -29,12 +29,23 @@ use crate::replicate::Effects;
 /// lease_acquire: the uncontended grant (`fast_acquire`), else the general path on a settled
 /// state (general.rs), else declined (the Lua).
 pub(crate) unsafe fn acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
-    fast_acquire(ctx, argv) || general::acquire(ctx, argv)
+    (!queued(ctx, argv) && fast_acquire(ctx, argv)) || general::acquire(ctx, argv)
 }
 
 /// lease_release: the uncontended release (`fast_release`), else the general path.
 pub(crate) unsafe fn release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
-    fast_release(ctx, argv) || general::release(ctx, argv)
+    (!queued(ctx, argv) && fast_release(ctx, argv)) || general::release(ctx, argv)
+}
+
+/// Whether the queue key holds anyone: then no fast path applies where the general one would
+/// not do the same, and its read of the state is spared. (A fast path needs qlen 0; with the
+/// queue not empty the general path grants or releases as it would.)
+unsafe fn queued(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    if argv.len() < 5 {
+        return false;
+    }
+    let queue = Keys::<1>::open(ctx, &argv[2..3]);
+    key_type(queue.0[0]) == raw::REDISMODULE_KEYTYPE_ZSET
 }
 
 /// lease_batch: the general path.

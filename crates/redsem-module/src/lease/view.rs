@@ -71,18 +71,23 @@ impl Zset {
         }
     }
 
-    /// `ZADD` (a score) or `ZREM` (None); answers whether the member was absent before.
-    pub(super) unsafe fn set(
-        &mut self,
-        ctx: *mut RedisModuleCtx,
-        member: &[u8],
-        score: Option<f64>,
-    ) -> bool {
-        let absent = self.score(ctx, member).is_none();
+    /// `ZADD` (a score) or `ZREM` (None).
+    pub(super) fn set(&mut self, member: &[u8], score: Option<f64>) {
         match self.changes.iter_mut().find(|(m, _)| m == member) {
             Some(change) => change.1 = score,
             None => self.changes.push((member.to_vec(), score)),
         }
+    }
+
+    /// `ZADD`, answering whether the member is new (ZADD's reply, 1).
+    pub(super) unsafe fn add(
+        &mut self,
+        ctx: *mut RedisModuleCtx,
+        member: &[u8],
+        score: f64,
+    ) -> bool {
+        let absent = self.score(ctx, member).is_none();
+        self.set(member, Some(score));
         absent
     }
 
