@@ -29,11 +29,17 @@ use crate::replicate::Effects;
 /// lease_acquire: the uncontended grant (`fast_acquire`), else the general path on a settled
 /// state (general.rs), else declined (the Lua).
 pub(crate) unsafe fn acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    if !four_keys() {
+        return false;
+    }
     (!queued(ctx, argv) && fast_acquire(ctx, argv)) || general::acquire(ctx, argv)
 }
 
 /// lease_release: the uncontended release (`fast_release`), else the general path.
 pub(crate) unsafe fn release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    if !four_keys() {
+        return false;
+    }
     (!queued(ctx, argv) && fast_release(ctx, argv)) || general::release(ctx, argv)
 }
 
@@ -49,7 +55,18 @@ unsafe fn queued(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> b
 }
 
 /// lease_batch: the general path.
-pub(crate) use general::batch;
+pub(crate) unsafe fn batch(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    four_keys() && general::batch(ctx, argv)
+}
+
+/// Whether the lease operations of the library this module was built with take the four keys
+/// these paths know (lease/layout.lua); with any other layout of keys every call runs the Lua.
+fn four_keys() -> bool {
+    static FOUR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FOUR.get_or_init(|| {
+        redsem::protocol_operations().any(|(name, keys)| name == "lease_acquire" && keys == 4)
+    })
+}
 
 /// The layout this protocol writes (lease/layout.lua: LAYOUT).
 const LAYOUT: &[u8] = b"2";
