@@ -265,6 +265,9 @@ fn assemble(read: &dyn Fn(&'static str, &'static str) -> Cow<'static, str>) -> L
         }
         source.push_str("end\n");
     }
+    // The tests run every operation with the keys check (see `key_check`).
+    #[cfg(test)]
+    let source = key_check::instrument(&source);
     Library { name, source }
 }
 
@@ -322,12 +325,16 @@ impl Op {
     /// The same operation as a script, for `EVALSHA`.
     pub(crate) fn script(&self) -> &Script {
         self.script.get_or_init(|| {
-            Script::new(&format!(
+            let source = format!(
                 "{}\n{}\nbegin(KEYS)\n{}",
                 lua("common", COMMON),
                 self.primitive.prelude(),
                 self.body()
-            ))
+            );
+            // The tests run every operation with the keys check (see `key_check`).
+            #[cfg(test)]
+            let source = key_check::instrument(&source);
+            Script::new(&source)
         })
     }
 
@@ -389,6 +396,14 @@ impl Call {
     }
 
     async fn run(&self, conn: &mut impl Scripting, acks: Option<ReplicaAcks>) -> Sent {
+        // No call goes out without keys: a proxy routes a script by them, and one with none
+        // it cannot route (ElastiCache Serverless, cluster proxies refuse it).
+        if self.keys.iter().all(Vec::is_empty) {
+            return Sent {
+                reply: Err(no_keys(self.op)),
+                wait: None,
+            };
+        }
         if conn.engine().is_some_and(EngineState::is_native) {
             let mut command = redis::cmd(self.op.command());
             for key in &self.keys {
@@ -482,6 +497,15 @@ impl Call {
     }
 }
 
+/// The error of a call made with no keys, which is never sent.
+fn no_keys(op: &Op) -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "an operation called with no keys is not sent",
+        op.name.to_owned(),
+    ))
+}
+
 /// The server does not have the function (the library is not loaded there).
 fn unknown_function(err: &RedisError) -> bool {
     err.to_string().contains("Function not found")
@@ -499,5 +523,7 @@ fn functions_unusable(err: &RedisError) -> bool {
         || text.contains("error registering")
 }
 
+#[cfg(test)]
+mod key_check;
 #[cfg(test)]
 mod tests;

@@ -196,8 +196,38 @@ fn assert_not_by_the_scripts(cmd: &Cmd) {
     );
 }
 
+/// Fail the test if `cmd` runs an operation (a function of the library, an operation's
+/// script) with no keys (`numkeys` 0): a proxy routes a script by its keys and cannot route
+/// one without (see `library/key_check.rs`). A test's own helper scripts may go without.
+fn assert_keys_named(cmd: &Cmd) {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let (Some(name), Some(what), Some(numkeys)) = (args.next(), args.next(), args.next()) else {
+        return;
+    };
+    let name = String::from_utf8_lossy(name).to_ascii_uppercase();
+    let called = String::from_utf8_lossy(what);
+    let operation = match name.as_str() {
+        "FCALL" | "FCALL_RO" => called.starts_with(&format!("{}_", LIBRARY.name)),
+        "EVALSHA" | "EVALSHA_RO" => script_hashes()
+            .iter()
+            .any(|hash| hash.eq_ignore_ascii_case(&called)),
+        _ => false,
+    };
+    if operation {
+        assert!(
+            numkeys != b"0",
+            "{name} {} sent with no keys",
+            String::from_utf8_lossy(what)
+        );
+    }
+}
+
 impl<C: ConnectionLike + Send> ConnectionLike for Conn<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        assert_keys_named(cmd);
         if self.native.is_none() {
             return self.inner.req_packed_command(cmd);
         }
@@ -220,6 +250,7 @@ impl<C: ConnectionLike + Send> ConnectionLike for Conn<C> {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        pipeline.cmd_iter().for_each(assert_keys_named);
         if self.native.is_some() {
             pipeline.cmd_iter().for_each(assert_not_by_the_scripts);
         }
