@@ -321,6 +321,11 @@ impl std::fmt::Display for Chain<'_> {
     }
 }
 
+/// A tenant's cap as an error message says it.
+fn cap_text(cap: Option<u32>) -> String {
+    cap.map_or_else(|| "none".to_owned(), |c| c.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,9 +381,4 @@ mod tests {
         )));
         assert_eq!(err.to_string(), "redis error");
     }
-}
-
-/// A tenant's cap as an error message says it.
-fn cap_text(cap: Option<u32>) -> String {
-    cap.map_or_else(|| "none".to_owned(), |c| c.to_string())
 }

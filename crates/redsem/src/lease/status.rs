@@ -25,7 +25,9 @@ pub struct Status {
     /// Queued requests, in arrival order.
     pub waiters: Vec<Waiter>,
     /// Each tenant that holds or waits, by name, while a named tenant does (empty otherwise:
-    /// the plain FIFO); the default tenant, if it holds or waits, as `""`.
+    /// the plain FIFO); the default tenant, if it holds or waits, as `""`. (Left out of the
+    /// `serde` form when empty.)
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
     pub tenants: Vec<TenantStatus>,
 }
 
@@ -73,7 +75,8 @@ pub struct Holder {
         serde(rename = "held_for_ms", serialize_with = "ser::millis")
     )]
     pub held_for: Duration,
-    /// Its tenant (none: the default tenant).
+    /// Its tenant (none: the default tenant; then left out of the `serde` form).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub tenant: Option<String>,
 }
 
@@ -95,7 +98,8 @@ pub struct Waiter {
         serde(rename = "waiting_for_ms", serialize_with = "ser::millis")
     )]
     pub waiting_for: Duration,
-    /// Its tenant (none: the default tenant).
+    /// Its tenant (none: the default tenant; then left out of the `serde` form).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub tenant: Option<String>,
 }
 

@@ -7,9 +7,7 @@ use crate::support::*;
 
 /// The status's tenants as (name, held, waiters, weight, cap).
 async fn tenants(sem: &redsem::LeaseSemaphore) -> Vec<(String, u64, u64, u32, Option<u32>)> {
-    let status = within(LIMIT, "status", sem.status())
-        .await
-        .expect("status");
+    let status = within(LIMIT, "status", sem.status()).await.expect("status");
     status
         .tenants
         .iter()
@@ -21,9 +19,15 @@ both_topologies!(a_tenant_behind_a_flood_is_served_at_the_next_release);
 async fn a_tenant_behind_a_flood_is_served_at_the_next_release(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("shared", 2).expect("semaphore");
     let flood = sem.for_tenant(Tenant::new("flood")).expect("flood");
-    let quiet = sem.for_tenant(Tenant::new("quiet").weight(2)).expect("quiet");
-    let first = within(LIMIT, "acquire", flood.acquire()).await.expect("first");
-    let _second = within(LIMIT, "acquire", flood.acquire()).await.expect("second");
+    let quiet = sem
+        .for_tenant(Tenant::new("quiet").weight(2))
+        .expect("quiet");
+    let first = within(LIMIT, "acquire", flood.acquire())
+        .await
+        .expect("first");
+    let _second = within(LIMIT, "acquire", flood.acquire())
+        .await
+        .expect("second");
     let mut queued = Vec::new();
     for _ in 0..3 {
         let flood = flood.clone();
@@ -75,9 +79,7 @@ async fn a_tenant_behind_a_flood_is_served_at_the_next_release(ctx: &TestContext
 }
 
 both_topologies!(a_tenant_named_with_another_weight_while_live_is_a_conflict);
-async fn a_tenant_named_with_another_weight_while_live_is_a_conflict(
-    ctx: &TestContext<Topology>,
-) {
+async fn a_tenant_named_with_another_weight_while_live_is_a_conflict(ctx: &TestContext<Topology>) {
     let sem = ctx.redsem.lease_semaphore("weights", 4).expect("semaphore");
     let held = within(
         LIMIT,
