@@ -63,6 +63,89 @@ fn cycles(conn: &mut Connection, seq: &mut u64, cycles: u64) {
     }
 }
 
+/// A contended lease of one unit on the keys tagged `tag`, by one session: a holder, then
+/// `rounds` times a waiter queued (on the caller's channel or another: handed back or
+/// published) and the holder's release granting it, and as many group commits of a release
+/// and an acquire; left live, with a holder and two waiters. The general native paths
+/// (lease/general.rs) serve all but the first grant.
+fn contended(conn: &mut Connection, seq: &mut u64, tag: &str, rounds: u64) {
+    let keys = ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+        .map(|k| format!("{{{tag}}}:{k}"));
+    let next = |seq: &mut u64| {
+        *seq += 1;
+        format!("{seq:x}")
+    };
+    let is = |reply: &[redis::Value], word: &str| {
+        assert_eq!(
+            reply.first(),
+            Some(&redis::Value::BulkString(word.as_bytes().to_vec())),
+            "{reply:?}"
+        );
+    };
+    let acquire = |conn: &mut Connection, id: &str, mode: &str, channel: &str, s: &str| {
+        let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_ACQUIRE")
+            .arg(&keys)
+            .arg(&[
+                id, "1", "1", "30000", "", "0", mode, "5000", channel, s, "sess", s,
+            ])
+            .query(conn)
+            .expect("lease_acquire");
+        reply
+    };
+    let s = next(seq);
+    let mut holder = format!("h{seq}");
+    is(&acquire(conn, &holder, "try", "ch", &s), "GRANTED");
+    for round in 0..rounds {
+        let waiter = format!("w{seq}-{round}");
+        let channel = if round % 2 == 0 { "ch" } else { "other" };
+        let s = next(seq);
+        is(&acquire(conn, &waiter, "wait", channel, &s), "QUEUED");
+        let s = next(seq);
+        let released: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_RELEASE")
+            .arg(&keys)
+            .arg(&[holder.as_str(), "ch", &s, "sess", &s, "r"])
+            .query(conn)
+            .expect("lease_release");
+        is(&released, "RELEASED");
+        holder = waiter;
+        // A group commit: the holder's release and a new waiter's acquire, which it grants.
+        let (low, r, a) = (next(seq), next(seq), next(seq));
+        let waiter = format!("b{seq}-{round}");
+        let batch: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_BATCH")
+            .arg(&keys)
+            .arg(&["ch", "sess", low.as_str(), "r", &holder, &r])
+            .arg(&[
+                "a",
+                waiter.as_str(),
+                "1",
+                "1",
+                "30000",
+                "",
+                "0",
+                "wait",
+                "5000",
+                &a,
+                "",
+                "",
+                "",
+            ])
+            .query(conn)
+            .expect("lease_batch");
+        assert!(
+            matches!(batch.first(), Some(redis::Value::Array(_))),
+            "{batch:?}"
+        );
+        holder = waiter;
+    }
+    for channel in ["ch", "other"] {
+        let s = next(seq);
+        is(
+            &acquire(conn, &format!("q{seq}"), "wait", channel, &s),
+            "QUEUED",
+        );
+    }
+}
+
 /// Set up the permit semaphore with 3 permits (by the Lua: a first call).
 fn set_permits(conn: &mut Connection, seq: &mut u64) {
     *seq += 1;
@@ -93,18 +176,20 @@ fn a_replica_without_the_module_holds_what_the_native_paths_wrote() {
     set_permits(&mut conn, &mut seq);
     // Before any replica: no backlog, nothing listens (the writes are not replicated).
     cycles(&mut conn, &mut seq, 20);
+    contended(&mut conn, &mut seq, "c1", 10);
     let (native_before, _) = served(&mut conn);
     assert!(
-        native_before >= 70,
-        "only {native_before} native calls of 80"
+        native_before >= 100,
+        "only {native_before} native calls of 113"
     );
     // A replica attached now loads a snapshot of those, then follows the stream.
     let replica = RedisServer::start_replica_of(&primary);
     cycles(&mut conn, &mut seq, 20);
+    contended(&mut conn, &mut seq, "c2", 10);
     let (native_after, _) = served(&mut conn);
     assert!(
-        native_after - native_before >= 75,
-        "only {} native calls of 80",
+        native_after - native_before >= 105,
+        "only {} native calls of 113",
         native_after - native_before
     );
     replica.wait_replicated_from(&primary);
@@ -144,8 +229,9 @@ fn a_server_restarted_from_its_aof_holds_what_the_native_paths_wrote() {
     let mut seq = 0;
     set_permits(&mut conn, &mut seq);
     cycles(&mut conn, &mut seq, 20);
+    contended(&mut conn, &mut seq, "c1", 10);
     let (native, _) = served(&mut conn);
-    assert!(native >= 70, "only {native} native calls of 80");
+    assert!(native >= 100, "only {native} native calls of 113");
     let before = contents(&mut conn);
     drop(conn);
     server.restart();

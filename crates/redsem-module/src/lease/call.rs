@@ -131,14 +131,8 @@ impl<'a> Call<'a> {
         let mut call = Call {
             ctx,
             argv,
-            leases: Zset {
-                key: leases,
-                changes: Vec::new(),
-            },
-            queue: Zset {
-                key: queue,
-                changes: Vec::new(),
-            },
+            leases: Zset::new(leases),
+            queue: Zset::new(queue),
             keys,
             bits: Vec::new(),
             stored_bits: 0,

@@ -47,6 +47,9 @@ pub(super) unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) {
 pub(super) struct Zset {
     pub(super) key: *mut RedisModuleKey,
     pub(super) changes: Vec<(Vec<u8>, Option<f64>)>,
+    /// The first members as stored, read a window at a time by first() (`all`: to the end).
+    heads: Vec<(f64, Vec<u8>)>,
+    all: bool,
 }
 
 impl Zset {
@@ -108,31 +111,33 @@ impl Zset {
         n
     }
 
+    /// A sorted set with no changes yet.
+    pub(super) fn new(key: *mut RedisModuleKey) -> Zset {
+        Zset {
+            key,
+            changes: Vec::new(),
+            heads: Vec::new(),
+            all: false,
+        }
+    }
+
     /// The first member (lowest score, then lowest member), as `ZRANGE key 0 0` would answer
     /// after the changes.
-    pub(super) unsafe fn first(&self, ctx: *mut RedisModuleCtx) -> Option<Vec<u8>> {
+    pub(super) unsafe fn first(&mut self, ctx: *mut RedisModuleCtx) -> Option<Vec<u8>> {
         let mut best: Option<(f64, Vec<u8>)> = None;
-        if key_type(self.key) != raw::REDISMODULE_KEYTYPE_EMPTY
-            && api!(RedisModule_ZsetFirstInScoreRange)(
-                self.key,
-                f64::NEG_INFINITY,
-                f64::INFINITY,
-                0,
-                0,
-            ) == api::OK
-        {
-            while api!(RedisModule_ZsetRangeEndReached)(self.key) == 0 {
-                let mut score = 0f64;
-                let element = api!(RedisModule_ZsetRangeCurrentElement)(self.key, &mut score);
-                let member = api::bytes(element).to_vec();
-                api::free(ctx, element);
-                if !self.changes.iter().any(|(m, _)| *m == member) {
-                    best = Some((score, member));
-                    break;
-                }
-                api!(RedisModule_ZsetRangeNext)(self.key);
+        loop {
+            let unchanged = self
+                .heads
+                .iter()
+                .find(|(_, member)| !self.changes.iter().any(|(m, _)| m == member));
+            if let Some((score, member)) = unchanged {
+                best = Some((*score, member.clone()));
+                break;
             }
-            api!(RedisModule_ZsetRangeStop)(self.key);
+            if self.all {
+                break;
+            }
+            self.read_heads(ctx, (self.heads.len() * 2).max(2));
         }
         for (member, score) in &self.changes {
             if let Some(score) = *score {
@@ -147,6 +152,36 @@ impl Zset {
         best.map(|(_, member)| member)
     }
 
+    /// Read the first `n` members as stored (a window: a call that grants several waiters
+    /// walks the set once, not once per waiter).
+    unsafe fn read_heads(&mut self, ctx: *mut RedisModuleCtx, n: usize) {
+        self.heads.clear();
+        self.all = true;
+        if key_type(self.key) == raw::REDISMODULE_KEYTYPE_EMPTY
+            || api!(RedisModule_ZsetFirstInScoreRange)(
+                self.key,
+                f64::NEG_INFINITY,
+                f64::INFINITY,
+                0,
+                0,
+            ) != api::OK
+        {
+            return;
+        }
+        while api!(RedisModule_ZsetRangeEndReached)(self.key) == 0 {
+            if self.heads.len() == n {
+                self.all = false;
+                break;
+            }
+            let mut score = 0f64;
+            let element = api!(RedisModule_ZsetRangeCurrentElement)(self.key, &mut score);
+            self.heads.push((score, api::bytes(element).to_vec()));
+            api::free(ctx, element);
+            api!(RedisModule_ZsetRangeNext)(self.key);
+        }
+        api!(RedisModule_ZsetRangeStop)(self.key);
+    }
+
     /// Write the changes; replicated as ZADD / ZREM.
     pub(super) unsafe fn write(
         &self,
@@ -155,7 +190,9 @@ impl Zset {
         effects: &mut Effects,
     ) {
         let (mut added, mut removed) = (false, false);
-        for (member, score) in &self.changes {
+        // The removals first: the insertions then walk a shorter set.
+        let (gone, kept): (Vec<_>, Vec<_>) = self.changes.iter().partition(|(_, s)| s.is_none());
+        for (member, score) in gone.into_iter().chain(kept) {
             let m = Str::new(ctx, member);
             match score {
                 Some(score) => {

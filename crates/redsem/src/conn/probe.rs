@@ -25,7 +25,7 @@ local probes = {
   {'PEXPIREAT', k, '1'}, {'PERSIST', k},
   {'HGET', k, 'f'}, {'HMGET', k, 'f'}, {'HGETALL', k}, {'HLEN', k}, {'HSET', k, 'f', '1'},
   {'HINCRBY', k, 'f', '1'}, {'HDEL', k, 'f'},
-  {'ZADD', k, '1', 'm'}, {'ZCARD', k}, {'ZRANGE', k, '0', '1'}, {'ZRANGEBYSCORE', k, '0', '1'}, {'ZREVRANGEBYSCORE', k, '1', '0'},
+  {'ZADD', k, '1', 'm'}, {'ZCARD', k}, {'ZRANGE', k, '0', '1'}, {'ZRANGEBYSCORE', k, '0', '1'}, {'ZRANGEBYLEX', k, '-', '+'}, {'ZLEXCOUNT', k, '-', '+'}, {'ZREVRANGEBYSCORE', k, '1', '0'},
   {'ZRANK', k, 'm'}, {'ZSCORE', k, 'm'}, {'ZREM', k, 'm'}, {'ZREMRANGEBYRANK', k, '0', '1'},
   {'ZREMRANGEBYSCORE', k, '0', '1'}, {'BITPOS', k, '0'}, {'SETBIT', k, '0', '1'},
   {'BITCOUNT', k}, {'SETRANGE', k, '0', 'x'}, {'STRLEN', k},

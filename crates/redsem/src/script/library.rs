@@ -51,6 +51,7 @@ macro_rules! lua_files {
 /// what the files before it define.
 const LEASE_PRELUDE: &[(&str, &str)] = lua_files![
     "lease/layout",
+    "lease/tenants",
     "lease/grants",
     "lease/state",
     "lease/sessions",
