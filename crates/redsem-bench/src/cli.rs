@@ -33,7 +33,8 @@ pub(crate) struct Args {
 
     /// Run only these scenarios, e.g. `S1,S3,S7` (S7 = the seeds' algorithm through S1–S4,
     /// S9 = the polling baseline through S1–S4, S10 = many waiters, redsem and polling,
-    /// S11 = steady state: a minute of uncontended cycles, Redis memory and server time).
+    /// S11 = steady state: a minute of uncontended cycles, Redis memory and server time,
+    /// S12 = noisy neighbour: plain FIFO against fair shares between two tenants).
     #[arg(long, value_name = "S1,S2,...", value_parser = parse_scenarios)]
     pub(crate) only: Option<BTreeSet<u8>>,
 
@@ -85,8 +86,8 @@ fn parse_scenarios(s: &str) -> Result<BTreeSet<u8>, String> {
         .map(|p| {
             p.strip_prefix(['S', 's'])
                 .and_then(|n| n.parse::<u8>().ok())
-                .filter(|n| (1..=11).contains(n))
-                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S11"))
+                .filter(|n| (1..=12).contains(n))
+                .ok_or_else(|| format!("unknown scenario {p:?}: expected S1 to S12"))
         })
         .collect::<Result<BTreeSet<u8>, String>>()
         .and_then(|set| {
@@ -105,10 +106,10 @@ mod tests {
     #[test]
     fn scenario_lists_accept_either_case_and_reject_unknown_ones() {
         assert_eq!(
-            parse_scenarios("S1, s3,S7,S9,S10,S11").unwrap(),
-            BTreeSet::from([1, 3, 7, 9, 10, 11])
+            parse_scenarios("S1, s3,S7,S9,S10,S11,s12").unwrap(),
+            BTreeSet::from([1, 3, 7, 9, 10, 11, 12])
         );
-        assert!(parse_scenarios("S12").is_err());
+        assert!(parse_scenarios("S13").is_err());
         assert!(parse_scenarios("S0").is_err());
         assert!(parse_scenarios("x").is_err());
         assert!(parse_scenarios("").is_err());

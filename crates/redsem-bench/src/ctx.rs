@@ -54,6 +54,13 @@ pub(crate) struct Sizes {
     pub(crate) s11_window: Duration,
     pub(crate) s11_clients: usize,
     pub(crate) s11_tasks_per_client: usize,
+    /// S12, noisy neighbour: tenant A's looping tasks (its backlog), tenant B's, capacity,
+    /// hold, measuring time (for the plain FIFO and again for fair shares).
+    pub(crate) s12_a_tasks: usize,
+    pub(crate) s12_b_tasks: usize,
+    pub(crate) s12_capacity: usize,
+    pub(crate) s12_hold: Duration,
+    pub(crate) s12_time: Duration,
 }
 
 impl Sizes {
@@ -84,6 +91,11 @@ impl Sizes {
             s11_window: Duration::from_secs(10),
             s11_clients: 4,
             s11_tasks_per_client: 2,
+            s12_a_tasks: 500,
+            s12_b_tasks: 5,
+            s12_capacity: 16,
+            s12_hold: Duration::from_millis(20),
+            s12_time: Duration::from_secs(10),
         }
     }
 
@@ -114,6 +126,11 @@ impl Sizes {
             s11_window: Duration::from_millis(250),
             s11_clients: 4,
             s11_tasks_per_client: 2,
+            s12_a_tasks: 30,
+            s12_b_tasks: 2,
+            s12_capacity: 4,
+            s12_hold: Duration::from_millis(5),
+            s12_time: Duration::from_millis(300),
         }
     }
 }

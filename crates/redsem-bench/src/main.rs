@@ -11,6 +11,7 @@ mod cost;
 mod counters;
 mod ctx;
 mod many;
+mod noisy;
 mod overhead;
 mod raw;
 mod report;

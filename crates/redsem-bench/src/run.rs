@@ -17,7 +17,7 @@ use crate::ctx::{Ctx, Sizes};
 use crate::overhead;
 use crate::report::{BaselineRun, Figures, Invariant, Target};
 use crate::sem::{self, BenchSem};
-use crate::{acks, cluster, cost, counters, many, raw, scale, stages, steady};
+use crate::{acks, cluster, cost, counters, many, noisy, raw, scale, stages, steady};
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -239,6 +239,9 @@ async fn measure(args: &Args, url: String) -> BenchResult<ExitCode> {
     }
     if args.runs(11) {
         figures.s11 = step("S11 steady state", e, steady::run(&ctx)).await;
+    }
+    if args.runs(12) {
+        figures.s12 = step("S12 noisy neighbour", e, noisy::run(&ctx)).await;
     }
 
     let targets = figures.targets();

@@ -1,6 +1,7 @@
-//! Every figure of a run, the targets of issues 6, 10, 19 and 27 judged against them, the
+//! Every figure of a run, the targets of issues 6, 10, 19, 27 and 35 judged against them, the
 //! invariants that make the run fail, and the table printed to stdout.
 
+mod noisy;
 mod sections;
 mod table;
 mod targets;
@@ -13,6 +14,7 @@ use crate::core::{ContendedRun, CycleRun, FairnessRun, HandoffRun};
 use crate::cost::CostRun;
 use crate::counters::CountersRun;
 use crate::many::{ManyRun, ManyWaitersRun};
+use crate::noisy::NoisyNeighbourRun;
 use crate::raw::RawRun;
 use crate::scale::ScaleRun;
 use crate::steady::SteadyStateRun;
@@ -53,6 +55,8 @@ pub(crate) struct Figures {
     pub(crate) permit_and_latch: Option<CountersRun>,
     /// Steady state: a minute of uncontended cycles, lease and permits.
     pub(crate) s11: Option<SteadyStateRun>,
+    /// Noisy neighbour: the plain FIFO and fair shares between two tenants.
+    pub(crate) s12: Option<NoisyNeighbourRun>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -187,6 +191,24 @@ impl Figures {
             many(&mut out, "", &s10.redsem);
             many(&mut out, "polling: ", &s10.polling);
         }
+        if let Some(s12) = &self.s12 {
+            for run in [&s12.fifo, &s12.shares] {
+                let point = format!("{}: {} + {} tasks", run.mode, run.a_tasks, run.b_tasks);
+                out.push(Invariant {
+                    scenario: "S12",
+                    what: format!(
+                        "{point}: max simultaneous holders {} ≤ capacity {}",
+                        run.max_holders, run.capacity
+                    ),
+                    held: run.max_holders <= run.capacity,
+                });
+                out.push(Invariant {
+                    scenario: "S12",
+                    what: format!("{point}: every task finished"),
+                    held: run.all_finished,
+                });
+            }
+        }
         if let Some(s4) = &self.s4 {
             out.push(Invariant {
                 scenario: "S4",
@@ -217,6 +239,7 @@ impl Figures {
         self.s3_section(&mut t);
         self.s4_section(&mut t);
         self.s10_section(&mut t);
+        self.s12_section(&mut t);
         self.s5_section(&mut t);
         self.s6_section(&mut t);
         self.s8_section(&mut t);

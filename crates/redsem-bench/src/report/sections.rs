@@ -532,6 +532,10 @@ pub(super) fn footer(out: &mut String, targets: &[Target], invariants: &[Invaria
             27,
             "Targets (issue 27: steady state, memory and server time that do not grow)",
         ),
+        (
+            35,
+            "Targets (issue 35: noisy neighbour, fair shares against the plain FIFO, same run)",
+        ),
     ] {
         let _ = writeln!(out, "\n{title}");
         for t in targets.iter().filter(|t| t.issue == issue) {

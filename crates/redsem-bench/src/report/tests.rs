@@ -5,6 +5,7 @@ use super::*;
 use crate::admin::KeySize;
 use crate::core::ServerLoad;
 use crate::many::{ManyRun, ManyWaitersRun};
+use crate::noisy::{NoisyNeighbourRun, NoisyRun};
 use crate::stats::Latency;
 use crate::steady::{FirstLast, SteadyRun, SteadyStateRun, Window};
 
@@ -71,6 +72,30 @@ fn many(cycles_per_s: f64, cpu_share: f64, p99_ms: f64) -> ManyRun {
         commands_per_s: 1_000.0,
         client_commands_per_s: 100.0,
         server: ServerLoad::default(),
+    }
+}
+
+/// An S12 run of `mode` at `cycles_per_s` with B's wait p99 of `b_p99_ms`.
+fn noisy(mode: &'static str, cycles_per_s: f64, b_p99_ms: f64) -> NoisyRun {
+    NoisyRun {
+        mode,
+        a_tasks: 500,
+        b_tasks: 5,
+        capacity: 16,
+        hold_ms: 20.0,
+        elapsed_s: 10.0,
+        b_wait_p50_ms: b_p99_ms / 2.0,
+        b_wait_p99_ms: b_p99_ms,
+        b_wait: latency(b_p99_ms * 500.0),
+        a_wait: latency(600_000.0),
+        cycles_per_s,
+        a_cycles: (cycles_per_s * 9.0) as u64,
+        b_cycles: cycles_per_s as u64,
+        ceiling_per_s: 800.0,
+        a_queued_at_start: 484,
+        max_holders: 16,
+        all_finished: true,
+        redis_cpu_share: 0.1,
     }
 }
 
@@ -479,6 +504,10 @@ fn every_scenario() -> Figures {
             ..many(780.0, 0.50, 2_000.0)
         },
     });
+    f.s12 = Some(NoisyNeighbourRun {
+        fifo: noisy("fifo", 790.0, 640.0),
+        shares: noisy("shares", 780.0, 30.0),
+    });
     f.permit_and_latch = Some(CountersRun {
         permits_s1: Some(cycles(14_698.0, 5.0)),
         permits_s2: Some(contended(64, 16_750.0, 8)),
@@ -512,6 +541,7 @@ fn every_section_is_printed_once_in_order() {
             "S3 hand-off",
             "S4 fairness",
             "S10 many waiters",
+            "S12 noisy neighbour",
             "S5 scale",
             "S6 Redis cost",
             "S8 raw limit",
@@ -521,6 +551,7 @@ fn every_section_is_printed_once_in_order() {
             "Targets (issue 10",
             "Targets (issue 19",
             "Targets (issue 27",
+            "Targets (issue 35",
             "Invariants (a violation fails the run)",
         ],
         "{table}"
@@ -544,4 +575,30 @@ fn every_section_is_printed_once_in_order() {
     assert!(table.contains("1,234,567 entries (3.0 MB)"), "{table}");
     assert!(table.contains("20.0 µs / 30.0 µs (1.50×)"), "{table}");
     assert!(table.contains("6.7 µs / 10.0 µs (1.50×)"), "{table}");
+}
+
+#[test]
+fn issue_35_targets_judge_b_s_tail_and_the_shares_against_the_fifo_of_the_same_run() {
+    let mut f = Figures::default();
+    let judged = |f: &Figures| -> Vec<Option<bool>> {
+        f.targets()
+            .iter()
+            .filter(|t| t.issue == 35)
+            .map(|t| t.met)
+            .collect()
+    };
+    assert_eq!(judged(&f), [None]);
+    f.s12 = Some(NoisyNeighbourRun {
+        fifo: noisy("fifo", 800.0, 625.0),
+        shares: noisy("shares", 760.0, 50.0),
+    });
+    assert_eq!(judged(&f), [Some(true), Some(true)]);
+    let s12 = f.s12.as_mut().unwrap();
+    s12.shares = noisy("shares", 759.0, 50.1);
+    assert_eq!(judged(&f), [Some(false), Some(false)]);
+    assert!(f.invariants().iter().all(|i| i.held));
+    f.s12.as_mut().unwrap().shares.max_holders = 17;
+    let violated: Vec<_> = f.invariants().into_iter().filter(|i| !i.held).collect();
+    assert_eq!(violated.len(), 1);
+    assert_eq!(violated[0].scenario, "S12");
 }
