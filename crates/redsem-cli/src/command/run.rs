@@ -80,8 +80,9 @@ Examples:
   # Skip this run if another machine is already at it:
   redsem run db-migrate -l 1 --no-wait --holder \"$(hostname)\" -- ./migrate
 
-  # Tenants share the 16 units in fair shares (acme twice as much as a weight-1 tenant,
-  # at most 8 at once); every request of acme names the same --weight and --cap:
+  # Tenants share the 16 units in fair shares (acme twice as much as a
+  # weight-1 tenant, at most 8 at once); every request of acme names the
+  # same --weight and --cap:
   redsem run llm --limit 16 --tenant acme --weight 2 --cap 8 -- ./infer.sh
 
   # Give up after 5 minutes; a shell command line with -c:
