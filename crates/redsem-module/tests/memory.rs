@@ -21,7 +21,14 @@ fn used_memory(conn: &mut Connection) -> i64 {
 }
 
 /// A lease of one unit, contended.
-const CONTENDED: [&str; 4] = ["{m}:leases", "{m}:queue", "{m}:state", "{m}:slots"];
+const CONTENDED: [&str; 6] = [
+    "{m}:leases",
+    "{m}:queue",
+    "{m}:state",
+    "{m}:slots",
+    "{m}:tenants",
+    "{m}:tqueue",
+];
 
 /// `n` cycles of the session numbered from `*seq`, pipelined: a lease acquire and release
 /// (native), a permit acquire and add (native), and a latch's state (by the Lua), each with ids

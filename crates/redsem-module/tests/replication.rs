@@ -69,7 +69,8 @@ fn cycles(conn: &mut Connection, seq: &mut u64, cycles: u64) {
 /// and an acquire; left live, with a holder and two waiters. The general native paths
 /// (lease/general.rs) serve all but the first grant.
 fn contended(conn: &mut Connection, seq: &mut u64, tag: &str, rounds: u64) {
-    let keys = ["leases", "queue", "state", "slots"].map(|k| format!("{{{tag}}}:{k}"));
+    let keys = ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+        .map(|k| format!("{{{tag}}}:{k}"));
     let next = |seq: &mut u64| {
         *seq += 1;
         format!("{seq:x}")
@@ -124,6 +125,9 @@ fn contended(conn: &mut Connection, seq: &mut u64, tag: &str, rounds: u64) {
                 "wait",
                 "5000",
                 &a,
+                "",
+                "",
+                "",
             ])
             .query(conn)
             .expect("lease_batch");

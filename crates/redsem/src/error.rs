@@ -85,6 +85,27 @@ pub enum Error {
         /// Capacity stored with the semaphore.
         current: u32,
     },
+    /// A tenant holds or waits with a weight or cap other than those this request names
+    /// (see [`Tenant`](crate::Tenant)): callers configured the tenant differently.
+    #[error(
+        "tenant {tenant:?} of {name:?} asks for weight {requested_weight} and cap {}, but weight {weight} and cap {} are in force while it holds or waits",
+        cap_text(*requested_cap),
+        cap_text(*cap)
+    )]
+    TenantConflict {
+        /// Name of the semaphore.
+        name: String,
+        /// The tenant.
+        tenant: String,
+        /// The weight this request named.
+        requested_weight: u32,
+        /// The cap this request named.
+        requested_cap: Option<u32>,
+        /// The weight in force.
+        weight: u32,
+        /// The cap in force.
+        cap: Option<u32>,
+    },
     /// With one permit per label, the label already holds (or waits for) a permit.
     #[error("{name:?} already held by {label:?}")]
     AlreadyHeld {
@@ -298,6 +319,11 @@ impl std::fmt::Display for Chain<'_> {
         }
         Ok(())
     }
+}
+
+/// A tenant's cap as an error message says it.
+fn cap_text(cap: Option<u32>) -> String {
+    cap.map_or_else(|| "none".to_owned(), |c| c.to_string())
 }
 
 #[cfg(test)]

@@ -11,13 +11,20 @@ pub(crate) struct LeaseKeys {
 
 impl LeaseKeys {
     /// How many keys its operations take.
-    pub(crate) const COUNT: usize = 4;
+    pub(crate) const COUNT: usize = 6;
 
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let base = format!("{prefix}:{{lease:{name}}}");
         let part = |p: &str| format!("{base}:{p}");
         LeaseKeys {
-            all: [part("leases"), part("queue"), part("state"), part("slots")],
+            all: [
+                part("leases"),
+                part("queue"),
+                part("state"),
+                part("slots"),
+                part("tenants"),
+                part("tqueue"),
+            ],
         }
     }
 }

@@ -144,7 +144,7 @@ pub use error::{Error, Result};
 pub use latch::{CountDownLatch, LATCH_DONE_TTL, LatchOptions, LatchState};
 pub use lease::{
     Holder, LeaseOptions, LeasePermit, LeaseSemaphore, MAX_LEASE, MAX_UNITS, MIN_LEASE, Status,
-    Waiter,
+    TenantStatus, Waiter,
 };
 pub use mutex::{Mutex, MutexGuard};
 pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
@@ -156,7 +156,7 @@ pub use report::{PermitsStatus, StatusReport};
 pub use script::library_source_with;
 #[doc(hidden)]
 pub use script::{protocol_library, protocol_operations};
-pub use types::{FencingToken, PermitId};
+pub use types::{FencingToken, MAX_TENANT_LEN, MAX_WEIGHT, PermitId, Tenant};
 pub use url::{ConnectTarget, TargetHosts};
 
 /// The version of this crate, as in its `Cargo.toml` (`"0.1.0"`).

@@ -286,6 +286,16 @@ pub(crate) enum Renewal {
 }
 
 impl Meter {
+    /// The same labels for another handle on the same primitive (its keys made afresh).
+    pub(crate) fn again(&self) -> Meter {
+        Meter {
+            primitive: self.primitive,
+            name: self.name.clone(),
+            labels: self.labels.clone(),
+            keys: OnceLock::new(),
+        }
+    }
+
     pub(crate) fn new(primitive: &'static str, name: &str, names: &MetricNames) -> Meter {
         Meter {
             primitive,

@@ -104,6 +104,98 @@ pub struct ReplicaAcks {
     pub timeout: Duration,
 }
 
+/// The largest weight a [`Tenant`] may have.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+/// The longest tenant name, in bytes.
+pub const MAX_TENANT_LEN: usize = 256;
+
+/// Who a lease request is for, when tenants share one semaphore in fair shares.
+///
+/// When units are free and several tenants wait, the next grant goes to the waiting tenant
+/// with the lowest units held / weight (ties: the one whose first request came first); first
+/// in, first out within a tenant; the tenant whose turn it is is never overtaken; a tenant at
+/// its cap is skipped. A request that names no tenant is the default tenant's (weight 1, no
+/// cap). A tenant's weight and cap are those its first request names while it neither holds
+/// nor waits; a request naming others meanwhile fails with
+/// [`Error::TenantConflict`](crate::Error::TenantConflict).
+///
+/// # Examples
+///
+/// ```
+/// let tenant = redsem::Tenant::new("acme").weight(3).cap(4);
+/// assert_eq!((tenant.name(), tenant.weight_of(), tenant.cap_of()), ("acme", 3, Some(4)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tenant {
+    name: String,
+    weight: u32,
+    cap: Option<u32>,
+}
+
+impl Tenant {
+    /// A tenant of weight 1 and no cap.
+    pub fn new(name: impl Into<String>) -> Self {
+        Tenant {
+            name: name.into(),
+            weight: 1,
+            cap: None,
+        }
+    }
+
+    /// Set its weight (1 to [`MAX_WEIGHT`]): its share is proportional to it.
+    #[must_use]
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// Set its cap: the most units it may hold at once (at least 1).
+    #[must_use]
+    pub fn cap(mut self, cap: u32) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its weight.
+    pub fn weight_of(&self) -> u32 {
+        self.weight
+    }
+
+    /// Its cap, if it has one.
+    pub fn cap_of(&self) -> Option<u32> {
+        self.cap
+    }
+
+    /// Checked before a request is sent: a name of 1 to [`MAX_TENANT_LEN`] bytes without NUL,
+    /// a weight of 1 to [`MAX_WEIGHT`], a cap of at least 1.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.name.is_empty() || self.name.len() > MAX_TENANT_LEN || self.name.contains('\0') {
+            return Err(invalid(format!(
+                "a tenant name is 1 to {MAX_TENANT_LEN} bytes without NUL, got {:?}",
+                self.name
+            )));
+        }
+        if self.weight == 0 || self.weight > MAX_WEIGHT {
+            return Err(invalid(format!(
+                "the weight of tenant {:?} must be 1..={MAX_WEIGHT}, got {}",
+                self.name, self.weight
+            )));
+        }
+        if self.cap == Some(0) {
+            return Err(invalid(format!(
+                "the cap of tenant {:?} must be at least 1",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,9 @@
 //! and the command runs the operation's Lua (crate::delegate), fast path and all.
 //!
 //! KEYS (lease/layout.lua): 1 leases (zset), 2 queue (zset; not touched here: nobody
-//! waits), 3 state (hash), 4 slots (string bitmap).
+//! waits), 3 state (hash), 4 slots (string bitmap); 5 tenants and 6 tqueue (zsets) are
+//! dropped before these paths see the call, and any call naming a tenant is declined
+//! ([`untenanted`]).
 
 mod call;
 mod general;
@@ -27,19 +29,21 @@ use crate::record::{Session, Text, decimal, fmt, hex};
 use crate::replicate::Effects;
 
 /// lease_acquire: the uncontended grant (`fast_acquire`), else the general path on a settled
-/// state (general.rs), else declined (the Lua).
+/// state (general.rs), else declined (the Lua). A request naming a tenant is declined.
 pub(crate) unsafe fn acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
-    if !four_keys() {
+    let Some(argv) = untenanted(argv, false) else {
         return false;
-    }
+    };
+    let argv = &argv[..];
     (!queued(ctx, argv) && fast_acquire(ctx, argv)) || general::acquire(ctx, argv)
 }
 
 /// lease_release: the uncontended release (`fast_release`), else the general path.
 pub(crate) unsafe fn release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
-    if !four_keys() {
+    let Some(argv) = untenanted(argv, false) else {
         return false;
-    }
+    };
+    let argv = &argv[..];
     (!queued(ctx, argv) && fast_release(ctx, argv)) || general::release(ctx, argv)
 }
 
@@ -54,17 +58,77 @@ unsafe fn queued(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> b
     key_type(queue.0[0]) == raw::REDISMODULE_KEYTYPE_ZSET
 }
 
-/// lease_batch: the general path.
+/// lease_batch: the general path. A batch with a request naming a tenant is declined.
 pub(crate) unsafe fn batch(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
-    four_keys() && general::batch(ctx, argv)
+    let Some(argv) = untenanted(argv, true) else {
+        return false;
+    };
+    general::batch(ctx, &argv)
 }
 
-/// Whether the lease operations of the library this module was built with take the four keys
-/// these paths know (lease/layout.lua); with any other layout of keys every call runs the Lua.
-fn four_keys() -> bool {
-    static FOUR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FOUR.get_or_init(|| {
-        redsem::protocol_operations().any(|(name, keys)| name == "lease_acquire" && keys == 4)
+/// The lease operations' keys as the library this module was built with sends them: the four
+/// these paths work on (leases, queue, state, slots), then `tenants` and `tqueue`
+/// (lua/lease/tenants.lua), which they never touch: a state with tenants is of layout 3, which
+/// every path here declines, and one of layout 2 has nothing in them.
+const KEYS_SENT: usize = 6;
+
+/// The command's arguments as these paths know them, without the tenants' two keys and
+/// without the tenant, weight and cap of each acquire (an acquire's ARGV 13 to 15; in a batch,
+/// the last three of each "a" operation), if every one of those is empty; None (declined: the
+/// Lua serves it) if one names a tenant, or the keys are not the ones these paths know.
+unsafe fn untenanted(
+    argv: &[*mut RedisModuleString],
+    batch: bool,
+) -> Option<Vec<*mut RedisModuleString>> {
+    if !lease_keys() || argv.len() <= KEYS_SENT {
+        return None;
+    }
+    let mut out = Vec::with_capacity(argv.len());
+    out.extend_from_slice(&argv[..5]);
+    let args = &argv[KEYS_SENT + 1..];
+    let empty = |at: &[*mut RedisModuleString]| at.iter().all(|a| api::bytes(*a).is_empty());
+    if !batch {
+        // lease_acquire takes 15 arguments, the last three its tenant's (lease_release 6).
+        if args.len() == 15 {
+            if !empty(&args[12..]) {
+                return None;
+            }
+            out.extend_from_slice(&args[..12]);
+        } else {
+            out.extend_from_slice(args);
+        }
+        return Some(out);
+    }
+    // lease_batch: channel, session id, low mark, then "a" + 12 | "r"/"w" + 2.
+    out.extend_from_slice(args.get(..3)?);
+    let mut i = 3;
+    while i < args.len() {
+        match api::bytes(args[i]) {
+            b"a" => {
+                let op = args.get(i..i + 13)?;
+                if !empty(&op[10..]) {
+                    return None;
+                }
+                out.extend_from_slice(&op[..10]);
+                i += 13;
+            }
+            _ => {
+                out.extend_from_slice(args.get(i..i + 3)?);
+                i += 3;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Whether the lease operations of the library this module was built with take the keys
+/// [`untenanted`] knows (lease/layout.lua); with any other layout of keys every call runs
+/// the Lua.
+fn lease_keys() -> bool {
+    static SAME: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAME.get_or_init(|| {
+        redsem::protocol_operations()
+            .any(|(name, keys)| name == "lease_acquire" && keys == KEYS_SENT)
     })
 }
 

@@ -23,7 +23,14 @@ pub(crate) fn module() -> PathBuf {
 }
 
 /// The keys of one lease semaphore, of one permit semaphore and of one latch.
-pub(crate) const LEASE: [&str; 4] = ["{l}:leases", "{l}:queue", "{l}:state", "{l}:slots"];
+pub(crate) const LEASE: [&str; 6] = [
+    "{l}:leases",
+    "{l}:queue",
+    "{l}:state",
+    "{l}:slots",
+    "{l}:tenants",
+    "{l}:tqueue",
+];
 pub(crate) const PERMITS: [&str; 6] = [
     "{p}:count",
     "{p}:queue",

@@ -29,7 +29,7 @@ impl Primitive {
     /// Its keys' names, in KEYS order (as its prelude lists them).
     pub fn keys(self) -> &'static [&'static str] {
         match self {
-            Primitive::Lease => &["leases", "queue", "state", "slots"],
+            Primitive::Lease => &["leases", "queue", "state", "slots", "tenants", "tqueue"],
             Primitive::Permit => &["count", "queue", "waiters", "records", "meta", "sessions"],
             Primitive::Latch => &["count", "done", "applied", "sessions"],
         }
@@ -391,6 +391,23 @@ impl Generator {
         self.lease(client, sem)
     }
 
+    /// The tenant, weight and cap of a lease request (lua/lease/tenants.lua): mostly none (the
+    /// default tenant), else one of three tenants, each with its own weight and cap, now and
+    /// then with another weight (a conflict while it is live) or a setting the default
+    /// tenant refuses.
+    fn lease_tenant(&mut self) -> [String; 3] {
+        let [tenant, weight, cap] = match self.rng.below(100) {
+            0..=49 => ["", "", ""],
+            50..=64 => ["t1", "1", ""],
+            65..=79 => ["t2", "3", ""],
+            80..=91 => ["t3", "1", "1"],
+            92..=96 => ["t2", "2", "2"],
+            97 => ["", "2", ""],
+            _ => ["t1", "", ""],
+        };
+        [tenant.to_owned(), weight.to_owned(), cap.to_owned()]
+    }
+
     fn lease_acquire_args(&mut self, client: usize, sem: usize, id: &str) -> (Vec<String>, u64) {
         let cap = self.picture(Primitive::Lease, sem).cap;
         let cap = if self.rng.chance(0.03) {
@@ -442,9 +459,11 @@ impl Generator {
             0..=34 => {
                 let id = self.id();
                 let (mut args, seq) = self.lease_acquire_args(client, sem, &id);
+                let tenant = self.lease_tenant();
                 let c = &self.clients[client];
                 args.push(c.session.clone());
                 args.push(c.low());
+                args.extend(tenant);
                 step("lease_acquire", args, vec![seq])
             }
             35..=64 => {
@@ -491,6 +510,7 @@ impl Generator {
                         acquire.remove(8);
                         args.push("a".to_owned());
                         args.extend(acquire);
+                        args.extend(self.lease_tenant());
                         seqs.push(seq);
                     } else {
                         let holder = self.rng.chance(0.7);

@@ -79,8 +79,9 @@ fn call_pattern(native: bool, count_down: bool) -> &'static [u8] {
 }
 
 /// The keys of lease semaphore `name` (crates/redsem/src/keys.rs, the default prefix).
-fn lease_keys(name: &str) -> [String; 4] {
-    ["leases", "queue", "state", "slots"].map(|part| format!("redsem:{{lease:{name}}}:{part}"))
+fn lease_keys(name: &str) -> [String; 6] {
+    ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+        .map(|part| format!("redsem:{{lease:{name}}}:{part}"))
 }
 
 /// A copy of one key: `DUMP` (`None`: no key) and `PTTL`.

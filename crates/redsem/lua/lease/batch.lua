@@ -6,7 +6,8 @@
 -- ARGV[1] the caller's wake channel   ARGV[2] its session id   ARGV[3] the session's low
 -- mark, then the operations one after another:
 --   "a", request id, capacity, units k, lease ms, label, "1" | "0", "try" | "wait",
---        waiter lease ms, sequence number                  (as lease_acquire, same channel)
+--        waiter lease ms, sequence number, tenant, weight, cap
+--                                                          (as lease_acquire, same channel)
 --   "r" | "w", permit or request id, sequence number       (as lease_release)
 -- Returns: {{reply of each operation, in order}, idle (1: send lease_tidy),
 --           "id|token|slots|delay", ... (grants to waiters on the caller's channel)}
@@ -24,8 +25,9 @@ while i <= #ARGV do
     requests[n] = {
       kind = 'a', id = ARGV[i + 1], cap = ARGV[i + 2], k = ARGV[i + 3], lease = ARGV[i + 4], label = ARGV[i + 5],
       exclusive = ARGV[i + 6], mode = ARGV[i + 7], waiter_lease = ARGV[i + 8], channel = channel, seq = ARGV[i + 9],
+      tenant = ARGV[i + 10], weight = ARGV[i + 11], tcap = ARGV[i + 12],
     }
-    i = i + 10
+    i = i + 13
   elseif ARGV[i] == 'r' or ARGV[i] == 'w' then
     requests[n] = { kind = ARGV[i], id = ARGV[i + 1], seq = ARGV[i + 2] }
     releases, i = releases + 1, i + 3

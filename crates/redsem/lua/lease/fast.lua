@@ -43,7 +43,8 @@ end
 -- room and nobody queued.
 local function fast_acquire(request, name)
   local stored = read_ahead(name)
-  if stored[RECORD] or request.k ~= '1' or request.label ~= '' then
+  if stored[RECORD] or request.k ~= '1' or request.label ~= '' or request.tenant ~= '' or request.weight ~= ''
+    or request.tcap ~= '' then
     return nil
   end
   local ok, cap, used, nh, next_end = quiet(stored, true)

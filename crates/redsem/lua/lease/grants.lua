@@ -72,7 +72,7 @@ end
 -- not per unit.
 -- One unit (the usual request) needs no STRLEN: it takes the first clear bit, which BITPOS
 -- finds past the end of the bitmap too (no end given), with one SETBIT either way.
-local function grant(id, k, label, lease, expires)
+local function grant(id, k, label, lease, expires, tenant)
   -- The token first: a corrupt last token (converted only here) fails before a slot is taken.
   local token = next_token()
   local slots, from, free_from = {}, 0, 0
@@ -112,18 +112,21 @@ local function grant(id, k, label, lease, expires)
   end
   put('tok', token)
   local token_text = format('%d', token)
-  put('r:' .. id, holder_record(token_text, k, lease, slots, label))
+  put('r:' .. id, holder_record(token_text, k, lease, slots, label, tenant))
   put('used', S.used + k)
   put('nh', S.nh + 1)
   return token, slots, token_text
 end
 
--- A holder's units freed: its slots cleared, its record gone, the counters and its label
--- counted down.
+-- A holder's units freed: its slots cleared, its record gone, the counters, its label and
+-- (with tenants) its tenant's units counted down.
 local function drop_holder(id, r)
   set_slots(r.s, 0)
   put('r:' .. id, false)
   put('used', max(S.used - r.k, 0))
   put('nh', max(S.nh - 1, 0))
   label_add(r.l, -1)
+  if S.tmode then
+    tenant_add(r.tn or '', -r.k, 0)
+  end
 end

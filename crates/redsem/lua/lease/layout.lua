@@ -22,6 +22,17 @@
 --                     answers NOTHELD; a withdrawal of a request whose enqueue went unanswered
 --                     marks that enqueue's number X, so a late copy of it is refused (GONE)
 --   4 slots   STRING  bitmap: bit n set = slot n held; deleted when the idle TTL is set
+--   5 tenants ZSET    the turns (lease/tenants.lua): each tenant that waits and whose head
+--                     fits its cap, scored held units / weight, as "<head ticket, 16 hex
+--                     digits><tenant>" (ties: the earliest head); empty unless tenants are used
+--   6 tqueue  ZSET    the waiters of named tenants, all scored 0, as "<tenant>\0<ticket, 16
+--                     hex digits><id>": each tenant's FIFO is one lex range (ZRANGEBYLEX)
+-- With tenants (layout 3, while any named tenant holds or waits) the state also holds
+-- t:<tenant> = "held|waiting|weight|cap|turn" (cap "" for none, turn the head ticket under
+-- which it is listed in tenants, "" if it is not), one for the default tenant "" (t:), and tn
+-- (named tenant records); a named tenant's records are "T<len>|<tenant>" and then a holder's
+-- record, or the waiter's ticket (16 hex digits) and a waiter's record. The default
+-- tenant's waiters stay in queue. Nothing of it exists while no named tenant is live.
 --
 -- Failure rules every script keeps:
 --   * Nothing live carries a TTL: while anyone holds or waits, no key has one, so no
@@ -39,7 +50,7 @@
 --   * Fencing tokens are max(last token + 1, TIME in microseconds): they keep increasing
 --     after the state is lost (restart without persistence, flush, failover, expiry) as long
 --     as the server clock does not go back by more than the outage.
-local LEASES, QUEUE, STATE, SLOTS
+local LEASES, QUEUE, STATE, SLOTS, TENANTS, TQUEUE
 
 -- How long the keys of an idle semaphore are kept.
 local KEEP_IDLE_MS = 3600000
@@ -67,6 +78,14 @@ local NEVER = 4503599627370496
 -- refuses it when live, as any other layout. Raise LAYOUT with any change an older version
 -- would misread; the upgrade is "drain, then upgrade" (README).
 local LAYOUT = '2'
+-- The layout of a state while named tenants hold or wait (lease/tenants.lua): their records
+-- and the turns would be misread by a version that knows only layout 2, which refuses it.
+-- Written when the first named tenant comes and back to LAYOUT when the last one goes, so
+-- a semaphore used without tenants stays readable by the versions before them.
+local LAYOUT_TENANTS = '3'
+-- Tenants: the largest weight, the longest name (bytes; no NUL).
+local MAX_WEIGHT = 1000000
+local MAX_TENANT = 256
 -- A field longer than a listpack may hold (hash-max-listpack-value, 64 bytes by default):
 -- written in every state hash, it makes Redis keep that hash as a hash table. A small hash is
 -- otherwise one list (a listpack, up to 128 or 512 fields), which every field read scans from
@@ -137,10 +156,14 @@ end
 
 -- A record is joined from texts (the counts from text()'s memo), not formatted: a format of
 -- seven values cost more than the command that stores it. `token` is the token's text.
-local function holder_record(token, k, lease, slots, label)
+local function holder_record(token, k, lease, slots, label, tenant)
   local s = #slots == 1 and text(slots[1]) or runs(slots)
-  return 'h|' .. token .. '|' .. text(k) .. '|' .. now_text() .. '|' .. text(lease) .. '|' .. s .. '|'
+  local held = 'h|' .. token .. '|' .. text(k) .. '|' .. now_text() .. '|' .. text(lease) .. '|' .. s .. '|'
     .. label
+  if tenant and tenant ~= '' then
+    return 'T' .. text(#tenant) .. '|' .. tenant .. held
+  end
+  return held
 end
 
 local function waiter_record(k, lease, waiter_lease, channel, label)
@@ -152,13 +175,30 @@ end
 -- wl, c, l}; nil if none or unreadable. The token t and the times a
 -- and w stay text (converted only where used: a release needs none of them); the counts
 -- come from the memo (count()).
-local H, W = 104, 119 -- the bytes of 'h', 'w'
+-- A named tenant's record adds tn (the tenant) and, a waiter's, tk (its ticket, 16 hex digits).
+local H, W, T = 104, 119, 84 -- the bytes of 'h', 'w', 'T'
 local function parse(raw)
   if not raw then
     return nil
   end
   local kind = byte(raw, 1)
-  if kind == H then
+  if kind == T then
+    local len, at = match(raw, '^T(%d+)|()')
+    if not len then
+      return nil
+    end
+    local stop = at + tonumber(len)
+    local tenant, ticket = string.sub(raw, at, stop - 1), nil
+    if byte(raw, stop) ~= H then
+      ticket, stop = string.sub(raw, stop, stop + 15), stop + 16
+    end
+    local r = byte(raw, stop) ~= T and parse(string.sub(raw, stop))
+    if r and (ticket ~= nil) == not r.h and tenant ~= '' then
+      r.tn, r.tk = tenant, ticket
+      return r
+    end
+    return nil
+  elseif kind == H then
     local t, k, a, lease, slots, label = match(raw, '^h|(%d+)|(%d+)|(%d+)|(%d+)|([%d,%-]*)|(.*)$')
     if not t then
       return nil

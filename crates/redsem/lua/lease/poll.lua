@@ -22,7 +22,7 @@ return run(function()
   end
   local rank
   if not r.h then
-    rank = redis.call('ZRANK', QUEUE, id)
+    rank = waiter_rank(id, r)
     if not rank then
       repair() -- a waiter record without its place in the queue
       return { 'GONE' }
@@ -34,5 +34,5 @@ return run(function()
   if r.h then
     return granted(tonumber(r.t), r.s)
   end
-  return { 'QUEUED', rank, recheck_ms(id, waiter_lease) }
+  return { 'QUEUED', rank, recheck_ms(id, waiter_lease, false, rank) }
 end, 'r:' .. id)

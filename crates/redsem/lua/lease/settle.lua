@@ -78,15 +78,17 @@ end
 -- Start a call: its keys, a fresh per-call state and the hooks run() calls.
 local HOOKS = { load = load, settle = settle, save = keep }
 local function expected()
-  return { [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string' }
+  return {
+    [LEASES] = 'zset', [QUEUE] = 'zset', [STATE] = 'hash', [SLOTS] = 'string', [TENANTS] = 'zset', [TQUEUE] = 'zset',
+  }
 end
 local function begin(keys)
-  LEASES, QUEUE, STATE, SLOTS = keys[1], keys[2], keys[3], keys[4]
+  LEASES, QUEUE, STATE, SLOTS, TENANTS, TQUEUE = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
   -- S, sized for the fields every call sets (and the caller's record).
   start(STATE, expected, HOOKS, {
     now = nil, now_us = nil, loaded = nil, cap = nil, used = nil, qlen = nil, seq = nil, idle = nil,
     tok = nil, nh = nil, nt = nil, next = nil, tnext = nil, mine = nil, defer_idle = nil,
-    read = nil, checked = nil, heads = nil, at = nil, window = nil, now_text = nil,
+    read = nil, checked = nil, heads = nil, at = nil, window = nil, now_text = nil, tmode = nil, tt = nil,
   })
   budget = WORK_BUDGET
 end

@@ -69,7 +69,7 @@ end
 local function load(name)
   -- (Read already by a fast path whose case this is not: see read_ahead().)
   local stored = S.read or (type(name) == 'table' and read_batch(name) or read_state(name))
-  if stored[CAP] and stored[LAYOUT_AT] ~= LAYOUT then
+  if stored[CAP] and stored[LAYOUT_AT] ~= LAYOUT and stored[LAYOUT_AT] ~= LAYOUT_TENANTS then
     if (stored[LAYOUT_AT] or '1') ~= '1' or count(stored[USED]) > 0 or count(stored[QLEN]) > 0 then
       -- Written by a version of redsem that keeps another layout: touch nothing.
       error({ 'LAYOUT', STATE, stored[LAYOUT_AT] or '1', LAYOUT })
@@ -83,16 +83,18 @@ local function load(name)
   S.used, S.qlen, S.seq, S.idle = count(stored[USED]), count(stored[QLEN]), count(stored[SEQ]), count(stored[IDLE])
   S.tok, S.nh, S.nt = stored[TOK], count(stored[NH]), count(stored[NT])
   S.next, S.tnext = count(stored[NEXT]), count(stored[TNEXT])
+  S.tmode = stored[LAYOUT_AT] == LAYOUT_TENANTS
   if not S.cap then
     -- No state. Whatever is left in the other keys belongs to a state that was lost
     -- (evicted, or expired a moment apart): check their types, then clear them.
     local leftover = call(LEASES, 'ZCARD', LEASES) + call(QUEUE, 'ZCARD', QUEUE)
+      + call(TENANTS, 'ZCARD', TENANTS) + call(TQUEUE, 'ZCARD', TQUEUE)
     local slots = redis.call('TYPE', SLOTS)['ok']
     if slots ~= 'none' and slots ~= 'string' then
       error({ key = SLOTS })
     end
     if leftover > 0 or slots == 'string' then
-      redis.call('DEL', LEASES, QUEUE, SLOTS)
+      redis.call('DEL', LEASES, QUEUE, SLOTS, TENANTS, TQUEUE)
     end
   elseif not stored[NH] or (S.used > 0) ~= (S.nh > 0) then
     repair() -- counters missing (a state from an older version) or disagreeing
@@ -105,7 +107,7 @@ end
 -- every key goes but the capacity and the last token, which start a state of this layout.
 -- Answers the fields as read_state() does.
 adopt = function(stored)
-  redis.call('DEL', STATE, LEASES, QUEUE, SLOTS)
+  redis.call('DEL', STATE, LEASES, QUEUE, SLOTS, TENANTS, TQUEUE)
   for _, name in ipairs({ 'used', 'nh', 'qlen', 'nt', 'seq', 'idle', 'next', 'tnext' }) do
     put(name, 0)
   end
@@ -162,8 +164,8 @@ end
 -- one (a full SESSION_MS from now), entries without a record go. Linear in the
 -- size of the semaphore; runs only when a check finds a disagreement.
 repair = function()
-  S.heads = nil
-  local leases, queued = {}, {}
+  S.heads, S.tt = nil, nil
+  local leases, queued, tqueued = {}, {}, {}
   local entries = call(LEASES, 'ZRANGE', LEASES, 0, -1, 'WITHSCORES')
   for i = 1, #entries, 2 do
     leases[entries[i]] = tonumber(entries[i + 1])
@@ -171,16 +173,27 @@ repair = function()
   for _, id in ipairs(call(QUEUE, 'ZRANGE', QUEUE, 0, -1)) do
     queued[id] = true
   end
+  for _, member in ipairs(call(TQUEUE, 'ZRANGE', TQUEUE, 0, -1)) do
+    local at = string.find(member, '\0', 1, true)
+    tqueued[member] = at and string.sub(member, at + 17) or ''
+  end
+  call(TENANTS, 'ZCARD', TENANTS) -- (its type checked before anything is deleted)
   local slots = redis.call('TYPE', SLOTS)['ok']
   if slots ~= 'none' and slots ~= 'string' then
     error({ key = SLOTS })
   end
   local all = redis.call('HGETALL', STATE)
   local used, nh, nq, nt, labels, keep = 0, 0, 0, 0, {}, {}
-  redis.call('DEL', SLOTS)
+  -- Tenants: the units and waiters of each, and the weights and caps their records name.
+  local held, waiting, named, configured = { [''] = 0 }, { [''] = 0 }, {}, {}
+  redis.call('DEL', SLOTS, TENANTS)
   for i = 1, #all, 2 do
     local name, raw = all[i], all[i + 1]
-    if string.sub(name, 1, 6) == 'label:' then
+    if string.sub(name, 1, 6) == 'label:' or name == 'tn' then
+      put(name, false)
+    elseif string.sub(name, 1, 2) == 't:' then
+      local weight, cap = match(raw, '^%d+|%d+|(%d+)|(%d*)|')
+      configured[string.sub(name, 3)] = weight and { tonumber(weight), cap ~= '' and tonumber(cap) or nil }
       put(name, false)
     elseif string.sub(name, 1, 2) == 's:' then
       if not leases[name] or leases[name] >= 0 then
@@ -192,6 +205,8 @@ repair = function()
       local id = string.sub(name, 3)
       local r = parse(raw)
       S[name] = raw
+      local tenant = r and r.tn or ''
+      local member = r and r.tk and tq_member(tenant, r.tk, id)
       if r and r.h then
         if not leases[id] then
           redis.call('ZADD', LEASES, S.now + r.lease, id)
@@ -201,9 +216,16 @@ repair = function()
         set_slots(r.s, 1)
         used, nh, keep[id] = used + r.k, nh + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
-      elseif r and leases[id] and queued[id] then
+        held[tenant] = (held[tenant] or 0) + r.k
+        waiting[tenant] = waiting[tenant] or 0
+      elseif r and leases[id] and (member and tqueued[member] == id or not member and queued[id]) then
         nq, keep[id] = nq + 1, true
         labels[r.l] = (labels[r.l] or 0) + 1
+        if member then
+          tqueued[member] = true
+        end
+        held[tenant] = held[tenant] or 0
+        waiting[tenant] = (waiting[tenant] or 0) + 1
       else
         put(name, false)
       end
@@ -218,6 +240,28 @@ repair = function()
     if not keep[id] then
       redis.call('ZREM', QUEUE, id)
     end
+  end
+  for member, kept in pairs(tqueued) do
+    if kept ~= true then
+      redis.call('ZREM', TQUEUE, member)
+    end
+  end
+  -- The tenants' records and turns, as the records say (a tenant whose record was lost gets
+  -- weight 1 and no cap); none if no named tenant holds or waits.
+  local tenants = 0
+  for tenant in pairs(held) do
+    if tenant ~= '' then
+      tenants = tenants + 1
+    end
+  end
+  S.tt, S.tmode = {}, tenants > 0
+  put('layout', tenants > 0 and LAYOUT_TENANTS or LAYOUT)
+  put('tn', tenants > 0 and tenants or false)
+  for tenant in pairs(tenants > 0 and held or {}) do
+    local c = configured[tenant] or {}
+    local t = { held = held[tenant], wait = waiting[tenant], weight = c[1] or 1, cap = c[2], turn = '' }
+    tenant_turn(tenant, t)
+    tenant_save(tenant, t)
   end
   for label, n in pairs(labels) do
     if label ~= '' then

@@ -25,7 +25,7 @@ local probes = {
   {'PEXPIREAT', k, '1'}, {'PERSIST', k},
   {'HGET', k, 'f'}, {'HMGET', k, 'f'}, {'HGETALL', k}, {'HLEN', k}, {'HSET', k, 'f', '1'},
   {'HINCRBY', k, 'f', '1'}, {'HDEL', k, 'f'},
-  {'ZADD', k, '1', 'm'}, {'ZCARD', k}, {'ZRANGE', k, '0', '1'}, {'ZRANGEBYSCORE', k, '0', '1'}, {'ZREVRANGEBYSCORE', k, '1', '0'},
+  {'ZADD', k, '1', 'm'}, {'ZCARD', k}, {'ZRANGE', k, '0', '1'}, {'ZRANGEBYSCORE', k, '0', '1'}, {'ZRANGEBYLEX', k, '-', '+'}, {'ZLEXCOUNT', k, '-', '+'}, {'ZREVRANGEBYSCORE', k, '1', '0'},
   {'ZRANK', k, 'm'}, {'ZSCORE', k, 'm'}, {'ZREM', k, 'm'}, {'ZREMRANGEBYRANK', k, '0', '1'},
   {'ZREMRANGEBYSCORE', k, '0', '1'}, {'BITPOS', k, '0'}, {'SETBIT', k, '0', '1'},
   {'BITCOUNT', k}, {'SETRANGE', k, '0', 'x'}, {'STRLEN', k},
@@ -86,6 +86,10 @@ pub(crate) async fn check_node(
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     pipe.cmd("INFO").arg("memory");
+    // Redis Enterprise's Active-Active databases (and Azure's active geo-replication, built
+    // on them) add a `crdt` section to INFO; other servers answer an unknown section with
+    // nothing.
+    pipe.cmd("INFO").arg("crdt");
     pipe.cmd("SCRIPT").arg("LOAD").arg(ACL_PROBE_LUA);
     pipe.cmd("EVALSHA")
         .arg(ACL_PROBE.get_hash())
@@ -99,12 +103,39 @@ pub(crate) async fn check_node(
     let mut replies = replies.into_iter();
     let mut findings = Findings::default();
     let node = probe.node;
-    let (info, load, eval, wait) = (
+    let (info, crdt, load, eval, wait) = (
+        replies.next(),
         replies.next(),
         replies.next(),
         replies.next(),
         replies.next(),
     );
+    let info_refused = matches!(&info, Some(Err(_)));
+    match crdt.map(|r| r.and_then(|v| redis::from_redis_value::<String>(v).map_err(Into::into))) {
+        Some(Ok(crdt)) => {
+            if let Some(field) = multi_primary(&crdt) {
+                findings.unsuitable.push((
+                    "multi-primary".to_owned(),
+                    format!(
+                        "{node} is an instance of a multi-primary database (Active-Active, \
+                         CRDT: INFO shows {field}): each region takes writes on its own and \
+                         merges them later, so two regions can grant the same unit at once and \
+                         hand out the same fencing token; redsem needs one primary for each \
+                         key; use a database without Active-Active (active geo-replication), \
+                         or accept the risk with ServerChecks::Warn"
+                    ),
+                ));
+            }
+        }
+        Some(Err(err)) if !info_refused => findings.unchecked.push((
+            "multi-primary".to_owned(),
+            format!(
+                "{node}: INFO crdt failed ({err}); whether it is a multi-primary (Active-Active) \
+                 database is unknown"
+            ),
+        )),
+        _ => {}
+    }
     // Refused by the ACL (NOPERM) or by the service (ElastiCache Serverless has no WAIT):
     // every change would fail.
     if let Some(Err(err)) = &wait {
@@ -204,7 +235,7 @@ pub(crate) async fn check_node(
             }
         }
         Some(Err(err)) if is_noperm(&err) => {
-            let on_key = err.detail().is_some_and(|d| d.contains("key"));
+            let on_key = err.detail().is_some_and(refuses_a_key);
             findings.unsuitable.push(if on_key {
                 (
                     "ACL keys".to_owned(),
@@ -236,6 +267,17 @@ pub(crate) async fn check_node(
     Ok(findings)
 }
 
+/// Whether a `NOPERM` refusal's text is about a key rather than the command. Every server
+/// words it its own way (Redis 6.2: "this user has no permissions to access one of the keys
+/// used as arguments"; Redis 7, Valkey 8 and 9: "No permissions to access a key"), and a
+/// refused command names the user ("User apikey has no permissions to run the 'evalsha'
+/// command"), so a user's name with "key" in it is no key refusal: only the phrase counts
+/// (a user's name holds no spaces).
+fn refuses_a_key(detail: &str) -> bool {
+    let detail = detail.to_ascii_lowercase();
+    detail.contains("permissions to access") && detail.contains(" key")
+}
+
 fn is_noperm(err: &redis::RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
 }
@@ -261,6 +303,16 @@ fn eviction_policy(info: &str) -> Option<&str> {
     info.lines()
         .find_map(|line| line.strip_prefix("maxmemory_policy:"))
         .map(str::trim)
+}
+
+/// The first `crdt_` field of an `INFO crdt` reply: there is one on an instance of a
+/// multi-primary database (Redis Enterprise Active-Active: `crdt_config_version`,
+/// `crdt_replid`, ...), none anywhere else.
+fn multi_primary(info: &str) -> Option<&str> {
+    info.lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("crdt_"))
+        .map(|line| line.split(':').next().unwrap_or(line))
 }
 
 #[cfg(test)]
@@ -305,5 +357,182 @@ mod tests {
         missing.sort();
         missing.dedup();
         assert!(missing.is_empty(), "not in ACL_PROBE_LUA: {missing:?}");
+    }
+
+    /// The fields Redis Enterprise documents for the `crdt` section of INFO on an
+    /// Active-Active database ("Develop applications with Active-Active databases", INFO).
+    const ACTIVE_ACTIVE_INFO: &str = "# CRDT\r\ncrdt_config_version:3\r\ncrdt_slots:0-16383\r\n\
+        crdt_replid:1,2\r\ncrdt_clock:1042\r\ncrdt_ovc:1:1042,2:988\r\n";
+
+    /// As Redis 6.2.14, 7.0.15, Valkey 8.1.8 and 9.1.2 word their refusals.
+    #[test]
+    fn a_key_refusal_is_told_from_a_command_refusal_on_every_server() {
+        for key in [
+            "this user has no permissions to access one of the keys used as arguments",
+            "No permissions to access a key",
+        ] {
+            assert!(refuses_a_key(key), "{key}");
+        }
+        for command in [
+            "this user has no permissions to run the 'evalsha' command or its subcommand",
+            "User u has no permissions to run the 'evalsha' command",
+            "User apikey has no permissions to run the 'evalsha' command",
+            "User keys has no permissions to run the 'evalsha' command",
+            "No permissions to access a channel",
+        ] {
+            assert!(!refuses_a_key(command), "{command}");
+        }
+    }
+
+    /// The same on the server under test, in its own words, for a user whose name has "key"
+    /// in it.
+    #[tokio::test]
+    async fn the_servers_own_key_refusal_is_told_from_its_command_refusal() {
+        let server = redsem_test::RedisServer::start();
+        let open = |url: String| async move {
+            let client = redis::Client::open(url).expect("url");
+            redsem_test::within(
+                std::time::Duration::from_secs(10),
+                "connect",
+                client.get_multiplexed_async_connection(),
+            )
+            .await
+            .expect("connect")
+        };
+        let mut admin = open(server.url()).await;
+        let rules = [
+            "SETUSER",
+            "keyholder",
+            "on",
+            ">pw",
+            "~p:*",
+            "&*",
+            "+@all",
+            "-set",
+        ];
+        let () = redis::cmd("ACL")
+            .arg(&rules)
+            .query_async(&mut admin)
+            .await
+            .expect("ACL SETUSER");
+        let mut user = open(format!("redis://keyholder:pw@127.0.0.1:{}", server.port())).await;
+        let refusal = |reply: redis::RedisResult<Value>| {
+            let err = reply.expect_err("refused");
+            assert!(is_noperm(&err), "{err}");
+            err.detail().unwrap_or_default().to_owned()
+        };
+        let key = refusal(redis::cmd("GET").arg("other").query_async(&mut user).await);
+        assert!(refuses_a_key(&key), "{key}");
+        let command = refusal(
+            redis::cmd("SET")
+                .arg("p:a")
+                .arg(1)
+                .query_async(&mut user)
+                .await,
+        );
+        assert!(!refuses_a_key(&command), "{command}");
+    }
+
+    #[test]
+    fn a_crdt_section_marks_a_multi_primary_database() {
+        assert_eq!(
+            multi_primary(ACTIVE_ACTIVE_INFO),
+            Some("crdt_config_version")
+        );
+        assert_eq!(multi_primary(""), None);
+        assert_eq!(
+            multi_primary("# Memory\r\nused_memory:1\r\nmaxmemory_policy:noeviction\r\n"),
+            None
+        );
+    }
+
+    /// A connection that answers `INFO crdt` as an Active-Active instance does and passes
+    /// every other command of a pipeline to the server, one by one.
+    struct ActiveActive<C>(C);
+
+    impl<C: ConnectionLike + Send> ConnectionLike for ActiveActive<C> {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            cmd: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, Value> {
+            self.0.req_packed_command(cmd)
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipeline: &'a redis::Pipeline,
+            _offset: usize,
+            _count: usize,
+        ) -> redis::RedisFuture<'a, Vec<Value>> {
+            Box::pin(async move {
+                let mut replies = Vec::new();
+                for cmd in pipeline.cmd_iter() {
+                    let args: Vec<Vec<u8>> = cmd
+                        .args_iter()
+                        .filter_map(|arg| match arg {
+                            redis::Arg::Simple(bytes) => Some(bytes.to_ascii_lowercase()),
+                            _ => None,
+                        })
+                        .collect();
+                    if args == [b"info".to_vec(), b"crdt".to_vec()] {
+                        replies.push(Value::BulkString(ACTIVE_ACTIVE_INFO.into()));
+                    } else {
+                        replies.push(self.0.req_packed_command(cmd).await?);
+                    }
+                }
+                Ok(replies)
+            })
+        }
+
+        fn get_db(&self) -> i64 {
+            self.0.get_db()
+        }
+    }
+
+    /// On a server without Active-Active the check finds nothing; one whose INFO has a crdt
+    /// section is unsuitable, named as multi-primary.
+    #[tokio::test]
+    async fn the_connect_check_refuses_an_active_active_database() {
+        let server = redsem_test::RedisServer::start();
+        let client = redis::Client::open(server.url()).expect("url");
+        let conn = redsem_test::within(
+            std::time::Duration::from_secs(10),
+            "connect",
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .expect("connect");
+        let probe = Probe {
+            node: "n:1",
+            prefix: "p",
+            key: "p:{acl}:probe",
+            channel: "p:wake:x",
+            rules: "~p:* &p:*",
+            waits: false,
+        };
+        let plain = check_node(&mut conn.clone(), &probe)
+            .await
+            .expect("checked");
+        assert!(
+            !plain.unsuitable.iter().any(|(s, _)| s == "multi-primary"),
+            "{:?}",
+            plain.unsuitable
+        );
+        assert!(plain.unchecked.is_empty(), "{:?}", plain.unchecked);
+        let aa = check_node(&mut ActiveActive(conn), &probe)
+            .await
+            .expect("checked");
+        let found: Vec<&String> = aa
+            .unsuitable
+            .iter()
+            .filter(|(s, _)| s == "multi-primary")
+            .map(|(_, problem)| problem)
+            .collect();
+        assert_eq!(found.len(), 1, "{:?}", aa.unsuitable);
+        assert!(
+            found[0].contains("INFO shows crdt_config_version"),
+            "{}",
+            found[0]
+        );
     }
 }

@@ -15,7 +15,7 @@ use tracing::Instrument as _;
 
 pub use options::LeaseOptions;
 pub use permit::LeasePermit;
-pub use status::{Holder, Status, Waiter};
+pub use status::{Holder, Status, TenantStatus, Waiter};
 
 use crate::batch::Batcher;
 use crate::client::Redsem;
@@ -120,6 +120,39 @@ impl LeaseSemaphore {
                 wake_channel,
                 capacity: AtomicU32::new(capacity),
                 options,
+            }),
+        })
+    }
+
+    /// A handle on the same semaphore whose requests are for `tenant` (the others' options
+    /// and the capacity as this handle's). Cheap: for a tenant per request, as a gateway
+    /// takes it from each request.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn example(sem: redsem::LeaseSemaphore) -> redsem::Result<()> {
+    /// let permit = sem.for_tenant(redsem::Tenant::new("acme").weight(2))?.acquire().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a tenant name, weight or cap out of range.
+    pub fn for_tenant(&self, tenant: crate::types::Tenant) -> Result<LeaseSemaphore> {
+        tenant.validate()?;
+        let inner = &self.inner;
+        Ok(LeaseSemaphore {
+            inner: Arc::new(SemInner {
+                redsem: inner.redsem.clone(),
+                name: inner.name.clone(),
+                keys: inner.keys.clone(),
+                wake_channel: inner.wake_channel.clone(),
+                capacity: AtomicU32::new(self.capacity()),
+                options: inner.options.clone().tenant(tenant),
+                meter: inner.meter.again(),
+                batcher: inner.batcher.clone(),
             }),
         })
     }
@@ -562,6 +595,21 @@ impl LeaseSemaphore {
                 current,
             },
             Acquire::Label(label) => Error::AlreadyHeld { name, label },
+            Acquire::Tenant {
+                tenant,
+                weight,
+                cap,
+            } => {
+                let asked = self.inner.options.tenant.as_ref();
+                Error::TenantConflict {
+                    name,
+                    tenant,
+                    requested_weight: asked.map_or(1, crate::types::Tenant::weight_of),
+                    requested_cap: asked.and_then(crate::types::Tenant::cap_of),
+                    weight,
+                    cap,
+                }
+            }
             Acquire::TooBig { capacity } => invalid(format!(
                 "cannot request more units of {name:?} than its capacity {capacity}"
             )),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Result, invalid};
-use crate::types::check_lease;
+use crate::types::{Tenant, check_lease};
 
 /// Options of a [`LeaseSemaphore`](crate::LeaseSemaphore).
 ///
@@ -36,6 +36,9 @@ pub struct LeaseOptions {
     /// Renew permits in the background (default on). Without it a permit lives one lease
     /// unless [`LeasePermit::refresh`](crate::LeasePermit::refresh) is called.
     pub keepalive: bool,
+    /// The tenant its requests are for (default none: the default tenant, weight 1, no cap).
+    /// Tenants share the semaphore in fair shares: see [`Tenant`].
+    pub tenant: Option<Tenant>,
 }
 
 impl Default for LeaseOptions {
@@ -46,6 +49,7 @@ impl Default for LeaseOptions {
             label: None,
             one_per_label: false,
             keepalive: true,
+            tenant: None,
         }
     }
 }
@@ -86,7 +90,20 @@ impl LeaseOptions {
         self
     }
 
+    /// Make its requests for `tenant` (see [`Tenant`]); [`LeaseSemaphore::for_tenant`]
+    /// gives a handle of another tenant on the same semaphore.
+    ///
+    /// [`LeaseSemaphore::for_tenant`]: crate::LeaseSemaphore::for_tenant
+    #[must_use]
+    pub fn tenant(mut self, tenant: Tenant) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
+        if let Some(tenant) = &self.tenant {
+            tenant.validate()?;
+        }
         check_lease("lease", self.lease)?;
         check_lease("waiter lease", self.waiter_lease)?;
         if self.label.as_deref() == Some("") {

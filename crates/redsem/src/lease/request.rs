@@ -68,6 +68,7 @@ impl wait::Request for LeaseRequest<'_> {
             waiter_lease: options.waiter_lease,
             channel: &inner.wake_channel,
             call: Caller::new(inner.redsem.session(), seq),
+            tenant: options.tenant.as_ref(),
         };
         let send = || async {
             match &inner.batcher {

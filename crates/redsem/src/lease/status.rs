@@ -22,8 +22,30 @@ pub struct Status {
     pub in_use: u64,
     /// Live permits, in grant order.
     pub holders: Vec<Holder>,
-    /// Queued requests, in queue order.
+    /// Queued requests, in arrival order.
     pub waiters: Vec<Waiter>,
+    /// Each tenant that holds or waits, by name, while a named tenant does (empty otherwise:
+    /// the plain FIFO); the default tenant, if it holds or waits, as `""`. (Left out of the
+    /// `serde` form when empty.)
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
+    pub tenants: Vec<TenantStatus>,
+}
+
+/// A tenant as [`Status`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct TenantStatus {
+    /// The tenant's name (`""`: the default tenant).
+    pub name: String,
+    /// Units its permits hold.
+    pub held: u64,
+    /// Its queued requests.
+    pub waiters: u64,
+    /// Its weight in force.
+    pub weight: u32,
+    /// Its cap in force, if any.
+    pub cap: Option<u32>,
 }
 
 /// A live permit as [`Status`] lists it.
@@ -53,6 +75,9 @@ pub struct Holder {
         serde(rename = "held_for_ms", serialize_with = "ser::millis")
     )]
     pub held_for: Duration,
+    /// Its tenant (none: the default tenant; then left out of the `serde` form).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub tenant: Option<String>,
 }
 
 /// A queued request as [`Status`] lists it.
@@ -73,6 +98,9 @@ pub struct Waiter {
         serde(rename = "waiting_for_ms", serialize_with = "ser::millis")
     )]
     pub waiting_for: Duration,
+    /// Its tenant (none: the default tenant; then left out of the `serde` form).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub tenant: Option<String>,
 }
 
 impl Status {
@@ -157,6 +185,7 @@ impl Status {
                     slots: h.slots,
                     expires_in: ms(h.left_ms),
                     held_for: ms(h.held_ms),
+                    tenant: label(h.tenant),
                 })
                 .collect(),
             waiters: raw
@@ -167,6 +196,18 @@ impl Status {
                     label: label(w.label),
                     units: w.units,
                     waiting_for: ms(w.waited_ms),
+                    tenant: label(w.tenant),
+                })
+                .collect(),
+            tenants: raw
+                .tenants
+                .into_iter()
+                .map(|t| TenantStatus {
+                    name: t.name,
+                    held: t.held,
+                    waiters: t.waiters,
+                    weight: t.weight,
+                    cap: t.cap,
                 })
                 .collect(),
         }

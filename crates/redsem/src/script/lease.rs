@@ -14,18 +14,40 @@ use super::reply::{Reply, confirmed, millis};
 use crate::error::{Error, Result};
 use crate::keys::LeaseKeys;
 use crate::session::{Caller, Hex, Session};
+use crate::types::Tenant;
 
 /// What `lease_acquire` and `lease_poll` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Acquire {
-    Granted { token: u64, slots: Vec<u32> },
-    Queued { position: u64, recheck: Duration },
-    Busy { in_use: u64, waiters: u64 },
+    Granted {
+        token: u64,
+        slots: Vec<u32>,
+    },
+    Queued {
+        position: u64,
+        recheck: Duration,
+    },
+    Busy {
+        in_use: u64,
+        waiters: u64,
+    },
     Gone,
-    Conflict { current: u32 },
+    Conflict {
+        current: u32,
+    },
+    /// The tenant's weight and cap in force differ from the request's.
+    Tenant {
+        tenant: String,
+        weight: u32,
+        cap: Option<u32>,
+    },
     Label(String),
-    TooBig { capacity: u32 },
-    TooMany { most: u32 },
+    TooBig {
+        capacity: u32,
+    },
+    TooMany {
+        most: u32,
+    },
 }
 
 /// What `lease_release` answers.
@@ -55,6 +77,8 @@ pub(crate) struct RawHolder {
     pub(crate) left_ms: i64,
     pub(crate) held_ms: i64,
     pub(crate) slots: Vec<u32>,
+    /// Its tenant ("" the default one).
+    pub(crate) tenant: String,
 }
 
 /// A waiter as `lease_status` lists it.
@@ -64,6 +88,18 @@ pub(crate) struct RawWaiter {
     pub(crate) label: String,
     pub(crate) units: u32,
     pub(crate) waited_ms: i64,
+    /// Its tenant ("" the default one).
+    pub(crate) tenant: String,
+}
+
+/// A tenant as `lease_status` lists it (only while a named tenant holds or waits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawTenant {
+    pub(crate) name: String,
+    pub(crate) held: u64,
+    pub(crate) waiters: u64,
+    pub(crate) weight: u32,
+    pub(crate) cap: Option<u32>,
 }
 
 /// What `lease_status` answers.
@@ -73,6 +109,7 @@ pub(crate) struct RawStatus {
     pub(crate) in_use: u64,
     pub(crate) holders: Vec<RawHolder>,
     pub(crate) waiters: Vec<RawWaiter>,
+    pub(crate) tenants: Vec<RawTenant>,
 }
 
 /// The arguments of one new request.
@@ -89,6 +126,25 @@ pub(crate) struct Request<'a> {
     pub(crate) channel: &'a str,
     /// This call: the caller's session and the call's number in it.
     pub(crate) call: Caller<'a>,
+    /// Its tenant (none: the default tenant).
+    pub(crate) tenant: Option<&'a Tenant>,
+}
+
+impl Request<'_> {
+    /// The tenant's name, weight and cap as the scripts take them ("" for none).
+    fn tenant_args(&self) -> [Vec<u8>; 3] {
+        match self.tenant {
+            None => [Vec::new(), Vec::new(), Vec::new()],
+            Some(t) => [
+                t.name().as_bytes().to_vec(),
+                t.weight_of().to_string().into_bytes(),
+                t.cap_of()
+                    .map(|c| c.to_string())
+                    .unwrap_or_default()
+                    .into_bytes(),
+            ],
+        }
+    }
 }
 
 /// Who releases an id, as `lease_release` takes it.
@@ -120,7 +176,7 @@ pub(crate) async fn lease_acquire(
     keys: &LeaseKeys,
     req: &Request<'_>,
 ) -> Result<Acquire> {
-    let acked = LEASE_ACQUIRE
+    let call = LEASE_ACQUIRE
         .key(&keys.all[..])
         .arg(req.id)
         .arg(req.capacity)
@@ -133,7 +189,11 @@ pub(crate) async fn lease_acquire(
         .arg(req.channel)
         .arg(Hex(req.call.seq))
         .arg(req.call.session.id())
-        .arg(Hex(req.call.session.low()))
+        .arg(Hex(req.call.session.low()));
+    let acked = req
+        .tenant_args()
+        .iter()
+        .fold(call, |call, arg| call.arg(&arg[..]))
         .invoke_acked(conn)
         .await?;
     lease_granted("lease_acquire", acked)
@@ -255,7 +315,7 @@ pub(crate) struct BatchOp {
 impl BatchOp {
     /// A new request, as `lease_acquire` takes it (the channel is the batch's).
     pub(crate) fn acquire(req: &Request<'_>) -> BatchOp {
-        let args = vec![
+        let mut args = vec![
             b"a".to_vec(),
             req.id.as_bytes().to_vec(),
             req.capacity.to_string().into_bytes(),
@@ -271,6 +331,7 @@ impl BatchOp {
             millis(req.waiter_lease).to_string().into_bytes(),
             Hex(req.call.seq).to_string().into_bytes(),
         ];
+        args.extend(req.tenant_args());
         BatchOp { args, acked: true }
     }
 
@@ -369,16 +430,19 @@ async fn lease_single(
 ) -> Result<BatchReply> {
     let call = match op.args.first().map(Vec::as_slice) {
         // "a", then the arguments of lease_acquire up to its channel, the channel, the
-        // sequence number and the session's.
-        Some(b"a") if op.args.len() == 10 => op.args[1..9]
-            .iter()
-            .fold(LEASE_ACQUIRE.key(&keys.all[..]), |call, arg| {
-                call.arg(&arg[..])
-            })
-            .arg(channel)
-            .arg(&op.args[9][..])
-            .arg(session.id())
-            .arg(Hex(session.low())),
+        // sequence number, the session's, and the tenant's.
+        Some(b"a") if op.args.len() == 13 => op.args[10..13].iter().fold(
+            op.args[1..9]
+                .iter()
+                .fold(LEASE_ACQUIRE.key(&keys.all[..]), |call, arg| {
+                    call.arg(&arg[..])
+                })
+                .arg(channel)
+                .arg(&op.args[9][..])
+                .arg(session.id())
+                .arg(Hex(session.low())),
+            |call, arg| call.arg(&arg[..]),
+        ),
         // "r" | "w", id, number: lease_release takes id, channel, number, session, low
         // mark, kind.
         Some(kind @ (b"r" | b"w")) if op.args.len() == 3 => LEASE_RELEASE
@@ -471,6 +535,7 @@ pub(crate) async fn lease_status(conn: &mut impl Scripting, keys: &LeaseKeys) ->
             left_ms: h.int()?,
             held_ms: h.int()?,
             slots: h.slots()?,
+            tenant: h.string()?,
         });
     }
     let mut waiters = Vec::new();
@@ -481,6 +546,18 @@ pub(crate) async fn lease_status(conn: &mut impl Scripting, keys: &LeaseKeys) ->
             label: w.string()?,
             units: w.u32()?,
             waited_ms: w.int()?,
+            tenant: w.string()?,
+        });
+    }
+    let mut tenants = Vec::new();
+    for item in r.array()? {
+        let mut t = Reply::nested("lease_status", item)?;
+        tenants.push(RawTenant {
+            name: t.string()?,
+            held: t.uint()?,
+            waiters: t.uint()?,
+            weight: t.u32()?,
+            cap: u32::try_from(t.int()?).ok(),
         });
     }
     Ok(RawStatus {
@@ -488,6 +565,7 @@ pub(crate) async fn lease_status(conn: &mut impl Scripting, keys: &LeaseKeys) ->
         in_use,
         holders,
         waiters,
+        tenants,
     })
 }
 
@@ -527,6 +605,11 @@ fn decode_acquire(script: &'static str, reply: Value) -> Result<Acquire> {
         },
         "GONE" => Acquire::Gone,
         "CONFLICT" => Acquire::Conflict { current: r.u32()? },
+        "TENANT" => Acquire::Tenant {
+            tenant: r.string()?,
+            weight: r.u32()?,
+            cap: u32::try_from(r.int()?).ok(),
+        },
         "LABEL" => Acquire::Label(r.string()?),
         "TOOBIG" => Acquire::TooBig { capacity: r.u32()? },
         "TOOMANY" => Acquire::TooMany { most: r.u32()? },

@@ -51,6 +51,7 @@ macro_rules! lua_files {
 /// what the files before it define.
 const LEASE_PRELUDE: &[(&str, &str)] = lua_files![
     "lease/layout",
+    "lease/tenants",
     "lease/grants",
     "lease/state",
     "lease/sessions",
@@ -505,17 +506,27 @@ fn no_keys(op: &Op) -> RedisError {
     ))
 }
 
-/// The server does not have the function (the library is not loaded there).
+/// The server does not have the function (the library is not loaded there). Redis has no
+/// code of its own for it (`ERR Function not found` on Redis 7.0 to 8, Valkey 8.1 and 9.1),
+/// so this one is told by its text.
 fn unknown_function(err: &RedisError) -> bool {
-    err.to_string().contains("Function not found")
+    err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        && err.detail().is_some_and(|d| {
+            d.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("function not found")
+        })
 }
 
-/// The server cannot or will not run functions: no such command (Redis < 7), an ACL that
-/// refuses `FCALL` or `FUNCTION LOAD`, or a library it does not accept.
+/// The server cannot or will not run functions: no such command (Redis < 7: "unknown command
+/// `FCALL`", in backquotes where Redis 7 and Valkey quote it), an ACL that refuses `FCALL`
+/// or `FUNCTION LOAD` (NOPERM, by its code), or a library it does not accept (Valkey says
+/// `server.register_function` where Redis says `redis.register_function`; both start
+/// "Error registering functions").
 fn functions_unusable(err: &RedisError) -> bool {
     let text = err.to_string().to_ascii_lowercase();
     unknown_function(err)
-        || err.code() == Some("NOPERM")
+        || err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
         || text.contains("noperm")
         || text.contains("unknown command")
         || text.contains("error compiling")

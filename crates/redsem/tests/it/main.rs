@@ -75,6 +75,9 @@ mod cancellation;
 /// (MONITOR and COMMAND GETKEYS over a workload of every operation).
 mod script_keys;
 
+/// Fair shares between tenants: a handle per tenant, the status per tenant, conflicts.
+mod tenants;
+
 /// Managed services emulated by ACL users refused what each service refuses
 /// (`redsem_test::profiles`): every primitive works, or the connect names the refused command.
 mod profiles;

@@ -174,3 +174,87 @@ async fn every_operation_loads_as_a_script_and_as_a_function() {
         assert!(listed.contains(op.function()), "{} registered", op.name);
     }
 }
+
+/// The errors the client tells apart are told apart on the server under test, in its own
+/// words (Redis 6.2 quotes an unknown command in backquotes, Valkey names
+/// `server.register_function`, ...): a function it lacks, functions it has not or refuses, a
+/// command of redsem's module it has not. CI runs this on Redis 7.0, Valkey 8.1 and 9.1.
+#[tokio::test]
+async fn each_servers_own_refusals_are_recognised_by_their_kind() {
+    let server = RedisServer::start();
+    let mut conn = connect_plain(&server).await;
+    let fcall: redis::RedisResult<redis::Value> = within(
+        LIMIT,
+        "FCALL",
+        redis::cmd("FCALL")
+            .arg("redsem_nosuch_op")
+            .arg(1)
+            .arg("k")
+            .query_async(&mut conn),
+    )
+    .await;
+    let fcall = fcall.expect_err("no such function");
+    assert!(functions_unusable(&fcall), "{fcall}");
+    let has_functions = !fcall
+        .to_string()
+        .to_ascii_lowercase()
+        .contains("unknown command");
+    if has_functions {
+        assert!(unknown_function(&fcall), "{fcall}");
+    }
+    let load: redis::RedisResult<String> = within(
+        LIMIT,
+        "FUNCTION LOAD",
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("#!lua name=bad\nredis.register_function(1, 2)")
+            .query_async(&mut conn),
+    )
+    .await;
+    let load = load.expect_err("a library that does not register");
+    assert!(functions_unusable(&load), "{load}");
+    assert!(!unknown_function(&load), "{load}");
+    let module: redis::RedisResult<redis::Value> = within(
+        LIMIT,
+        "REDSEM.LEASE_STATUS",
+        redis::cmd("REDSEM.LEASE_STATUS")
+            .arg("k")
+            .query_async(&mut conn),
+    )
+    .await;
+    let module = module.expect_err("no module");
+    assert!(crate::engine::module_missing(&module), "{module}");
+    assert!(!unknown_function(&module), "{module}");
+    if has_functions {
+        let () = within(
+            LIMIT,
+            "ACL SETUSER",
+            redis::cmd("ACL")
+                .arg(&[
+                    "SETUSER", "apikey", "on", "nopass", "~*", "&*", "+@all", "-fcall",
+                ])
+                .query_async(&mut conn),
+        )
+        .await
+        .expect("ACL SETUSER");
+        let mut refused =
+            redis::Client::open(format!("redis://apikey:x@127.0.0.1:{}", server.port()))
+                .expect("url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect as apikey");
+        let noperm: redis::RedisResult<redis::Value> = within(
+            LIMIT,
+            "FCALL as apikey",
+            redis::cmd("FCALL")
+                .arg("redsem_nosuch_op")
+                .arg(1)
+                .arg("k")
+                .query_async(&mut refused),
+        )
+        .await;
+        let noperm = noperm.expect_err("FCALL refused");
+        assert!(functions_unusable(&noperm), "{noperm}");
+        assert!(!unknown_function(&noperm), "{noperm}");
+    }
+}

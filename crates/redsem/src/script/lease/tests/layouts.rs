@@ -142,13 +142,13 @@ async fn an_idle_state_of_a_newer_layout_is_refused_untouched() {
     let (_server, mut conn, k) = start().await;
     granted(acquire(&mut conn, req("first", 2, 1, false)).await);
     release(&mut conn, &k, "first").await.expect("release");
-    let () = conn.hset(&k.state, "layout", "3").await.expect("hset");
+    let () = conn.hset(&k.state, "layout", "4").await.expect("hset");
     match acquire_result(&mut conn, req("a", 2, 1, false)).await {
-        Err(Error::Incompatible { found, .. }) => assert_eq!(found, "3"),
+        Err(Error::Incompatible { found, .. }) => assert_eq!(found, "4"),
         other => panic!("expected Incompatible, got {other:?}"),
     }
     let layout: String = conn.hget(&k.state, "layout").await.expect("hget");
-    assert_eq!(layout, "3", "untouched");
+    assert_eq!(layout, "4", "untouched");
 }
 
 #[tokio::test]
@@ -168,7 +168,12 @@ async fn a_layout_1_takeover_in_a_batch_forgets_the_records_it_read() {
         ["a", id, "3", "1", "30000", "", "0", "try", "30000"]
             .iter()
             .map(|s| (*s).to_owned())
-            .chain([Hex(seq).to_string()])
+            .chain([
+                Hex(seq).to_string(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ])
             .collect()
     };
     let ops = [

@@ -19,4 +19,5 @@ mod queue_and_wake_ups;
 mod session_pruning;
 mod sessions_and_resends;
 mod status;
+mod tenants;
 mod work_budgets;

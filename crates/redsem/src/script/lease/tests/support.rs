@@ -31,6 +31,10 @@ pub(super) struct Keys {
     pub(super) state: String,
     /// The slot bitmap.
     pub(super) slots: String,
+    /// The turns: tenants waiting whose head fits their cap, by held / weight.
+    pub(super) tenants: String,
+    /// Named tenants' waiters, one lex range per tenant.
+    pub(super) tqueue: String,
 }
 
 impl Deref for Keys {
@@ -43,13 +47,15 @@ impl Deref for Keys {
 
 impl From<LeaseKeys> for Keys {
     fn from(keys: LeaseKeys) -> Self {
-        let [leases, queue, state, slots] = keys.all.clone();
+        let [leases, queue, state, slots, tenants, tqueue] = keys.all.clone();
         Keys {
             keys,
             leases,
             queue,
             state,
             slots,
+            tenants,
+            tqueue,
         }
     }
 }
@@ -86,6 +92,7 @@ pub(super) fn req<'a>(id: &'a str, capacity: u32, units: u32, wait: bool) -> Req
         waiter_lease: Duration::from_secs(30),
         channel: CHANNEL,
         call: Caller::new(session(), number(id)),
+        tenant: None,
     }
 }
 
