@@ -17,6 +17,8 @@ pub struct Capabilities {
     pub sharded_pubsub: bool,
     /// TLS, built in.
     pub tls: bool,
+    /// `redis.acl_check_cmd` in scripts (Redis 7.0).
+    pub acl_check_cmd: bool,
 }
 
 impl Capabilities {
@@ -37,6 +39,12 @@ impl Capabilities {
             functions: has_command(server, "FUNCTION"),
             sharded_pubsub: has_command(server, "SPUBLISH"),
             tls: has_tls(server),
+            acl_check_cmd: redis::cmd("EVAL")
+                .arg("return redis.acl_check_cmd and 1 or 0")
+                .arg(0)
+                .query::<i64>(&mut server.connection())
+                .unwrap_or_else(|e| panic!("EVAL: {e}"))
+                == 1,
         }
     }
 }
