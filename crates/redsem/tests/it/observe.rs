@@ -14,6 +14,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use redsem::{MetricNames, PermitOptions, RedsemOptions, Tenant};
 
 use crate::support::{LIMIT, RedisServer, TestContext, connect_with, cycle, short, within};
+use crate::support::{Needs, skip_without};
 
 /// Counters and histogram samples seen so far, by `metric{label=value,...}` (labels sorted).
 #[derive(Default)]
@@ -635,6 +636,13 @@ fn the_blocking_facade_works_without_a_runtime_and_releases_on_drop() {
 
 #[tokio::test]
 async fn a_function_library_load_is_counted_as_a_script_reload() {
+    if skip_without(
+        Needs::Functions,
+        "a_function_library_load_is_counted_as_a_script_reload",
+        "counts a FUNCTION LOAD",
+    ) {
+        return;
+    }
     record();
     let ctx = TestContext::start().await;
     let before = counter("redsem_script_reloads_total", &[]);
