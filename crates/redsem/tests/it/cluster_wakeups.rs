@@ -181,6 +181,13 @@ async fn lease_hand_off(cluster: &RedisCluster, a: &Redsem, b: &Redsem, name: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
     let (a, b) = clients(&cluster).await;
 
@@ -289,6 +296,13 @@ async fn wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only() {
 /// the client subscribes at the new owner, and hand-offs come by message there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_wake_ups_follow_their_slot_to_another_node() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "sharded_wake_ups_follow_their_slot_to_another_node",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
     let (a, b) = clients(&cluster).await;
     let name = "moving";
@@ -367,4 +381,39 @@ fn move_slot(cluster: &RedisCluster, key: &str, from: &RedisServer, to: &RedisSe
             setslot(&mut node.connection(), "NODE", &dst_id);
         }
     }
+}
+
+/// A user given exactly the documented rules (`acl_rules()` and, on a cluster, `+cluster|slots
+/// +cluster|nodes`) on every node is woken by the sharded message: the rules allow `SPUBLISH`
+/// and `SSUBSCRIBE` (`+@pubsub`), not only their classic twins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_the_documented_rules_is_woken_by_the_sharded_message() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "a_user_with_the_documented_rules_is_woken_by_the_sharded_message",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
+    let options = RedsemOptions::default().prefix(PREFIX);
+    let rules = format!("{} +cluster|slots +cluster|nodes", options.acl_rules());
+    for node in cluster.nodes() {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("app").arg("on").arg(">app-password");
+        for rule in rules.split_whitespace() {
+            cmd.arg(rule);
+        }
+        let _: () = ask(node, &cmd);
+    }
+    let urls: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| url.replacen("redis://", "redis://app:app-password@", 1))
+        .collect();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let connect = || Redsem::connect_cluster_with(&seeds, options.clone());
+    let a = within(LIMIT, "connect a", connect()).await.expect("a");
+    let b = within(LIMIT, "connect b", connect()).await.expect("b");
+    lease_hand_off(&cluster, &a, &b, "acl").await;
 }
