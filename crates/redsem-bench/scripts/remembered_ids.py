@@ -76,9 +76,9 @@ def main():
             for _ in range(PER_PIPELINE):
                 pid = uuid.uuid4().hex
                 if kind == "lease":
-                    pipe.execute_command("FCALL", "rx_lease_acquire", 4, *lease, pid, 8, 1, 30000, "", "0", "try",
+                    pipe.execute_command("FCALL", "rx_lease_acquire", len(lease), *lease, pid, 8, 1, 30000, "", "0", "try",
                                          3000, "c")
-                    pipe.execute_command("FCALL", "rx_lease_release", 4, *lease, pid, "c", "a" + pid)
+                    pipe.execute_command("FCALL", "rx_lease_release", len(lease), *lease, pid, "c", "a" + pid)
                 else:
                     pipe.execute_command("FCALL", "rx_permit_acquire", 6, *permits, pid, 1, "try", 3000, "c")
                     pipe.execute_command("FCALL", "rx_permit_add", 6, *permits, "r" + pid, 1)

@@ -203,7 +203,7 @@ end)
 
 
 def lease_keys(name):
-    return [f"b:{{lease:{name}}}:{part}" for part in ["leases", "queue", "state", "slots"]]
+    return [f"b:{{lease:{name}}}:{part}" for part in ["leases", "queue", "state", "slots", "tenants", "tqueue"]]
 
 
 def permit_keys(name):
@@ -274,7 +274,7 @@ def main():
             measure("lease", commands, CYCLES, engine)
 
         r.function_load(FLOOR, replace=True)
-        f = lease_keys("f")
+        f = lease_keys("f")[:4]  # (the floor's functions take the four keys its commands touch)
         r.hset(f[2], mapping={"layout": "1", "wide": "-" * 80})  # a hash table, as redsem's
         commands = []
         for i, pid in enumerate(ids):
@@ -308,7 +308,8 @@ def main():
                         commands.append(op(engine, "lease_acquire", k, pid, 8, 1, 30000, "", "0", "wait", 30000,
                                            "c", h(seq + 2), "sess", h(seq + 2)))
                     else:
-                        ops += ["r", old, h(seq + 1), "a", pid, 8, 1, 30000, "", "0", "wait", 30000, h(seq + 2)]
+                        ops += ["r", old, h(seq + 1), "a", pid, 8, 1, 30000, "", "0", "wait", 30000, h(seq + 2),
+                                "", "", ""]
                     seq += 2
                 if ops:
                     commands.append(op(engine, "lease_batch", k, "c", "sess", h(low), *ops))

@@ -154,6 +154,11 @@ pub(crate) struct Read<const N: usize> {
 }
 
 impl<const N: usize> Read<N> {
+    /// Every field as read (None: absent), each string's bytes taken once.
+    pub(crate) fn all(&self) -> [Option<&[u8]>; N] {
+        std::array::from_fn(|i| self.get(i))
+    }
+
     /// The field at `i` as read (None: absent).
     pub(crate) fn get(&self, i: usize) -> Option<&[u8]> {
         let s = self.v[i];

@@ -54,6 +54,11 @@ unsafe fn queued(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> b
     if argv.len() < 5 {
         return false;
     }
+    // (KeyExists, where the server has it, looks the key up without opening it. A foreign
+    // value there sends the call to the general path, which declines it: the Lua serves it.)
+    if let Some(exists) = raw::RedisModule_KeyExists {
+        return exists(ctx, argv[2]) != 0;
+    }
     let queue = Keys::<1>::open(ctx, &argv[2..3]);
     key_type(queue.0[0]) == raw::REDISMODULE_KEYTYPE_ZSET
 }
@@ -76,29 +81,28 @@ const KEYS_SENT: usize = 6;
 /// without the tenant, weight and cap of each acquire (an acquire's ARGV 13 to 15; in a batch,
 /// the last three of each "a" operation), if every one of those is empty; None (declined: the
 /// Lua serves it) if one names a tenant, or the keys are not the ones these paths know.
-unsafe fn untenanted(
-    argv: &[*mut RedisModuleString],
-    batch: bool,
-) -> Option<Vec<*mut RedisModuleString>> {
+unsafe fn untenanted(argv: &[*mut RedisModuleString], batch: bool) -> Option<Args> {
     if !lease_keys() || argv.len() <= KEYS_SENT {
         return None;
     }
-    let mut out = Vec::with_capacity(argv.len());
-    out.extend_from_slice(&argv[..5]);
     let args = &argv[KEYS_SENT + 1..];
     let empty = |at: &[*mut RedisModuleString]| at.iter().all(|a| api::bytes(*a).is_empty());
     if !batch {
-        // lease_acquire takes 15 arguments, the last three its tenant's (lease_release 6).
-        if args.len() == 15 {
-            if !empty(&args[12..]) {
-                return None;
-            }
-            out.extend_from_slice(&args[..12]);
-        } else {
-            out.extend_from_slice(args);
-        }
-        return Some(out);
+        // lease_acquire takes 15 arguments, the last three its tenant's (lease_release 6):
+        // the command's name and four keys, then at most 12 (on the stack: no allocation).
+        let args = match args.len() {
+            15 if empty(&args[12..]) => &args[..12],
+            15 => return None,
+            n if n <= 12 => args,
+            _ => return None,
+        };
+        let mut out = [ptr::null_mut(); 17];
+        out[..5].copy_from_slice(&argv[..5]);
+        out[5..5 + args.len()].copy_from_slice(args);
+        return Some(Args::Call(out, 5 + args.len()));
     }
+    let mut out = Vec::with_capacity(argv.len());
+    out.extend_from_slice(&argv[..5]);
     // lease_batch: channel, session id, low mark, then "a" + 12 | "r"/"w" + 2.
     out.extend_from_slice(args.get(..3)?);
     let mut i = 3;
@@ -118,7 +122,26 @@ unsafe fn untenanted(
             }
         }
     }
-    Some(out)
+    Some(Args::Batch(out))
+}
+
+/// A lease command's arguments as the native paths take them (see [`untenanted`]).
+enum Args {
+    /// An acquire's or a release's, and how many.
+    Call([*mut RedisModuleString; 17], usize),
+    /// A batch's.
+    Batch(Vec<*mut RedisModuleString>),
+}
+
+impl std::ops::Deref for Args {
+    type Target = [*mut RedisModuleString];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Args::Call(a, n) => &a[..*n],
+            Args::Batch(v) => v,
+        }
+    }
 }
 
 /// Whether the lease operations of the library this module was built with take the keys
@@ -209,19 +232,22 @@ unsafe fn read(ctx: *mut RedisModuleCtx, state: *mut RedisModuleKey, record: &St
     r
 }
 
+/// The fields read, each as its bytes (None: absent), taken once.
+type Fields<'a> = [Option<&'a [u8]>; FIELDS];
+
 /// A counter as `count()` reads it: absent is 0.
-fn count(s: &Read<FIELDS>, i: usize) -> Option<u64> {
-    s.get(i).map_or(Some(0), decimal)
+fn count(s: &Fields, i: usize) -> Option<u64> {
+    s[i].map_or(Some(0), decimal)
 }
 
 /// `quiet(stored, room)`: of this layout, counters agreeing, nobody queued, no idle TTL,
 /// nothing due; with `room`, a unit free. Answers (cap, used, nh, next).
-fn quiet(s: &Read<FIELDS>, now: u64, room: bool) -> Option<(u64, u64, u64, u64)> {
-    s.get(CAP)?;
-    if s.get(QLEN) != Some(b"0") || s.get(LAYOUT_AT) != Some(LAYOUT) || s.get(NH).is_none() {
+fn quiet(s: &Fields, now: u64, room: bool) -> Option<(u64, u64, u64, u64)> {
+    s[CAP]?;
+    if s[QLEN] != Some(b"0") || s[LAYOUT_AT] != Some(LAYOUT) || s[NH].is_none() {
         return None;
     }
-    if s.get(IDLE).is_some_and(|idle| idle != b"0") {
+    if s[IDLE].is_some_and(|idle| idle != b"0") {
         return None;
     }
     let (cap, used, nh) = (count(s, CAP)?, count(s, USED)?, count(s, NH)?);
@@ -351,27 +377,28 @@ unsafe fn fast_acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]
         return false;
     };
     let [leases, state, slots] = keys.0;
-    if s.get(RECORD).is_some() {
+    let s = &s.all();
+    if s[RECORD].is_some() {
         return false;
     }
     let Some((now, now_us)) = clock::now(ctx) else {
         return false;
     };
-    let Some((cap, used, nh, next)) = quiet(&s, now, true) else {
+    let Some((cap, used, nh, next)) = quiet(s, now, true) else {
         return false;
     };
     if want != cap {
         return false;
     }
-    if s.get(SESSION).is_some() {
-        let Some(session) = Session::parse(s.get(SESSION)) else {
+    if s[SESSION].is_some() {
+        let Some(session) = Session::parse(s[SESSION]) else {
             return false;
         };
         if session.stale(seq) || session.marked(a(10), seq) {
             return false;
         }
     }
-    let Some(last) = count(&s, TOK) else {
+    let Some(last) = count(s, TOK) else {
         return false;
     };
     let token = (last + 1).max(now_us);
@@ -517,17 +544,18 @@ unsafe fn fast_release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]
     else {
         return false;
     };
+    let s = &s.all();
     let [leases, state, slots] = keys.0;
     let Some((now, _)) = clock::now(ctx) else {
         return false;
     };
-    let Some((_, used, nh, _)) = quiet(&s, now, false) else {
+    let Some((_, used, nh, _)) = quiet(s, now, false) else {
         return false;
     };
-    let Some(slot) = s.get(RECORD).and_then(one_unit_slot) else {
+    let Some(slot) = s[RECORD].and_then(one_unit_slot) else {
         return false;
     };
-    let Some(session) = Session::parse(s.get(SESSION)) else {
+    let Some(session) = Session::parse(s[SESSION]) else {
         return false;
     };
     if session.stale(seq) {

@@ -65,10 +65,13 @@ pub struct RedsemOptions {
 /// waits included, as exactly this user):
 ///
 /// ```text
-/// ACL SETUSER app on >password resetkeys ~redsem:* resetchannels &redsem:* -@all +@read +@write +@scripting -@dangerous +publish +subscribe +unsubscribe +ping +info +time
+/// ACL SETUSER app on >password resetkeys ~redsem:* resetchannels &redsem:* -@all +@read +@write +@scripting -@dangerous +@pubsub +ping +info +time
 /// ```
 ///
-/// [`RedsemOptions::acl_rules`] gives the part after the password for any prefix. On a
+/// `+@pubsub` covers `PUBLISH`/`SUBSCRIBE` and, on a Redis Cluster, the sharded
+/// `SPUBLISH`/`SSUBSCRIBE` the wake-ups go by there (the channel pattern confines it to
+/// redsem's channels); it is a category, so Redis 6, which lacks the sharded commands, takes
+/// the same line. [`RedsemOptions::acl_rules`] gives the part after the password for any prefix. On a
 /// Redis Cluster also allow `+cluster|slots +cluster|nodes` (topology, and the list of
 /// primaries to check). `+info` is optional: without it the eviction policy is not checked.
 /// Key and channel patterns confine `@read`/`@write` to redsem's keys; `-@dangerous` takes
@@ -182,7 +185,7 @@ impl RedsemOptions {
         };
         let mut rules = format!(
             "resetkeys ~{prefix}:* resetchannels &{prefix}:* -@all +@read +@write +@scripting \
-             -@dangerous +publish +subscribe +unsubscribe +ping +info +time{wait}"
+             -@dangerous +@pubsub +ping +info +time{wait}"
         );
         if self.engine == Engine::Native {
             for (operation, _) in crate::script::protocol_operations() {

@@ -225,8 +225,8 @@ pub(crate) async fn check_node(
                     "ACL channels".to_owned(),
                     format!(
                         "{node}: the user may not run {} on channel {} (waiters are woken on \
-                         channels under {prefix}:); allow them with {} +publish +subscribe \
-                         +unsubscribe +ping (all of it: {rules})",
+                         channels under {prefix}:); allow them with {} +@pubsub +ping (all \
+                         of it: {rules})",
                         on_channels.join(", "),
                         probe.channel,
                         channel_pattern(rules),

@@ -65,8 +65,8 @@ impl Task {
                     if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
                 {
                     tracing::error!(error = %err, channel = %self.own_channel,
-                        "redsem pub/sub refused by the ACL: allow +subscribe +unsubscribe and the \
-                         channels under the prefix (&<prefix>:*); waiters fall back to polling");
+                        "redsem pub/sub refused by the ACL: allow +@pubsub and the channels under \
+                         the prefix (&<prefix>:*); waiters fall back to polling");
                     self.next_client += 1;
                     self.wake_everyone();
                 }

@@ -368,3 +368,31 @@ fn move_slot(cluster: &RedisCluster, key: &str, from: &RedisServer, to: &RedisSe
         }
     }
 }
+
+/// A user given exactly the documented rules (`acl_rules()` and, on a cluster, `+cluster|slots
+/// +cluster|nodes`) on every node is woken by the sharded message: the rules allow `SPUBLISH`
+/// and `SSUBSCRIBE` (`+@pubsub`), not only their classic twins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_the_documented_rules_is_woken_by_the_sharded_message() {
+    let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
+    let options = RedsemOptions::default().prefix(PREFIX);
+    let rules = format!("{} +cluster|slots +cluster|nodes", options.acl_rules());
+    for node in cluster.nodes() {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("app").arg("on").arg(">app-password");
+        for rule in rules.split_whitespace() {
+            cmd.arg(rule);
+        }
+        let _: () = ask(node, &cmd);
+    }
+    let urls: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|url| url.replacen("redis://", "redis://app:app-password@", 1))
+        .collect();
+    let seeds: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let connect = || Redsem::connect_cluster_with(&seeds, options.clone());
+    let a = within(LIMIT, "connect a", connect()).await.expect("a");
+    let b = within(LIMIT, "connect b", connect()).await.expect("b");
+    lease_hand_off(&cluster, &a, &b, "acl").await;
+}

@@ -14,7 +14,7 @@ use crate::support::{
 /// The rights the rustdoc of [`ServerChecks`] documents, for the prefix `redsem`, after
 /// `ACL SETUSER <user> on ><password>`. Kept identical to the documented line.
 const DOCUMENTED_RIGHTS: &str = "resetkeys ~redsem:* resetchannels &redsem:* -@all +@read \
-     +@write +@scripting -@dangerous +publish +subscribe +unsubscribe +ping +info +time";
+     +@write +@scripting -@dangerous +@pubsub +ping +info +time";
 
 fn options(prefix: &str) -> RedsemOptions {
     RedsemOptions::default().prefix(prefix)
