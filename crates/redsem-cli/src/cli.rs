@@ -59,6 +59,8 @@ Exit codes (of `run` and `lock`: see `redsem run --help`):
   0   ok
   1   other error (limit conflict, not held, already set, ...)
   2   usage error
+  65  --tenant T holds or waits with another --weight or --cap than the
+      request's (callers configured the tenant differently)
   69  Redis unreachable (also: its TLS certificate not trusted), or not Redis
   74  Redis lost the state of the semaphore or latch (restart without
       persistence, failover, flush, eviction)

@@ -14,6 +14,9 @@ pub(crate) mod exit {
     pub(crate) const FAILURE: u8 = 1;
     /// Bad flags or values.
     pub(crate) const USAGE: u8 = 2;
+    /// A tenant named with a weight or cap other than those in force while it holds or
+    /// waits (sysexits `EX_DATAERR`): callers configured the tenant differently.
+    pub(crate) const TENANT_CONFLICT: u8 = 65;
     /// Redis unreachable (sysexits `EX_UNAVAILABLE`).
     pub(crate) const UNAVAILABLE: u8 = 69;
     /// Redis lost the state of the primitive (restart without persistence, failover, flush,
@@ -91,6 +94,11 @@ impl fmt::Display for CliError {
     }
 }
 
+/// A cap as the flags say it: `--cap C`, or `no --cap`.
+fn cap_flag(cap: Option<u32>) -> String {
+    cap.map_or_else(|| "no --cap".to_owned(), |cap| format!("--cap {cap}"))
+}
+
 impl From<Error> for CliError {
     fn from(err: Error) -> Self {
         let code = if err.is_unavailable() {
@@ -100,6 +108,8 @@ impl From<Error> for CliError {
             Error::Unsuitable { .. } | Error::EngineUnavailable { .. }
         ) {
             exit::UNSUITABLE
+        } else if matches!(err, Error::TenantConflict { .. }) {
+            exit::TENANT_CONFLICT
         } else if matches!(err, Error::StateLost { .. }) {
             exit::STATE_LOST
         } else if err.is_not_acquired() || err.is_not_replicated() {
@@ -117,6 +127,20 @@ impl From<Error> for CliError {
             } => format!(
                 "--limit {requested} differs from the limit {current} in force for {name:?} \
                  while it has holders or waiters"
+            ),
+            Error::TenantConflict {
+                name,
+                tenant,
+                requested_weight,
+                requested_cap,
+                weight,
+                cap,
+            } => format!(
+                "tenant {tenant:?} of {name:?} is in force with --weight {weight} and {} while it \
+                 holds or waits; this request asks for --weight {requested_weight} and {}: give \
+                 every request of a tenant the same --weight and --cap",
+                cap_flag(*cap),
+                cap_flag(*requested_cap)
             ),
             Error::Timeout { name, waited } => format!(
                 "no permit of {name:?} within {} (timed out)",
@@ -258,5 +282,22 @@ mod tests {
         assert_eq!(lost.code(), exit::STATE_LOST);
         assert!(lost.to_string().contains("\"deploy\""), "{lost}");
         assert!(lost.to_string().contains("the count is gone"), "{lost}");
+    }
+
+    #[test]
+    fn a_tenant_conflict_has_its_own_exit_code_and_names_both_settings() {
+        let conflict = CliError::from(Error::TenantConflict {
+            name: "llm".into(),
+            tenant: "acme".into(),
+            requested_weight: 2,
+            requested_cap: None,
+            weight: 1,
+            cap: Some(4),
+        });
+        assert_eq!(conflict.code(), exit::TENANT_CONFLICT);
+        let text = conflict.to_string();
+        assert!(text.contains("\"acme\""), "{text}");
+        assert!(text.contains("--weight 1 and --cap 4"), "{text}");
+        assert!(text.contains("--weight 2 and no --cap"), "{text}");
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use redsem::{LeaseOptions, LeasePermit, Redsem};
+use redsem::{LeaseOptions, LeasePermit, Redsem, Tenant};
 use tokio::time::Instant;
 
 use crate::context::Context;
@@ -35,7 +35,8 @@ pub(crate) struct PermitRequest {
     pub(crate) options: RequestOptions,
 }
 
-/// `--lease`, `--wait`/`--no-wait`, `--holder` and `--one-per-holder`.
+/// `--lease`, `--wait`/`--no-wait`, `--holder`, `--one-per-holder` and the tenant's
+/// `--tenant`, `--weight` and `--cap`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct RequestOptions {
     /// How long the permit lives without renewal (renewed every third of it)
@@ -52,6 +53,34 @@ pub(crate) struct RequestOptions {
     /// At most one permit per --holder: fail if LABEL already holds or awaits one
     #[arg(long, requires = "holder")]
     pub(crate) one_per_holder: bool,
+
+    /// Whose request this is: tenants share NAME in fair shares (the next free unit goes to
+    /// the waiting tenant holding the least per weight)
+    #[arg(long, value_name = "T", value_parser = values::tenant)]
+    pub(crate) tenant: Option<String>,
+
+    /// The tenant's weight: its share is proportional to it [default: 1]
+    #[arg(long, value_name = "W", requires = "tenant", value_parser = values::weight)]
+    pub(crate) weight: Option<u32>,
+
+    /// The most units the tenant may hold at once [default: no cap]
+    #[arg(long, value_name = "C", requires = "tenant", value_parser = values::cap)]
+    pub(crate) cap: Option<u32>,
+}
+
+impl RequestOptions {
+    /// The tenant of `--tenant`, `--weight` and `--cap`, if one is named.
+    pub(crate) fn tenant(&self) -> Option<Tenant> {
+        let name = self.tenant.as_ref()?;
+        let mut tenant = Tenant::new(name.as_str());
+        if let Some(weight) = self.weight {
+            tenant = tenant.weight(weight);
+        }
+        if let Some(cap) = self.cap {
+            tenant = tenant.cap(cap);
+        }
+        Some(tenant)
+    }
 }
 
 /// `-w/--wait DUR` (also spelled `--timeout`) and `-n/--no-wait` (also `--nonblock`): how
@@ -113,6 +142,9 @@ impl PermitRequest {
             .one_per_label(request.one_per_holder);
         if let Some(label) = &request.holder {
             options = options.label(label.as_str());
+        }
+        if let Some(tenant) = request.tenant() {
+            options = options.tenant(tenant);
         }
         let sem = redsem.lease_semaphore_with(&self.name, self.limit, options)?;
         let no_wait = request.patience.no_wait;

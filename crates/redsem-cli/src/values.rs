@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redsem::{MAX_LEASE, MAX_PERMITS, MIN_LEASE};
+use redsem::{MAX_LEASE, MAX_PERMITS, MAX_TENANT_LEN, MAX_WEIGHT, MIN_LEASE};
 
 /// A semaphore name: any non-empty text.
 pub(crate) fn name(text: &str) -> Result<String, String> {
@@ -29,6 +29,35 @@ pub(crate) fn file(text: &str) -> Result<PathBuf, String> {
 /// A permit id as printed by `acquire`: any non-empty text (an unknown id is "not held").
 pub(crate) fn id(text: &str) -> Result<String, String> {
     non_empty(text, "the permit id")
+}
+
+/// A tenant name: 1 to `MAX_TENANT_LEN` bytes without NUL.
+pub(crate) fn tenant(text: &str) -> Result<String, String> {
+    let name = non_empty(text, "the tenant")?;
+    if name.len() > MAX_TENANT_LEN || name.contains('\0') {
+        return Err(format!(
+            "the tenant is at most {MAX_TENANT_LEN} bytes without NUL"
+        ));
+    }
+    Ok(name)
+}
+
+/// A tenant's weight: a whole number from 1 to `MAX_WEIGHT`.
+pub(crate) fn weight(text: &str) -> Result<u32, String> {
+    let n = whole(text)?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=MAX_WEIGHT).contains(n))
+        .ok_or_else(|| format!("the weight must be 1 to {MAX_WEIGHT}"))
+}
+
+/// A tenant's cap: a whole number from 1 to 4294967295.
+pub(crate) fn cap(text: &str) -> Result<u32, String> {
+    let n = whole(text)?;
+    if n < 1 {
+        return Err("the cap must be at least 1".to_owned());
+    }
+    u32::try_from(n).map_err(|_| format!("the cap must be at most {}", u32::MAX))
 }
 
 /// A capacity: a whole number from 1 to 4294967295.

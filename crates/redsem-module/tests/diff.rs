@@ -53,14 +53,14 @@ fn the_native_engine_answers_every_call_as_the_scripts() {
         calls += report.steps;
     }
     // The native paths were taken: the module answered a good share of the calls without
-    // running the Lua (the uncontended cycles).
+    // running the Lua (the uncontended cycles and the lease's general paths: about a fifth).
     let (_, _, _, native, lua): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
         .query(&mut server.connection())
         .expect("REDSEM.ENGINE");
     eprintln!("{calls} calls: {native} native, {lua} by the Lua");
     assert_eq!(native + lua, calls, "every call reaches the module once");
     assert!(
-        native > calls / 20,
+        native > calls / 8,
         "only {native} of {calls} calls took a native path"
     );
 }

@@ -16,6 +16,7 @@ mod py {
     pyo3::import_exception!(redsem._errors, NotHeld);
     pyo3::import_exception!(redsem._errors, LeaseLost);
     pyo3::import_exception!(redsem._errors, CapacityConflict);
+    pyo3::import_exception!(redsem._errors, TenantConflict);
     pyo3::import_exception!(redsem._errors, AlreadyHeld);
     pyo3::import_exception!(redsem._errors, InvalidArgument);
     pyo3::import_exception!(redsem._errors, WrongType);
@@ -73,6 +74,7 @@ pub(crate) fn to_py(err: redsem::Error) -> PyErr {
         E::NotHeld { .. } => py::NotHeld::new_err(text),
         E::LeaseLost { .. } => py::LeaseLost::new_err(text),
         E::CapacityConflict { .. } => py::CapacityConflict::new_err(text),
+        E::TenantConflict { .. } => py::TenantConflict::new_err(text),
         E::AlreadyHeld { .. } => py::AlreadyHeld::new_err(text),
         E::InvalidArgument(_) => py::InvalidArgument::new_err(text),
         E::WrongType { .. } => py::WrongType::new_err(text),

@@ -19,6 +19,17 @@ struct Core {
 }
 
 impl Core {
+    /// This core, its requests for `tenant` (none: the handle's own).
+    fn for_tenant(&self, tenant: Option<redsem::Tenant>) -> PyResult<Core> {
+        let Some(tenant) = tenant else {
+            return Ok(self.clone());
+        };
+        Ok(Core {
+            client: self.client.clone(),
+            sem: self.sem.for_tenant(tenant).map_err(crate::errors::to_py)?,
+        })
+    }
+
     /// Wait in line for `units` units, at most `wait` (`None`: as long as it takes).
     fn acquire(
         &self,
@@ -118,6 +129,46 @@ impl Core {
     }
 }
 
+/// The tenant of `tenant=`, `weight=` and `cap=`: none without a name (then a weight or cap
+/// is refused: it would be ignored).
+pub(crate) fn tenant(
+    tenant: Option<String>,
+    weight: Option<i128>,
+    cap: Option<i128>,
+) -> PyResult<Option<redsem::Tenant>> {
+    let Some(name) = tenant else {
+        if weight.is_some() || cap.is_some() {
+            return Err(invalid(
+                "weight= and cap= are a tenant's: name it with tenant=".to_owned(),
+            ));
+        }
+        return Ok(None);
+    };
+    let mut tenant = redsem::Tenant::new(name);
+    if let Some(weight) = weight {
+        let weight = u32::try_from(weight)
+            .ok()
+            .filter(|w| (1..=redsem::MAX_WEIGHT).contains(w))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "weight must be an integer from 1 to {}, got {weight}",
+                    redsem::MAX_WEIGHT
+                ))
+            })?;
+        tenant = tenant.weight(weight);
+    }
+    if let Some(cap) = cap {
+        let cap = u32::try_from(cap).ok().filter(|c| *c >= 1).ok_or_else(|| {
+            invalid(format!(
+                "cap must be an integer from 1 to {}, got {cap}",
+                u32::MAX
+            ))
+        })?;
+        tenant = tenant.cap(cap);
+    }
+    Ok(Some(tenant))
+}
+
 /// A permit id from Python: refused when empty (no permit has one).
 fn permit_id(id: &str) -> PyResult<redsem::PermitId> {
     if id.is_empty() {
@@ -180,16 +231,28 @@ impl LeaseSemaphore {
     /// and nobody waits, else raise `redsem.NoPermit` (the form for `with`). The GIL is
     /// released while waiting; Ctrl-C raises `KeyboardInterrupt`. A request that times out or
     /// is interrupted has left the queue when the exception is raised.
-    #[pyo3(signature = (units=1, *, timeout=None, blocking=true))]
+    ///
+    /// With `tenant` (a name), the request is that tenant's: tenants share the semaphore in
+    /// fair shares (the next free unit goes to the waiting tenant holding the fewest units
+    /// per `weight`, default 1), and one holds at most `cap` units (default: no cap). Every
+    /// request of a tenant names the same weight and cap, or `redsem.TenantConflict` is raised.
+    #[pyo3(signature = (units=1, *, timeout=None, blocking=true, tenant=None, weight=None, cap=None))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &self,
         py: Python<'_>,
         units: u32,
         timeout: Option<f64>,
         blocking: bool,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
     ) -> PyResult<Permit> {
         let wait = maybe_seconds("timeout", timeout)?;
-        let core = self.core.get()?;
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
         block(
             py,
             Some(&core.client),
@@ -198,16 +261,23 @@ impl LeaseSemaphore {
     }
 
     /// `acquire` for `redsem.aio`: an awaitable and its `Settle`.
-    #[pyo3(signature = (units=1, timeout=None, blocking=true))]
+    #[pyo3(signature = (units=1, timeout=None, blocking=true, tenant=None, weight=None, cap=None))]
+    #[allow(clippy::too_many_arguments)]
     fn acquire_async<'py>(
         &self,
         py: Python<'py>,
         units: u32,
         timeout: Option<f64>,
         blocking: bool,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let wait = maybe_seconds("timeout", timeout)?;
-        let core = self.core.get()?;
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
         spawn_wait(
             py,
             &core.client,
@@ -216,16 +286,39 @@ impl LeaseSemaphore {
     }
 
     /// Take `units` units if they are free and nobody waits (one round trip, never queued):
-    /// a `Permit`, or `None` when busy.
-    #[pyo3(signature = (units=1))]
-    fn try_acquire(&self, py: Python<'_>, units: u32) -> PyResult<Option<Permit>> {
-        block(py, None, self.core.get()?.try_acquire(units))
+    /// a `Permit`, or `None` when busy. `tenant`, `weight`, `cap`: as for `acquire` (with
+    /// tenants, granted at once only if it is that tenant's turn).
+    #[pyo3(signature = (units=1, *, tenant=None, weight=None, cap=None))]
+    fn try_acquire(
+        &self,
+        py: Python<'_>,
+        units: u32,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Option<Permit>> {
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
+        block(py, None, core.try_acquire(units))
     }
 
     /// `try_acquire`, as an asyncio awaitable.
-    #[pyo3(signature = (units=1))]
-    fn try_acquire_async<'py>(&self, py: Python<'py>, units: u32) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.get()?.try_acquire(units))
+    #[pyo3(signature = (units=1, tenant=None, weight=None, cap=None))]
+    fn try_acquire_async<'py>(
+        &self,
+        py: Python<'py>,
+        units: u32,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
+        spawn(py, core.try_acquire(units))
     }
 
     /// Store a new capacity, whoever holds the semaphore (shrinking revokes nothing); returns
@@ -251,7 +344,9 @@ impl LeaseSemaphore {
     /// `capacity` (None when none is stored), `in_use`, `holders` (id, label, token,
     /// slots, expires_in_ms, held_for_ms), `waiters` (id, label, units,
     /// waiting_for_ms), and the permits (`{"available": n}`) and latch (`{"state":
-    /// ..., "count": n}`) of the same name.
+    /// ..., "count": n}`) of the same name. While tenants hold or wait, also `tenants`
+    /// (name, held, waiters, weight, cap; the default tenant as `""`), and each holder
+    /// and waiter of a tenant has its `tenant`.
     fn status(&self, py: Python<'_>) -> PyResult<Json> {
         block(py, None, self.core.get()?.status())
     }
@@ -325,9 +420,15 @@ impl Mutex {
         }
     }
 
-    fn lock_now(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
+    fn lock_now(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        blocking: bool,
+        tenant: Option<redsem::Tenant>,
+    ) -> PyResult<Permit> {
         let wait = maybe_seconds("timeout", timeout)?;
-        let core = self.core.get()?;
+        let core = self.core.get()?.for_tenant(tenant)?;
         block(
             py,
             Some(&core.client),
@@ -346,50 +447,104 @@ impl Mutex {
 
     /// Wait in line for the lock, as `LeaseSemaphore.acquire`: a `Permit`, also a context
     /// manager. `blocking=False`: take it only if free, else raise `redsem.NoPermit`.
-    #[pyo3(signature = (*, timeout=None, blocking=true))]
-    fn acquire(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
-        self.lock_now(py, timeout, blocking)
+    /// `tenant`, `weight`, `cap`: as for `LeaseSemaphore.acquire`.
+    #[pyo3(signature = (*, timeout=None, blocking=true, tenant=None, weight=None, cap=None))]
+    fn acquire(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        blocking: bool,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Permit> {
+        self.lock_now(py, timeout, blocking, self::tenant(tenant, weight, cap)?)
     }
 
     /// The same as `acquire`.
-    #[pyo3(signature = (*, timeout=None, blocking=true))]
-    fn lock(&self, py: Python<'_>, timeout: Option<f64>, blocking: bool) -> PyResult<Permit> {
-        self.lock_now(py, timeout, blocking)
+    #[pyo3(signature = (*, timeout=None, blocking=true, tenant=None, weight=None, cap=None))]
+    fn lock(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        blocking: bool,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Permit> {
+        self.lock_now(py, timeout, blocking, self::tenant(tenant, weight, cap)?)
     }
 
     /// `acquire` for `redsem.aio`: an awaitable and its `Settle`.
-    #[pyo3(signature = (timeout=None, blocking=true))]
+    #[pyo3(signature = (timeout=None, blocking=true, tenant=None, weight=None, cap=None))]
     fn lock_async<'py>(
         &self,
         py: Python<'py>,
         timeout: Option<f64>,
         blocking: bool,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
     ) -> PyResult<(Bound<'py, PyAny>, Settle)> {
         let wait = maybe_seconds("timeout", timeout)?;
-        let core = self.core.get()?;
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
         spawn_wait(py, &core.client, core.acquire_or_raise(1, wait, blocking))
     }
 
     /// Take the lock if it is free and nobody waits: a `Permit`, or `None`.
-    fn try_acquire(&self, py: Python<'_>) -> PyResult<Option<Permit>> {
-        block(py, None, self.core.get()?.try_acquire(1))
+    #[pyo3(signature = (*, tenant=None, weight=None, cap=None))]
+    fn try_acquire(
+        &self,
+        py: Python<'_>,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Option<Permit>> {
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
+        block(py, None, core.try_acquire(1))
     }
 
     /// The same as `try_acquire`.
-    fn try_lock(&self, py: Python<'_>) -> PyResult<Option<Permit>> {
-        block(py, None, self.core.get()?.try_acquire(1))
+    #[pyo3(signature = (*, tenant=None, weight=None, cap=None))]
+    fn try_lock(
+        &self,
+        py: Python<'_>,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Option<Permit>> {
+        self.try_acquire(py, tenant, weight, cap)
     }
 
     /// `try_acquire`, as an asyncio awaitable.
-    fn try_lock_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        spawn(py, self.core.get()?.try_acquire(1))
+    #[pyo3(signature = (tenant=None, weight=None, cap=None))]
+    fn try_lock_async<'py>(
+        &self,
+        py: Python<'py>,
+        tenant: Option<String>,
+        weight: Option<i128>,
+        cap: Option<i128>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let core = self
+            .core
+            .get()?
+            .for_tenant(self::tenant(tenant, weight, cap)?)?;
+        spawn(py, core.try_acquire(1))
     }
 
     /// A snapshot, as the dict of the CLI's `redsem status NAME --json`: `name`,
     /// `capacity` (None when none is stored), `in_use`, `holders` (id, label, token,
     /// slots, expires_in_ms, held_for_ms), `waiters` (id, label, units,
     /// waiting_for_ms), and the permits (`{"available": n}`) and latch (`{"state":
-    /// ..., "count": n}`) of the same name.
+    /// ..., "count": n}`) of the same name. While tenants hold or wait, also `tenants`
+    /// (name, held, waiters, weight, cap; the default tenant as `""`), and each holder
+    /// and waiter of a tenant has its `tenant`.
     fn status(&self, py: Python<'_>) -> PyResult<Json> {
         block(py, None, self.core.get()?.status())
     }

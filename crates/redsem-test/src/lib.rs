@@ -48,6 +48,7 @@
 //! ```
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod capability;
 mod cluster;
 mod port;
 pub mod profiles;
@@ -59,6 +60,7 @@ mod tls;
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
+pub use capability::{Capabilities, has_command, has_tls};
 pub use cluster::RedisCluster;
 pub use proxy::FaultProxy;
 pub use sentinel::RedisSentinels;

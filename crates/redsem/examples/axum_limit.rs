@@ -6,11 +6,18 @@
 //! cargo run -p redsem --features tower --example axum_limit                  # port 3000, wait mode
 //! PORT=3001 MODE=shed cargo run -p redsem --features tower --example axum_limit
 //! curl -i localhost:3000/work
+//! curl -i -H 'x-tenant: acme' localhost:3000/work
 //! ```
 //!
 //! Settings (environment): `REDIS_URL` (default `redis://127.0.0.1:6379`), `PORT` (3000),
 //! `LIMIT` (2 requests in flight), `MODE` (`wait`: queue up to `WAIT_MS`, default 1000 ms,
 //! then 503; `shed`: 429 at once when full), `WORK_MS` (how long a request works, 300 ms).
+//!
+//! The `x-tenant` header names the request's tenant: tenants share the limit in fair shares
+//! (the next free unit goes to the waiting tenant holding the fewest), so one caller that
+//! floods `/work` cannot keep another's requests waiting behind its backlog. A request
+//! without the header is the default tenant's. `redsem status axum-limit-work` lists the
+//! tenants.
 //!
 //! Each answer of `/work` names the fencing token and slot the request ran under.
 
@@ -25,8 +32,8 @@ use axum::error_handling::HandleErrorLayer;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Extension, Router};
-use redsem::Redsem;
 use redsem::tower::{HeldLease, LeaseLimitLayer, LimitError};
+use redsem::{Redsem, Tenant};
 use tower::ServiceBuilder;
 
 #[tokio::main]
@@ -71,6 +78,11 @@ async fn serve(redsem: Redsem) -> Result<(), Box<dyn std::error::Error>> {
         "shed" => LeaseLimitLayer::shedding(sem),
         other => return Err(format!("MODE={other:?}: expected wait or shed").into()),
     };
+    // The tenant from the `x-tenant` header; none (or not text): the default tenant.
+    let layer = layer.tenant_from(|request: &axum::extract::Request| {
+        let name = request.headers().get("x-tenant")?.to_str().ok()?;
+        (!name.is_empty()).then(|| Tenant::new(name))
+    });
 
     let app = Router::new()
         .route(

@@ -147,7 +147,7 @@ pub use lease::{
     TenantStatus, Waiter,
 };
 pub use mutex::{Mutex, MutexGuard};
-pub use observe::{HIDDEN_NAME, MetricNames, describe_metrics};
+pub use observe::{HIDDEN_NAME, MAX_TENANT_LABELS, MetricNames, OTHER_TENANTS, describe_metrics};
 pub use permits::{MAX_PERMITS, PermitOptions, PermitSemaphore};
 pub use redis;
 pub use report::{PermitsStatus, StatusReport};

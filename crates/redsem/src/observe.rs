@@ -4,7 +4,7 @@
 //! See [`describe_metrics`] for the metrics and spans.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use metrics::{Key, Label, Level, Metadata, SharedString};
@@ -13,6 +13,48 @@ use crate::error::Result;
 
 /// The `name` label value of primitives whose names are not shown ([`MetricNames`]).
 pub const HIDDEN_NAME: &str = "*";
+
+/// How many tenant names get a `tenant` label value of their own in a process: the first this
+/// many distinct names seen (by [`LeaseSemaphore::for_tenant`](crate::LeaseSemaphore::for_tenant)
+/// or a [`LeaseOptions::tenant`](crate::LeaseOptions::tenant)) keep theirs for the life of the
+/// process; every later one is labelled [`OTHER_TENANTS`].
+pub const MAX_TENANT_LABELS: usize = 100;
+
+/// The `tenant` label value of the tenants past the first [`MAX_TENANT_LABELS`] seen.
+pub const OTHER_TENANTS: &str = "*";
+
+/// The tenant names that have a label value of their own: the first `bound` seen.
+struct TenantLabels {
+    bound: usize,
+    seen: Mutex<BTreeSet<Arc<str>>>,
+}
+
+impl TenantLabels {
+    const fn new(bound: usize) -> TenantLabels {
+        TenantLabels {
+            bound,
+            seen: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// The label value of `tenant`: its name if it is among the first `bound` seen (taking a
+    /// place if one is left), [`OTHER_TENANTS`] otherwise.
+    fn label(&self, tenant: &str) -> SharedString {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(name) = seen.get(tenant) {
+            return SharedString::from_shared(name.clone());
+        }
+        if seen.len() < self.bound {
+            let name: Arc<str> = Arc::from(tenant);
+            seen.insert(name.clone());
+            return SharedString::from_shared(name);
+        }
+        SharedString::const_str(OTHER_TENANTS)
+    }
+}
+
+/// The process's tenant label values.
+static TENANT_LABELS: TenantLabels = TenantLabels::new(MAX_TENANT_LABELS);
 
 /// Which primitive names the metrics carry in their `name` label
 /// ([`RedsemOptions::metric_names`](crate::RedsemOptions::metric_names)).
@@ -93,6 +135,8 @@ impl MetricNames {
 /// | `redsem_latch_count_downs_total` | counter | `primitive`, `name` | count-downs of a latch |
 /// | `redsem_latch_waits_total` | counter | `primitive`, `name`, `outcome` | latch waits by how they ended: `opened`, `timeout`, `cancelled`, `error` |
 /// | `redsem_latch_wait_seconds` | histogram | `primitive`, `name`, `outcome` | time from the wait call to its end |
+/// | `redsem_tenant_acquires_total` | counter | `primitive`, `name`, `tenant`, `outcome` | acquire calls of requests that name a tenant, by tenant and outcome (as `redsem_acquires_total`, which counts them too) |
+/// | `redsem_tenant_queue_wait_seconds` | histogram | `primitive`, `name`, `tenant` | time spent queued by granted acquires that name a tenant, by tenant |
 /// | `redsem_pubsub_reconnects_total` | counter | | the pub/sub connection came back after a loss |
 /// | `redsem_script_reloads_total` | counter | | a script was sent again after Redis answered `NOSCRIPT` (restart, failover, `SCRIPT FLUSH`) |
 /// | `redsem_engine` | gauge | `engine` | clients of this process served by each engine ([`Engine`](crate::Engine)): `native` (redsem's module) or `scripts`; with one client, 1 for its engine and 0 for the other |
@@ -101,6 +145,13 @@ impl MetricNames {
 /// `primitive` is `lease`, `mutex`, `permits` or `latch`. The `name` label is the
 /// primitive's name unless [`MetricNames`] says otherwise: see there for bounding the label
 /// cardinality.
+///
+/// `tenant` is the tenant's name ([`Tenant`](crate::Tenant)) for the first
+/// [`MAX_TENANT_LABELS`] (100) distinct tenant names this process sees; every tenant seen
+/// after those is labelled [`OTHER_TENANTS`] (`"*"`), so a gateway with a tenant per customer
+/// has at most 101 tenant series per semaphore and outcome, and the figures of the rest still
+/// count in the `"*"` series. Requests that name no tenant are only in the series without
+/// `tenant`.
 ///
 /// # Spans
 ///
@@ -164,6 +215,15 @@ pub fn describe_metrics() {
         "redsem_latch_wait_seconds",
         Unit::Seconds,
         "time from a latch wait call to its end, by outcome"
+    );
+    describe_counter!(
+        "redsem_tenant_acquires_total",
+        "acquire calls that name a tenant, by tenant and outcome"
+    );
+    describe_histogram!(
+        "redsem_tenant_queue_wait_seconds",
+        Unit::Seconds,
+        "time granted acquires that name a tenant spent queued, by tenant"
     );
     describe_counter!(
         "redsem_pubsub_reconnects_total",
@@ -260,12 +320,21 @@ struct Keys {
     count_downs: Key,
 }
 
-/// The metrics of one primitive handle: its `primitive` and `name` labels.
+/// The per-tenant metric keys of a handle whose requests name a tenant.
+struct TenantKeys {
+    acquires: [Key; 5],
+    queue_wait: Key,
+}
+
+/// The metrics of one primitive handle: its `primitive` and `name` labels, and the `tenant`
+/// label of a handle whose requests name one.
 pub(crate) struct Meter {
     primitive: &'static str,
     name: String,
     labels: [Label; 2],
     keys: OnceLock<Keys>,
+    tenant: Option<Label>,
+    tenant_keys: OnceLock<TenantKeys>,
 }
 
 impl std::fmt::Debug for Meter {
@@ -293,7 +362,17 @@ impl Meter {
             name: self.name.clone(),
             labels: self.labels.clone(),
             keys: OnceLock::new(),
+            tenant: self.tenant.clone(),
+            tenant_keys: OnceLock::new(),
         }
+    }
+
+    /// The same meter for requests of `tenant` (none: no per-tenant series), its label value
+    /// bounded by [`MAX_TENANT_LABELS`].
+    pub(crate) fn with_tenant(mut self, tenant: Option<&str>) -> Meter {
+        self.tenant = tenant.map(|t| Label::new("tenant", TENANT_LABELS.label(t)));
+        self.tenant_keys = OnceLock::new();
+        self
     }
 
     pub(crate) fn new(primitive: &'static str, name: &str, names: &MetricNames) -> Meter {
@@ -305,6 +384,8 @@ impl Meter {
                 Label::new("name", names.label(name)),
             ],
             keys: OnceLock::new(),
+            tenant: None,
+            tenant_keys: OnceLock::new(),
         }
     }
 
@@ -349,9 +430,38 @@ impl Meter {
         })
     }
 
+    /// The per-tenant keys, for a handle whose requests name a tenant.
+    fn tenant_keys(&self) -> Option<&TenantKeys> {
+        let tenant = self.tenant.as_ref()?;
+        Some(self.tenant_keys.get_or_init(|| {
+            let key = |metric, outcome: Option<Outcome>| {
+                let mut labels = self.labels.to_vec();
+                labels.push(tenant.clone());
+                if let Some(o) = outcome {
+                    labels.push(Label::from_static_parts("outcome", o.word(self.primitive)));
+                }
+                Key::from_parts(metric, labels)
+            };
+            TenantKeys {
+                acquires: OUTCOMES.map(|o| key("redsem_tenant_acquires_total", Some(o))),
+                queue_wait: key("redsem_tenant_queue_wait_seconds", None),
+            }
+        }))
+    }
+
     fn ended(&self, outcome: Outcome, took: Duration, queued: Option<Duration>) {
         let keys = self.keys();
         let i = outcome.index();
+        if let Some(tenant) = self.tenant_keys() {
+            metrics::with_recorder(|r| {
+                r.register_counter(&tenant.acquires[i], &METADATA)
+                    .increment(1);
+                if let Some(queued) = queued {
+                    r.register_histogram(&tenant.queue_wait, &METADATA)
+                        .record(queued.as_secs_f64());
+                }
+            });
+        }
         metrics::with_recorder(|r| {
             r.register_counter(&keys.acquires[i], &METADATA)
                 .increment(1);
@@ -493,6 +603,36 @@ mod tests {
         assert_eq!(&*only.label("b"), HIDDEN_NAME);
         assert_eq!(&*MetricNames::Hidden.label("a"), HIDDEN_NAME);
         assert_eq!(&*MetricNames::Each.label("b"), "b");
+    }
+
+    #[test]
+    fn tenants_past_the_bound_share_one_label_value() {
+        let labels = TenantLabels::new(2);
+        assert_eq!(&*labels.label("a"), "a");
+        assert_eq!(&*labels.label("b"), "b");
+        assert_eq!(&*labels.label("c"), OTHER_TENANTS);
+        // The first ones keep theirs; a later one never gets a place.
+        assert_eq!(&*labels.label("a"), "a");
+        assert_eq!(&*labels.label("c"), OTHER_TENANTS);
+        assert_eq!(labels.seen.lock().expect("lock").len(), 2);
+    }
+
+    #[test]
+    fn a_meter_names_its_tenant_only_when_one_is_named() {
+        let meter = Meter::new("lease", "llm", &MetricNames::Each);
+        assert!(meter.tenant_keys().is_none());
+        let acme = meter.again().with_tenant(Some("meter-test-acme"));
+        let keys = acme.tenant_keys().expect("tenant keys");
+        let labels: Vec<(&str, &str)> = keys.acquires[0]
+            .labels()
+            .map(|l| (l.key(), l.value()))
+            .collect();
+        assert!(
+            labels.contains(&("tenant", "meter-test-acme")),
+            "{labels:?}"
+        );
+        assert!(labels.contains(&("outcome", "granted")), "{labels:?}");
+        assert!(acme.again().tenant_keys().is_some(), "kept by again()");
     }
 
     #[test]

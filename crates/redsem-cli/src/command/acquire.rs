@@ -26,7 +26,8 @@ back by itself when the lease ends. Prints the permit id (with --json: id, token
 lease in ms) on one line.
 
 Exit codes: 0 acquired · 1 other error (limit conflict) · 2 usage error ·
-69 Redis unreachable · 75 no permit in time";
+65 --tenant held or waiting with another --weight or --cap · 69 Redis unreachable ·
+75 no permit in time";
 
 /// Take a permit of NAME and print its id; it lives one lease unless refreshed
 #[derive(Debug, clap::Args)]

@@ -53,6 +53,8 @@ ahead\"; --quiet: none); -v logs how long it took.
 
 Exit codes:
   the command's own, once it ran (128 + N if signal N ended it)
+  65     --tenant T holds or waits with another --weight or --cap than this
+         request's; the command never started
   69     Redis unreachable, or not a Redis server; the command never started
   74     Redis lost the semaphore's state; the command never started
   75     no permit in time (--wait ran out, or --no-wait found none), or
@@ -77,6 +79,11 @@ Examples:
 
   # Skip this run if another machine is already at it:
   redsem run db-migrate -l 1 --no-wait --holder \"$(hostname)\" -- ./migrate
+
+  # Tenants share the 16 units in fair shares (acme twice as much as a
+  # weight-1 tenant, at most 8 at once); every request of acme names the
+  # same --weight and --cap:
+  redsem run llm --limit 16 --tenant acme --weight 2 --cap 8 -- ./infer.sh
 
   # Give up after 5 minutes; a shell command line with -c:
   redsem run reports -l 3 -w 5m -c 'echo \"slot $REDSEM_SLOT, $REDSEM_TOKEN\"'

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use redsem::{Redsem, ServingEngine, Status};
 
-use super::status::Shown;
+use super::status::{Shown, tenant_name};
 use crate::context::Context;
 use crate::error::{CliError, exit};
 use crate::output::duration;
@@ -465,6 +465,25 @@ fn section(out: &mut String, name: &str, status: &Status) {
         let _ = write!(out, " · oldest wait {}", duration(status.oldest_wait()));
     }
     out.push_str("</p>\n");
+    if !status.tenants.is_empty() {
+        out.push_str(
+            "<table class=\"tenants\"><caption>Tenants</caption><tr><th>Tenant</th><th>Held</th>\
+             <th>Waiting</th><th>Weight</th><th>Cap</th></tr>\n",
+        );
+        for t in &status.tenants {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                escape(tenant_name(&t.name)),
+                t.held,
+                t.waiters,
+                t.weight,
+                t.cap.map_or_else(|| "-".to_owned(), |c| c.to_string())
+            );
+        }
+        out.push_str("</table>\n");
+    }
     if !status.holders.is_empty() {
         out.push_str(
             "<table class=\"holders\"><caption>Holders</caption><tr><th>Token</th><th>Slot</th><th>Holder</th>\

@@ -276,6 +276,10 @@ fn lease_table(name: &str, status: &Status, available: i64) -> String {
         ),
         None => format!("{name}: not in use (no limit stored)\n"),
     };
+    if !status.tenants.is_empty() {
+        out.push('\n');
+        out += &tenant_table(status);
+    }
     if !status.holders.is_empty() {
         let rows: Vec<Vec<String>> = status
             .holders
@@ -316,10 +320,34 @@ fn lease_table(name: &str, status: &Status, available: i64) -> String {
         out.push('\n');
         out += &table(&["QUEUE", "HOLDER", "UNITS", "WAITING FOR", "ID"], &rows);
     }
-    if !status.holders.is_empty() || !status.waiters.is_empty() {
+    if !status.holders.is_empty() || !status.waiters.is_empty() || !status.tenants.is_empty() {
         out.push('\n');
     }
     out
+}
+
+/// The tenants that hold or wait: units held, requests queued, weight and cap in force.
+fn tenant_table(status: &Status) -> String {
+    let rows: Vec<Vec<String>> = status
+        .tenants
+        .iter()
+        .map(|t| {
+            vec![
+                tenant_name(&t.name).to_owned(),
+                t.held.to_string(),
+                t.waiters.to_string(),
+                t.weight.to_string(),
+                t.cap.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            ]
+        })
+        .collect();
+    table(&["TENANT", "HELD", "WAITING", "WEIGHT", "CAP"], &rows)
+}
+
+/// A tenant's name as shown: the default tenant (`""`, requests that name none) as
+/// `(default)`.
+pub(crate) fn tenant_name(name: &str) -> &str {
+    if name.is_empty() { "(default)" } else { name }
 }
 
 /// Every name, one line each: its lease semaphore, permits and latch.

@@ -34,6 +34,9 @@ mod observe;
 mod permits;
 /// `run`: the command's environment and stdio, signals, leases kept and lost, waiting.
 mod run;
+/// Tenants: `--tenant`, `--weight`, `--cap` on `run`, `lock` and `acquire`; per-tenant
+/// `status` and `serve`; exit 65 for a tenant's conflicting settings.
+mod tenants;
 /// `--url` forms for a Redis Cluster and for Sentinels: `run`, `status` and `doctor` through
 /// them.
 mod topologies;

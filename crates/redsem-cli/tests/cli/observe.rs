@@ -13,7 +13,7 @@ use crate::support::{LIMIT, Running, World, bare, finish, listen_port};
 
 /// `GET path` on `127.0.0.1:port` (HTTP/1.0, the connection closed by the server): the status
 /// code and the body. Connecting is retried until the server listens (at most [`LIMIT`]).
-fn get(port: u16, path: &str) -> (u16, String) {
+pub(crate) fn get(port: u16, path: &str) -> (u16, String) {
     let deadline = Instant::now() + LIMIT;
     let mut stream = loop {
         match TcpStream::connect(("127.0.0.1", port)) {

@@ -18,6 +18,7 @@ __all__ = [
     "NotHeld",
     "LeaseLost",
     "CapacityConflict",
+    "TenantConflict",
     "AlreadyHeld",
     "InvalidArgument",
     "WrongType",
@@ -65,6 +66,11 @@ class LeaseLost(NotHeld):
 
 class CapacityConflict(Error):
     """The semaphore is in use with another capacity than the one this handle asks for."""
+
+
+class TenantConflict(Error):
+    """A tenant holds or waits with another weight or cap than the ones this request names:
+    give every request of a tenant the same ``weight=`` and ``cap=``."""
 
 
 class AlreadyHeld(Error):

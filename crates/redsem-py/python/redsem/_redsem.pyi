@@ -181,16 +181,43 @@ class LeaseSemaphore:
     @property
     def capacity(self) -> int: ...
     def acquire(
-        self, units: int = 1, *, timeout: Optional[float] = None, blocking: bool = True
+        self,
+        units: int = 1,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
     ) -> Permit:
-        """Wait in line (FIFO); ``redsem.Timeout`` when ``timeout`` seconds run out;
-        ``blocking=False``: ``redsem.NoPermit`` when busy."""
+        """Wait in line (FIFO; with ``tenant``, in fair shares between tenants);
+        ``redsem.Timeout`` when ``timeout`` seconds run out; ``blocking=False``:
+        ``redsem.NoPermit`` when busy."""
     def acquire_async(
-        self, units: int = 1, timeout: Optional[float] = None, blocking: bool = True
+        self,
+        units: int = 1,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
     ) -> Tuple[Awaitable[Permit], Settle]: ...
-    def try_acquire(self, units: int = 1) -> Optional[Permit]:
+    def try_acquire(
+        self,
+        units: int = 1,
+        *,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Optional[Permit]:
         """A ``Permit`` if free and nobody waits, else None."""
-    def try_acquire_async(self, units: int = 1) -> Awaitable[Optional[Permit]]: ...
+    def try_acquire_async(
+        self,
+        units: int = 1,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Awaitable[Optional[Permit]]: ...
     def status(self) -> _Status:
         """The status JSON of the CLI (``redsem status NAME --json``) as a dict."""
     def status_async(self) -> Awaitable[_Status]: ...
@@ -209,15 +236,42 @@ class Mutex:
 
     @property
     def name(self) -> str: ...
-    def acquire(self, *, timeout: Optional[float] = None, blocking: bool = True) -> Permit:
+    def acquire(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Permit:
         """Wait in line for the lock; ``blocking=False``: ``redsem.NoPermit`` when busy."""
-    def lock(self, *, timeout: Optional[float] = None, blocking: bool = True) -> Permit: ...
+    def lock(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Permit: ...
     def lock_async(
-        self, timeout: Optional[float] = None, blocking: bool = True
+        self,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
     ) -> Tuple[Awaitable[Permit], Settle]: ...
-    def try_acquire(self) -> Optional[Permit]: ...
-    def try_lock(self) -> Optional[Permit]: ...
-    def try_lock_async(self) -> Awaitable[Optional[Permit]]: ...
+    def try_acquire(
+        self, *, tenant: Optional[str] = None, weight: Optional[int] = None, cap: Optional[int] = None
+    ) -> Optional[Permit]: ...
+    def try_lock(
+        self, *, tenant: Optional[str] = None, weight: Optional[int] = None, cap: Optional[int] = None
+    ) -> Optional[Permit]: ...
+    def try_lock_async(
+        self, tenant: Optional[str] = None, weight: Optional[int] = None, cap: Optional[int] = None
+    ) -> Awaitable[Optional[Permit]]: ...
     def status(self) -> _Status: ...
     def status_async(self) -> Awaitable[_Status]: ...
     def locked(self) -> bool: ...

@@ -186,17 +186,35 @@ class LeaseSemaphore:
         return self._native.capacity
 
     def acquire(
-        self, units: int = 1, *, timeout: Optional[float] = None, blocking: bool = True
+        self,
+        units: int = 1,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
     ) -> _Acquire:
         """Wait in line (FIFO) for ``units`` units: ``await`` it for a ``Permit``, or
         ``async with`` it. Raises ``redsem.Timeout`` when ``timeout`` seconds run out
         (``None`` or ``float("inf")``: no limit). ``blocking=False``: take them only if free
-        and nobody waits, else raise ``redsem.NoPermit``."""
-        return _Acquire(lambda: self._native.acquire_async(units, timeout, blocking))
+        and nobody waits, else raise ``redsem.NoPermit``. ``tenant``, ``weight``, ``cap``:
+        the request is that tenant's, in fair shares (see ``redsem.LeaseSemaphore.acquire``).
+        """
+        return _Acquire(
+            lambda: self._native.acquire_async(units, timeout, blocking, tenant, weight, cap)
+        )
 
-    async def try_acquire(self, units: int = 1) -> Optional[Permit]:
+    async def try_acquire(
+        self,
+        units: int = 1,
+        *,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Optional[Permit]:
         """A ``Permit`` if ``units`` are free and nobody waits, else None."""
-        return _permit(await self._native.try_acquire_async(units))
+        return _permit(await self._native.try_acquire_async(units, tenant, weight, cap))
 
     async def status(self) -> Dict[str, Any]:
         """The status JSON of the CLI, as a dict (see ``redsem.LeaseSemaphore.status``)."""
@@ -236,22 +254,55 @@ class Mutex:
         """The mutex's name."""
         return self._native.name
 
-    def acquire(self, *, timeout: Optional[float] = None, blocking: bool = True) -> _Acquire:
+    def acquire(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> _Acquire:
         """Wait in line for the lock: ``await`` it for a ``Permit``, or ``async with`` it.
-        ``blocking=False``: take it only if free, else raise ``redsem.NoPermit``."""
-        return _Acquire(lambda: self._native.lock_async(timeout, blocking))
+        ``blocking=False``: take it only if free, else raise ``redsem.NoPermit``.
+        ``tenant``, ``weight``, ``cap``: as for ``LeaseSemaphore.acquire``."""
+        return _Acquire(
+            lambda: self._native.lock_async(timeout, blocking, tenant, weight, cap)
+        )
 
-    def lock(self, *, timeout: Optional[float] = None, blocking: bool = True) -> _Acquire:
+    def lock(
+        self,
+        *,
+        timeout: Optional[float] = None,
+        blocking: bool = True,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> _Acquire:
         """The same as ``acquire``."""
-        return self.acquire(timeout=timeout, blocking=blocking)
+        return self.acquire(
+            timeout=timeout, blocking=blocking, tenant=tenant, weight=weight, cap=cap
+        )
 
-    async def try_acquire(self) -> Optional[Permit]:
+    async def try_acquire(
+        self,
+        *,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Optional[Permit]:
         """A ``Permit`` if the lock is free and nobody waits, else None."""
-        return _permit(await self._native.try_lock_async())
+        return _permit(await self._native.try_lock_async(tenant, weight, cap))
 
-    async def try_lock(self) -> Optional[Permit]:
+    async def try_lock(
+        self,
+        *,
+        tenant: Optional[str] = None,
+        weight: Optional[int] = None,
+        cap: Optional[int] = None,
+    ) -> Optional[Permit]:
         """The same as ``try_acquire``."""
-        return await self.try_acquire()
+        return await self.try_acquire(tenant=tenant, weight=weight, cap=cap)
 
     async def locked(self) -> bool:
         """True when someone holds the lock now (one round trip)."""

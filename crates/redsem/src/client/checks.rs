@@ -39,7 +39,12 @@ pub(super) async fn check_primaries(
         .set_connection_timeout(Some(options.connect_timeout))
         .set_response_timeout(Some(options.response_timeout));
     let mut all = Vec::new();
-    for primary in crate::conn::primaries(&nodes) {
+    // A primary without slots holds no key of redsem's (and may be a node on its way to
+    // becoming a replica, as CLUSTER NODES showed it a moment ago: WAIT would be refused).
+    for primary in crate::conn::primaries(&nodes)
+        .into_iter()
+        .filter(|p| !p.slots.is_empty())
+    {
         let node = format!("{}:{}", primary.host, primary.port);
         let client = crate::conn::node_client(seed, &primary.host, primary.port)?;
         let mut node_conn = client

@@ -209,7 +209,13 @@ impl Redsem {
         let engine = super::engine::for_server(&mut conn, &node, &options).await?;
         let conn = Conn::Single(conn);
         conn.engine_state().set(engine);
-        Ok(Self::assemble(conn, vec![client], options, wake_channel))
+        Ok(Self::assemble(
+            conn,
+            vec![client],
+            options,
+            wake_channel,
+            false,
+        ))
     }
 
     /// Connect to a Redis Cluster through any of its nodes (`seeds`), with the default
@@ -302,8 +308,16 @@ impl Redsem {
             judge(options.server_checks, findings)?;
         }
         let engine = super::engine::for_cluster(&mut conn, &clients, &options).await?;
+        // Redis 6.2 has no sharded pub/sub: its clusters keep classic channels.
+        let sharded = crate::conn::has_sharded_pubsub(&mut conn).await;
         let conn = Conn::Cluster(conn, Default::default());
         conn.engine_state().set(engine);
-        Ok(Self::assemble(conn, clients, options, wake_channel))
+        Ok(Self::assemble(
+            conn,
+            clients,
+            options,
+            wake_channel,
+            sharded,
+        ))
     }
 }

@@ -95,6 +95,8 @@ pub(crate) struct Shared {
     pub(crate) replica_acks: Option<ReplicaAcks>,
     /// The channel on which this client's queued requests are told they were granted.
     pub(crate) wake_channel: String,
+    /// Whether wake-ups go by sharded pub/sub: on a cluster whose primaries all have it.
+    sharded_pubsub: bool,
     /// The client's session: the sequence numbers of its retry-safe calls.
     pub(crate) session: Arc<crate::session::Session>,
     notifier: OnceCell<Notifier>,
@@ -151,6 +153,7 @@ impl Redsem {
         pubsub_clients: Vec<redis::Client>,
         options: RedsemOptions,
         wake_channel: String,
+        sharded_pubsub: bool,
     ) -> Redsem {
         let closed = CancellationToken::new();
         crate::observe::describe_metrics();
@@ -160,6 +163,7 @@ impl Redsem {
                 conn,
                 pubsub_clients,
                 wake_channel,
+                sharded_pubsub,
                 session: crate::session::Session::new(),
                 prefix: options.prefix,
                 metric_names: options.metric_names,
@@ -396,15 +400,12 @@ impl Redsem {
         }
     }
 
-    /// Whether wake-ups go by sharded pub/sub: on a Redis Cluster (each in its primitive's
-    /// slot, `SPUBLISH` to the one node that owns it); classic pub/sub on one server or
-    /// behind Sentinels.
+    /// Whether wake-ups go by sharded pub/sub: on a Redis Cluster whose primaries have it
+    /// (each in its primitive's slot, `SPUBLISH` to the one node that owns it); classic
+    /// pub/sub on one server, behind Sentinels and on a cluster without it (Redis 6.2, where
+    /// the cluster bus carries every `PUBLISH` to every node).
     pub(crate) fn sharded_wake_ups(&self) -> bool {
-        match &self.shared.conn {
-            Conn::Single(_) => false,
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(..) => true,
-        }
+        self.shared.sharded_pubsub
     }
 
     /// The channel on which this client's queued requests on the primitive `{<kind>:<name>}`
@@ -548,7 +549,13 @@ impl Redsem {
                 let place = match &shared.conn {
                     Conn::Single(single) => crate::notify::Place::Single {
                         clients: shared.pubsub_clients.clone(),
-                        source: single.source().clone(),
+                        source: Some(single.source().clone()),
+                    },
+                    // Classic pub/sub on any node: the seeds, one after another.
+                    #[cfg(feature = "cluster")]
+                    Conn::Cluster(..) if !shared.sharded_pubsub => crate::notify::Place::Single {
+                        clients: shared.pubsub_clients.clone(),
+                        source: None,
                     },
                     #[cfg(feature = "cluster")]
                     Conn::Cluster(cluster, _) => crate::notify::Place::Cluster {

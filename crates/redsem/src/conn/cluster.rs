@@ -108,6 +108,44 @@ pub(crate) fn node_client(seed: &redis::Client, host: &str, port: u16) -> Result
     Ok(redis::Client::open(info.set_addr(addr))?)
 }
 
+/// Whether every primary of the cluster has sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`: Redis
+/// 7.0 and later), told by capability: `COMMAND INFO SPUBLISH` on each primary, which names
+/// the command where the server has it and answers nil where it does not (Redis 6.2), never
+/// by `redis_version`. One primary without it (a cluster being upgraded) is enough for
+/// classic channels: a script's `SPUBLISH` would fail there.
+///
+/// Where `COMMAND` cannot be asked (refused by the ACL or by a managed service, which then
+/// runs Redis 7 or later), the answer is yes, as before this check.
+#[cfg(feature = "cluster")]
+pub(crate) async fn has_sharded_pubsub(conn: &mut redis::cluster_async::ClusterConnection) -> bool {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("INFO").arg("SPUBLISH");
+    let routing = RoutingInfo::MultiNode((
+        MultipleNodeRoutingInfo::AllMasters,
+        Some(ResponsePolicy::CombineArrays),
+    ));
+    match conn.route_command(cmd, routing).await {
+        Ok(answer) => names_every_command(&answer),
+        Err(err) => {
+            tracing::debug!(error = %err, "COMMAND INFO SPUBLISH refused: sharded pub/sub assumed");
+            true
+        }
+    }
+}
+
+/// Whether a `COMMAND INFO` answer (one entry per command asked, from every node) describes
+/// each command: nil for a command the server lacks.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+fn names_every_command(answer: &redis::Value) -> bool {
+    match answer {
+        redis::Value::Array(entries) => {
+            !entries.is_empty() && !entries.iter().any(|e| matches!(e, redis::Value::Nil))
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +197,18 @@ mod tests {
         assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
         assert_eq!(slot_of("123456789"), 0x31C3); // the CRC16/XMODEM check value
         assert_eq!(slot_of("a{}b"), slot_of("a{}b"));
+    }
+
+    #[test]
+    fn a_nil_in_command_info_means_a_node_without_the_command() {
+        use redis::Value;
+        let entry = Value::Array(vec![Value::BulkString(b"spublish".to_vec())]);
+        assert!(names_every_command(&Value::Array(vec![
+            entry.clone(),
+            entry.clone()
+        ])));
+        assert!(!names_every_command(&Value::Array(vec![entry, Value::Nil])));
+        assert!(!names_every_command(&Value::Array(vec![Value::Nil])));
+        assert!(!names_every_command(&Value::Array(vec![])));
     }
 }

@@ -20,7 +20,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
 pub(crate) use cluster::node_client;
 #[cfg(feature = "cluster")]
-pub(crate) use cluster::{Primary, primaries, slot_of};
+pub(crate) use cluster::{Primary, has_sharded_pubsub, primaries, slot_of};
 pub(crate) use probe::{Findings, Probe, check_node};
 #[cfg(feature = "sentinel")]
 pub(crate) use sentinel::Sentinels;

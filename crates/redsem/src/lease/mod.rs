@@ -101,7 +101,8 @@ impl LeaseSemaphore {
         options.validate()?;
         let keys = LeaseKeys::new(redsem.prefix(), name);
         let wake_channel = redsem.wake_channel_for("lease", name);
-        let meter = Meter::new(primitive, name, &redsem.shared.metric_names);
+        let meter = Meter::new(primitive, name, &redsem.shared.metric_names)
+            .with_tenant(options.tenant.as_ref().map(crate::types::Tenant::name));
         let batcher = redsem.group_commit().then(|| {
             let group = batch::LeaseGroup {
                 redsem: redsem.clone(),
@@ -143,6 +144,7 @@ impl LeaseSemaphore {
     pub fn for_tenant(&self, tenant: crate::types::Tenant) -> Result<LeaseSemaphore> {
         tenant.validate()?;
         let inner = &self.inner;
+        let meter = inner.meter.again().with_tenant(Some(tenant.name()));
         Ok(LeaseSemaphore {
             inner: Arc::new(SemInner {
                 redsem: inner.redsem.clone(),
@@ -151,7 +153,7 @@ impl LeaseSemaphore {
                 wake_channel: inner.wake_channel.clone(),
                 capacity: AtomicU32::new(self.capacity()),
                 options: inner.options.clone().tenant(tenant),
-                meter: inner.meter.again(),
+                meter,
                 batcher: inner.batcher.clone(),
             }),
         })

@@ -10,7 +10,10 @@
 //! lie in its slot (see [`crate::keys::is_sharded`]), the scripts `SPUBLISH` them, and the
 //! task subscribes to each with `SSUBSCRIBE` on the node that owns that slot, following the
 //! slot when it moves (`shard.rs`). A client's wake channel on one primitive is subscribed
-//! while a waiter of it is registered, and for a while after ([`WAKE_LINGER`]).
+//! while a waiter of it is registered, and for a while after ([`WAKE_LINGER`]). A cluster
+//! whose primaries lack sharded pub/sub (Redis 6.2; told at connect by
+//! `conn::has_sharded_pubsub`) keeps the classic channels and one classic connection, to any
+//! seed node: the cluster bus carries every `PUBLISH` to every node.
 //!
 //! Here: the [`Notifier`] handle, waiters' [`Registration`]s and broadcast [`Listener`]s,
 //! and the routing table they share. Beside it: `task.rs` (the classic connection's life),
@@ -43,11 +46,13 @@ const WAKE_LINGER: Duration = Duration::from_secs(30);
 
 /// Where the pub/sub connection(s) go.
 pub(crate) enum Place {
-    /// One primary: `source` says where it is now (behind Sentinels it moves); `clients`
-    /// holds its client as first located.
+    /// One connection, classic pub/sub. To one primary: `source` says where it is now
+    /// (behind Sentinels it moves); `clients` holds its client as first located. Or, on a
+    /// cluster without sharded pub/sub (no `source`), to any node: `clients` holds the seeds,
+    /// tried one after another (the cluster bus carries every `PUBLISH` to every node).
     Single {
         clients: Vec<redis::Client>,
-        source: Source,
+        source: Option<Source>,
     },
     /// A Redis Cluster: sharded pub/sub, one connection per node that owns a slot of a
     /// subscribed channel, found through `cluster` (`CLUSTER NODES`) and reached with the
@@ -115,7 +120,7 @@ impl Notifier {
                 let task = Task {
                     clients,
                     next_client: 0,
-                    source: Some(source),
+                    source,
                     own_channel,
                     routes: routes.clone(),
                     subscribed: subscribed_tx,

@@ -76,13 +76,15 @@ where
     pub(super) fn new(
         inner: S,
         request: Req,
-        sem: LeaseSemaphore,
+        sem: crate::Result<LeaseSemaphore>,
         admission: Admission,
         on_lost: OnLost,
     ) -> ResponseFuture<S, Req> {
         let acquire: BoxFuture<'static, crate::Result<LeasePermit>> = match admission {
-            Admission::Wait(timeout) => Box::pin(async move { sem.acquire_timeout(timeout).await }),
-            Admission::Shed => Box::pin(async move { sem.try_acquire().await }),
+            Admission::Wait(timeout) => {
+                Box::pin(async move { sem?.acquire_timeout(timeout).await })
+            }
+            Admission::Shed => Box::pin(async move { sem?.try_acquire().await }),
         };
         ResponseFuture {
             state: State::Acquiring {

@@ -129,6 +129,7 @@
 mod error;
 mod future;
 mod lease;
+mod tenant;
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -139,8 +140,9 @@ use tower_service::Service;
 pub use error::LimitError;
 pub use future::ResponseFuture;
 pub use lease::{CarryLease, HeldLease};
+pub use tenant::{NoTenant, TENANT_HANDLES, TenantFrom, TenantOf};
 
-use crate::LeaseSemaphore;
+use crate::{LeaseSemaphore, Tenant};
 
 /// How a request meets a semaphore whose units are all held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,10 +181,11 @@ pub enum OnLost {
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct LeaseLimitLayer {
+pub struct LeaseLimitLayer<T = NoTenant> {
     sem: LeaseSemaphore,
     admission: Admission,
     on_lost: OnLost,
+    tenant: T,
 }
 
 impl LeaseLimitLayer {
@@ -192,6 +195,7 @@ impl LeaseLimitLayer {
             sem,
             admission,
             on_lost: OnLost::default(),
+            tenant: NoTenant,
         }
     }
 
@@ -204,24 +208,67 @@ impl LeaseLimitLayer {
     pub fn shedding(sem: LeaseSemaphore) -> LeaseLimitLayer {
         LeaseLimitLayer::new(sem, Admission::Shed)
     }
+}
 
+impl<T> LeaseLimitLayer<T> {
     /// What to do with a request whose lease is lost while it runs (default
     /// [`OnLost::Abort`]).
-    pub fn on_lost(mut self, on_lost: OnLost) -> LeaseLimitLayer {
+    pub fn on_lost(mut self, on_lost: OnLost) -> LeaseLimitLayer<T> {
         self.on_lost = on_lost;
         self
     }
+
+    /// Take each request's tenant from the request itself: `tenant(&request)` names it
+    /// (`None`: the default tenant), and the request queues in the semaphore's fair shares
+    /// as that tenant ([`Tenant`]: weight and cap; every request of a tenant should name the
+    /// same ones, or it fails with [`Error::TenantConflict`](crate::Error::TenantConflict),
+    /// as [`LimitError::Redis`]). A tenant out of range (an empty or too long name) fails the
+    /// call with [`LimitError::Redis`] holding
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) before Redis is asked.
+    ///
+    /// The handle of each tenant ([`LeaseSemaphore::for_tenant`]) is kept, up to
+    /// [`TENANT_HANDLES`] tenants, and shared by the clones of the layer and its services.
+    ///
+    /// # Examples
+    ///
+    /// The tenant from a header, `x-tenant`:
+    ///
+    /// ```no_run
+    /// # fn example(sem: redsem::LeaseSemaphore) {
+    /// use redsem::Tenant;
+    /// use redsem::tower::LeaseLimitLayer;
+    ///
+    /// let layer = LeaseLimitLayer::waiting(sem, std::time::Duration::from_secs(2))
+    ///     .tenant_from(|request: &http::Request<axum::body::Body>| {
+    ///         let name = request.headers().get("x-tenant")?.to_str().ok()?;
+    ///         Some(Tenant::new(name))
+    ///     });
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    pub fn tenant_from<F, Req>(self, tenant: F) -> LeaseLimitLayer<TenantFrom<F>>
+    where
+        F: Fn(&Req) -> Option<Tenant>,
+    {
+        LeaseLimitLayer {
+            sem: self.sem,
+            admission: self.admission,
+            on_lost: self.on_lost,
+            tenant: TenantFrom::new(tenant),
+        }
+    }
 }
 
-impl<S> Layer<S> for LeaseLimitLayer {
-    type Service = LeaseLimit<S>;
+impl<S, T: Clone> Layer<S> for LeaseLimitLayer<T> {
+    type Service = LeaseLimit<S, T>;
 
-    fn layer(&self, inner: S) -> LeaseLimit<S> {
+    fn layer(&self, inner: S) -> LeaseLimit<S, T> {
         LeaseLimit {
             inner,
             sem: self.sem.clone(),
             admission: self.admission,
             on_lost: self.on_lost,
+            tenant: self.tenant.clone(),
         }
     }
 }
@@ -229,11 +276,12 @@ impl<S> Layer<S> for LeaseLimitLayer {
 /// A service that runs each request of its inner service under a permit of a
 /// [`LeaseSemaphore`] (see [the module](self)).
 #[derive(Debug, Clone)]
-pub struct LeaseLimit<S> {
+pub struct LeaseLimit<S, T = NoTenant> {
     inner: S,
     sem: LeaseSemaphore,
     admission: Admission,
     on_lost: OnLost,
+    tenant: T,
 }
 
 impl<S> LeaseLimit<S> {
@@ -241,7 +289,9 @@ impl<S> LeaseLimit<S> {
     pub fn new(inner: S, sem: LeaseSemaphore, admission: Admission) -> LeaseLimit<S> {
         LeaseLimitLayer::new(sem, admission).layer(inner)
     }
+}
 
+impl<S, T> LeaseLimit<S, T> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -253,9 +303,10 @@ impl<S> LeaseLimit<S> {
     }
 }
 
-impl<S, Req> Service<Req> for LeaseLimit<S>
+impl<S, T, Req> Service<Req> for LeaseLimit<S, T>
 where
     S: Service<Req> + Clone,
+    T: TenantOf<Req>,
     Req: CarryLease,
 {
     type Response = S::Response;
@@ -272,12 +323,7 @@ where
         // The instance that was polled ready serves this request; a clone takes its place.
         let replacement = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, replacement);
-        ResponseFuture::new(
-            inner,
-            request,
-            self.sem.clone(),
-            self.admission,
-            self.on_lost,
-        )
+        let sem = self.tenant.semaphore_for(&self.sem, &request);
+        ResponseFuture::new(inner, request, sem, self.admission, self.on_lost)
     }
 }

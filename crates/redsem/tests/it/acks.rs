@@ -9,6 +9,7 @@ use redsem::{Error, LeaseOptions, LeasePermit, LeaseSemaphore, Redsem, RedsemOpt
 use redsem_test::{RedisServer, within};
 
 use crate::support::no_functions_user;
+use crate::support::{Needs, skip_without};
 
 const LIMIT: Duration = Duration::from_secs(10);
 /// The acknowledgement timeout of the tests: each call the frozen replica does not answer
@@ -195,6 +196,13 @@ fn assert_not_replicated<T: std::fmt::Debug>(got: redsem::Result<T>, wanted: usi
 
 #[tokio::test]
 async fn a_grant_and_its_release_each_send_one_wait_and_are_confirmed_by_the_replica() {
+    if skip_without(
+        Needs::Functions,
+        "a_grant_and_its_release_each_send_one_wait_and_are_confirmed_by_the_replica",
+        "counts one WAIT per change, the script loaded beforehand (by EVALSHA a first call meets NOSCRIPT and is sent again with its WAIT)",
+    ) {
+        return;
+    }
     let (pair, _, sem, _) = jobs().await;
     let before = pair.waits();
     give_back(take(&sem).await).await;
@@ -432,6 +440,13 @@ async fn a_count_down_not_acknowledged_is_applied_and_reported() {
 
 #[tokio::test]
 async fn by_evalsha_each_change_still_carries_its_wait_and_a_flushed_script_is_reloaded() {
+    if skip_without(
+        Needs::Functions,
+        "by_evalsha_each_change_still_carries_its_wait_and_a_flushed_script_is_reloaded",
+        "refuses FCALL by an ACL rule (-fcall)",
+    ) {
+        return;
+    }
     let pair = Pair::start();
     let () = no_functions_user()
         .query(&mut pair.primary.connection())
@@ -468,6 +483,13 @@ async fn by_evalsha_each_change_still_carries_its_wait_and_a_flushed_script_is_r
 
 #[tokio::test]
 async fn on_a_cluster_the_wait_runs_on_the_node_that_ran_the_script() {
+    if skip_without(
+        Needs::Functions,
+        "on_a_cluster_the_wait_runs_on_the_node_that_ran_the_script",
+        "counts one WAIT per change, the script loaded beforehand (by EVALSHA a first call meets NOSCRIPT and is sent again with its WAIT)",
+    ) {
+        return;
+    }
     // Masters without replicas: WAIT 1 answers 0 after its timeout, on the node it ran on.
     let cluster = redsem_test::RedisCluster::start(3);
     let seeds = cluster.urls();
@@ -522,6 +544,13 @@ async fn on_a_cluster_the_wait_runs_on_the_node_that_ran_the_script() {
 /// waiting engine's guard then withdrew the same id again in the background, with a `WAIT`.)
 #[tokio::test]
 async fn a_grant_not_acknowledged_is_given_back_once_without_a_wait() {
+    if skip_without(
+        Needs::Functions,
+        "a_grant_not_acknowledged_is_given_back_once_without_a_wait",
+        "counts FCALL calls",
+    ) {
+        return;
+    }
     let (pair, acking, sem, other) = jobs().await;
     let _frozen = pair.freeze_replica();
     let (scripts, waits) = (command_calls(&pair.primary, "fcall"), pair.waits());

@@ -31,6 +31,13 @@ async fn lease_semaphores_work_on_every_node_of_a_cluster() {
 /// connect-time checks of every primary), and without it the connection is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
+    if skip_without(
+        Needs::Tls,
+        "a_tls_cluster_is_used_with_a_given_root_certificate",
+        "starts a TLS cluster",
+    ) {
+        return;
+    }
     let tls = redsem_test::TlsRedisCluster::start(3);
     let options = RedsemOptions::default()
         .prefix("tls")
@@ -70,6 +77,13 @@ async fn a_tls_cluster_is_used_with_a_given_root_certificate() {
 /// larger tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_is_used_again_after_its_nodes_restart() {
+    if skip_without(
+        Needs::Tls,
+        "a_tls_cluster_is_used_again_after_its_nodes_restart",
+        "starts a TLS cluster",
+    ) {
+        return;
+    }
     let mut tls = redsem_test::TlsRedisCluster::start(3);
     let options = RedsemOptions::default()
         .prefix("tls")

@@ -181,6 +181,13 @@ async fn lease_hand_off(cluster: &RedisCluster, a: &Redsem, b: &Redsem, name: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
     let (a, b) = clients(&cluster).await;
 
@@ -289,6 +296,13 @@ async fn wake_ups_reach_their_waiter_through_the_owner_of_the_slot_only() {
 /// the client subscribes at the new owner, and hand-offs come by message there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_wake_ups_follow_their_slot_to_another_node() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "sharded_wake_ups_follow_their_slot_to_another_node",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
     let (a, b) = clients(&cluster).await;
     let name = "moving";
@@ -374,6 +388,13 @@ fn move_slot(cluster: &RedisCluster, key: &str, from: &RedisServer, to: &RedisSe
 /// and `SSUBSCRIBE` (`+@pubsub`), not only their classic twins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_with_the_documented_rules_is_woken_by_the_sharded_message() {
+    if skip_without(
+        Needs::ShardedPubsub,
+        "a_user_with_the_documented_rules_is_woken_by_the_sharded_message",
+        "counts SPUBLISH calls and reads PUBSUB SHARDCHANNELS",
+    ) {
+        return;
+    }
     let cluster = tokio::task::block_in_place(|| RedisCluster::start(3));
     let options = RedsemOptions::default().prefix(PREFIX);
     let rules = format!("{} +cluster|slots +cluster|nodes", options.acl_rules());

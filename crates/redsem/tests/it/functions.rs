@@ -2,6 +2,7 @@
 //! it), side by side with other versions, and EVALSHA where functions are refused.
 
 use crate::support::{LIMIT, TestContext, connect_url, cycle, no_functions_user, within};
+use crate::support::{Needs, skip_without};
 
 /// The libraries on the server whose name starts with `redsem_`.
 async fn redsem_libraries(ctx: &TestContext) -> Vec<String> {
@@ -24,6 +25,13 @@ async fn redsem_libraries(ctx: &TestContext) -> Vec<String> {
 
 #[tokio::test]
 async fn operations_run_as_functions_of_one_library_loaded_once() {
+    if skip_without(
+        Needs::Functions,
+        "operations_run_as_functions_of_one_library_loaded_once",
+        "loads, lists, flushes or refuses (-fcall) the function library itself",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     ctx.reset_stats().await;
     let sem = ctx.redsem.lease_semaphore("f", 2).expect("semaphore");
@@ -43,6 +51,13 @@ async fn operations_run_as_functions_of_one_library_loaded_once() {
 
 #[tokio::test]
 async fn a_server_that_lost_the_library_gets_it_again() {
+    if skip_without(
+        Needs::Functions,
+        "a_server_that_lost_the_library_gets_it_again",
+        "loads, lists, flushes or refuses (-fcall) the function library itself",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let sem = ctx.redsem.lease_semaphore("f", 1).expect("semaphore");
     cycle(&sem).await.expect("acquire and release");
@@ -59,6 +74,13 @@ async fn a_server_that_lost_the_library_gets_it_again() {
 
 #[tokio::test]
 async fn another_version_of_the_library_beside_it_changes_nothing() {
+    if skip_without(
+        Needs::Functions,
+        "another_version_of_the_library_beside_it_changes_nothing",
+        "loads, lists, flushes or refuses (-fcall) the function library itself",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let mut conn = ctx.raw().await;
     // What an older (or newer) client would have loaded: its own library and functions.
@@ -88,6 +110,13 @@ async fn another_version_of_the_library_beside_it_changes_nothing() {
 
 #[tokio::test]
 async fn a_user_refused_functions_runs_the_same_operations_by_evalsha() {
+    if skip_without(
+        Needs::Functions,
+        "a_user_refused_functions_runs_the_same_operations_by_evalsha",
+        "loads, lists, flushes or refuses (-fcall) the function library itself",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let mut conn = ctx.raw().await;
     let () = no_functions_user()

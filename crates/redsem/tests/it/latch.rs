@@ -9,10 +9,16 @@ use tokio::time::Instant;
 
 use crate::support::*;
 
-/// The latch's channel: classic on one server, sharded in its slot on a cluster.
+/// The latch's channel: classic on one server, sharded in its slot on a cluster that has
+/// sharded pub/sub (classic on one without it: Redis 6.2).
 fn channel(ctx: &TestContext<Topology>, name: &str) -> String {
+    let classic = format!("{}:{{latch:{name}}}:opened", ctx.prefix);
     match ctx.server {
-        Topology::Single(_) => format!("{}:{{latch:{name}}}:opened", ctx.prefix),
+        Topology::Single(_) => classic,
+        #[cfg(feature = "cluster")]
+        Topology::Cluster { .. } if !redsem_test::Capabilities::of_the_server().sharded_pubsub => {
+            classic
+        }
         #[cfg(feature = "cluster")]
         Topology::Cluster { .. } => format!("{}:opened:{{latch:{name}}}", ctx.prefix),
     }

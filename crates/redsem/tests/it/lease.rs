@@ -299,6 +299,13 @@ both_topologies!(
 async fn a_permit_released_through_a_shared_reference_by_two_tasks_at_once_is_released_once(
     ctx: &TestContext<Topology>,
 ) {
+    if skip_without(
+        Needs::Functions,
+        "a_permit_released_through_a_shared_reference_by_two_tasks_at_once_is_released_once",
+        "counts calls as one FCALL each (by EVALSHA a script's first call meets NOSCRIPT and is sent again)",
+    ) {
+        return;
+    }
     let sem = ctx
         .redsem
         .lease_semaphore_with("s", 1, LeaseOptions::default().keepalive(false))
@@ -655,6 +662,13 @@ async fn a_hundred_permits_with_keepalive_share_one_connection() {
 
 #[tokio::test]
 async fn connects_over_tls_with_a_given_root_certificate() {
+    if skip_without(
+        Needs::Tls,
+        "connects_over_tls_with_a_given_root_certificate",
+        "starts a TLS server",
+    ) {
+        return;
+    }
     let tls = redsem_test::TlsRedisServer::start();
     let options = RedsemOptions::default().tls_root_cert(tls.ca_cert());
     let redsem = within(

@@ -18,6 +18,9 @@ mod cluster;
 /// Wake-ups on a cluster: sharded pub/sub in each primitive's slot, following the slot.
 mod cluster_wakeups;
 
+/// Wake-ups on a cluster without sharded pub/sub (Redis 6.2): classic channels.
+mod cluster_classic;
+
 /// Waiting: FIFO order, targeted wake-ups, dead waiters, cancellation, the mutex.
 mod waiting;
 

@@ -11,9 +11,10 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use redsem::{MetricNames, PermitOptions, RedsemOptions};
+use redsem::{MetricNames, PermitOptions, RedsemOptions, Tenant};
 
 use crate::support::{LIMIT, RedisServer, TestContext, connect_with, cycle, short, within};
+use crate::support::{Needs, skip_without};
 
 /// Counters and histogram samples seen so far, by `metric{label=value,...}` (labels sorted).
 #[derive(Default)]
@@ -156,6 +157,108 @@ async fn acquires_are_counted_by_outcome_and_timed() {
     assert_eq!(queued.len(), 1, "only the waiter that queued and got in");
     assert!(queued[0] >= 0.03, "it waited at least 30 ms: {queued:?}");
     assert_eq!(samples("redsem_hold_seconds", &lease).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_that_name_a_tenant_are_counted_by_tenant() {
+    record();
+    let ctx = TestContext::start().await;
+    let name = "obs-tenants";
+    let sem = ctx.redsem.lease_semaphore(name, 1).expect("sem");
+    let acme = sem.for_tenant(Tenant::new("obs-acme")).expect("tenant");
+    let beta = sem.for_tenant(Tenant::new("obs-beta")).expect("tenant");
+    let t = |tenant, outcome| {
+        [
+            ("primitive", "lease"),
+            ("name", name),
+            ("tenant", tenant),
+            ("outcome", outcome),
+        ]
+    };
+
+    let first = within(LIMIT, "try_acquire", acme.try_acquire())
+        .await
+        .expect("free");
+    let busy = within(LIMIT, "try_acquire busy", beta.try_acquire()).await;
+    assert!(busy.expect_err("held").is_not_acquired());
+    let waiter = tokio::spawn({
+        let beta = beta.clone();
+        async move { beta.acquire().await }
+    });
+    until("beta queued", || {
+        counter("redsem_tenant_acquires_total", &t("obs-beta", "busy")) == 1
+    })
+    .await;
+    within(LIMIT, "queued", async {
+        while sem.status().await.expect("status").waiters.len() != 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    within(LIMIT, "release", first.release())
+        .await
+        .expect("release");
+    let second = within(LIMIT, "beta granted", waiter)
+        .await
+        .expect("join")
+        .expect("granted");
+    within(LIMIT, "release", second.release())
+        .await
+        .expect("release");
+    // A handle whose options name the tenant counts the same way; the plain one only in the
+    // series without a tenant.
+    let options = redsem::LeaseOptions::default().tenant(Tenant::new("obs-gamma"));
+    let gamma = ctx
+        .redsem
+        .lease_semaphore_with(name, 1, options)
+        .expect("sem");
+    for sem in [&gamma, &sem] {
+        let permit = within(LIMIT, "try_acquire", sem.try_acquire())
+            .await
+            .expect("free");
+        within(LIMIT, "release", permit.release())
+            .await
+            .expect("release");
+    }
+
+    assert_eq!(
+        counter("redsem_tenant_acquires_total", &t("obs-acme", "granted")),
+        1
+    );
+    assert_eq!(
+        counter("redsem_tenant_acquires_total", &t("obs-beta", "granted")),
+        1
+    );
+    assert_eq!(
+        counter("redsem_tenant_acquires_total", &t("obs-gamma", "granted")),
+        1
+    );
+    let all = [
+        ("primitive", "lease"),
+        ("name", name),
+        ("outcome", "granted"),
+    ];
+    assert_eq!(counter("redsem_acquires_total", &all), 4);
+    let beta_wait = [
+        ("primitive", "lease"),
+        ("name", name),
+        ("tenant", "obs-beta"),
+    ];
+    assert_eq!(
+        samples("redsem_tenant_queue_wait_seconds", &beta_wait).len(),
+        1
+    );
+    let by_tenant: Vec<String> = figures()
+        .counters
+        .keys()
+        .filter(|k| k.starts_with("redsem_tenant_acquires_total") && k.contains(name))
+        .cloned()
+        .collect();
+    assert_eq!(
+        by_tenant.len(),
+        4,
+        "acme, beta (busy, granted), gamma: {by_tenant:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -533,6 +636,13 @@ fn the_blocking_facade_works_without_a_runtime_and_releases_on_drop() {
 
 #[tokio::test]
 async fn a_function_library_load_is_counted_as_a_script_reload() {
+    if skip_without(
+        Needs::Functions,
+        "a_function_library_load_is_counted_as_a_script_reload",
+        "counts a FUNCTION LOAD",
+    ) {
+        return;
+    }
     record();
     let ctx = TestContext::start().await;
     let before = counter("redsem_script_reloads_total", &[]);

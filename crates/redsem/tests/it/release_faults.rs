@@ -9,6 +9,7 @@ use redsem::LeaseOptions;
 use redsem_test::FaultProxy;
 
 use crate::support::{LIMIT, TestContext, connect_url, cycle, until, within};
+use crate::support::{Needs, skip_without};
 
 #[tokio::test]
 async fn a_grant_handed_back_in_a_lost_release_reply_still_reaches_its_waiter() {
@@ -172,6 +173,13 @@ async fn a_permit_released_by_id_elsewhere_answers_not_held() {
 /// reply was lost; every round checks the holders against the grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tries_in_a_batch_whose_reply_is_lost_are_resent_and_keep_their_grants() {
+    if skip_without(
+        Needs::Functions,
+        "tries_in_a_batch_whose_reply_is_lost_are_resent_and_keep_their_grants",
+        "finds its call on the wire by the function's name (FCALL)",
+    ) {
+        return;
+    }
     const ROUNDS: usize = 20;
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
@@ -228,6 +236,13 @@ async fn tries_in_a_batch_whose_reply_is_lost_are_resent_and_keep_their_grants()
 /// round checks the count, so a round whose calls all went alone still tests nothing wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_once() {
+    if skip_without(
+        Needs::Functions,
+        "permit_tries_and_releases_in_a_batch_whose_reply_is_lost_are_applied_once",
+        "finds its call on the wire by the function's name (FCALL)",
+    ) {
+        return;
+    }
     const ROUNDS: usize = 20;
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
@@ -316,6 +331,13 @@ async fn one_permit_taken(
 /// no lease that would end it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage() {
+    if skip_without(
+        Needs::Functions,
+        "a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage",
+        "finds its call on the wire by the function's name (FCALL)",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let proxy = std::sync::Arc::new(FaultProxy::start(ctx.server.port()));
     let (waiting, pool, owner) =
@@ -376,6 +398,13 @@ async fn a_dropped_permit_acquire_gives_back_a_collected_grant_after_an_outage()
 /// here) later, in front of everyone queued behind it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_acquire_leaves_the_queue_once_the_server_is_back() {
+    if skip_without(
+        Needs::Functions,
+        "a_timed_out_acquire_leaves_the_queue_once_the_server_is_back",
+        "finds its call on the wire by the function's name (FCALL)",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let proxy = FaultProxy::start(ctx.server.port());
     let long_wait = redsem::PermitOptions::default().waiter_lease(Duration::from_secs(60));

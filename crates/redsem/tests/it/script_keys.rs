@@ -236,6 +236,13 @@ async fn workload(ctx: &TestContext) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_a_script_touches_arrives_in_its_keys_and_every_call_has_keys() {
+    if skip_without(
+        Needs::Functions,
+        "every_key_a_script_touches_arrives_in_its_keys_and_every_call_has_keys",
+        "reads the keys of each FCALL by the function name it calls",
+    ) {
+        return;
+    }
     let ctx = TestContext::start().await;
     let monitor = Monitor::start(ctx.server.port());
     within(LIMIT * 3, "the workload", workload(&ctx)).await;

@@ -452,3 +452,34 @@ impl<T: Send + 'static> Frozen<T> {
         got
     }
 }
+
+/// A Redis 7 feature that a test uses itself, beyond what redsem needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Needs {
+    /// The function library (`FUNCTION`, `FCALL`, `-fcall` in ACL rules).
+    Functions,
+    /// Sharded pub/sub (`SPUBLISH`, `SSUBSCRIBE`, `PUBSUB SHARDCHANNELS`).
+    ShardedPubsub,
+    /// TLS in the server's build.
+    Tls,
+    /// `redis.acl_check_cmd` in scripts (Redis 7.0): how the connect check reads channel
+    /// rights.
+    AclCheckCmd,
+}
+
+/// Whether `test` must be skipped because the server binary lacks what it `needs`, told by
+/// capability ([`redsem_test::Capabilities`]), never by version; `why` says what the test
+/// does with it. Says so on stderr (`--nocapture` shows it): `skipped <test>: ...`.
+pub(crate) fn skip_without(needs: Needs, test: &str, why: &str) -> bool {
+    let has = redsem_test::Capabilities::of_the_server();
+    let (present, what) = match needs {
+        Needs::Functions => (has.functions, "no function library (FUNCTION, FCALL)"),
+        Needs::ShardedPubsub => (has.sharded_pubsub, "no sharded pub/sub (SPUBLISH)"),
+        Needs::Tls => (has.tls, "no TLS in its build"),
+        Needs::AclCheckCmd => (has.acl_check_cmd, "no redis.acl_check_cmd in scripts"),
+    };
+    if !present {
+        eprintln!("skipped {test}: the server has {what}; the test {why}");
+    }
+    !present
+}

@@ -176,14 +176,20 @@ async fn several_clients_across_a_failover(
 ) {
     let deployment = Arc::new(RedisSentinels::start());
     for node in deployment.nodes() {
+        // One setting a CONFIG SET: Redis 6.2 takes no pairs.
+        let mut conn = node.connection();
         let () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("min-replicas-to-write")
             .arg(min_replicas_to_write)
+            .query(&mut conn)
+            .expect("CONFIG SET min-replicas-to-write");
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
             .arg("min-replicas-max-lag")
             .arg(10)
-            .query(&mut node.connection())
-            .expect("CONFIG SET min-replicas-to-write");
+            .query(&mut conn)
+            .expect("CONFIG SET min-replicas-max-lag");
     }
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
