@@ -39,7 +39,9 @@ Routes:
                 _next_lease_end_seconds; redsem_up (Redis answered);
                 redsem_engine{engine=\"native\"} and {engine=\"scripts\"}
                 (1 for the engine that serves: redsem's Redis module, or the
-                Lua scripts)
+                Lua scripts); while tenants hold or wait, redsem_tenant_used
+                and redsem_tenant_waiters per semaphore and tenant (the 100
+                busiest tenants of a semaphore; the rest summed as tenant=\"*\")
   /status.json  each lease semaphore as `redsem status NAME --json` shows it
                 (with the permits and the latch of its name, and the engine)
 
@@ -369,7 +371,60 @@ fn prometheus(snap: &Snapshot) -> String {
         "Time until the first holder's lease ends unless renewed (absent without holders).",
         &per(&|s| s.next_lease_end().map(|d| d.as_secs_f64())),
     );
+    let (mut used, mut waiting) = (Vec::new(), Vec::new());
+    for (name, status) in all {
+        let tenants = status
+            .tenants
+            .iter()
+            .map(|t| (t.name.as_str(), t.held, t.waiters));
+        for (tenant, held, waiters) in bounded_tenants(tenants, TENANT_SERIES) {
+            let labels = format!("{{name=\"{}\",tenant=\"{}\"}}", label(name), label(&tenant));
+            used.push((labels.clone(), held as f64));
+            waiting.push((labels, waiters as f64));
+        }
+    }
+    if !used.is_empty() {
+        family(
+            "redsem_tenant_used",
+            "Units held by each tenant (the 100 busiest of a semaphore; the rest as tenant=\"*\").",
+            &used,
+        );
+        family(
+            "redsem_tenant_waiters",
+            "Queued requests of each tenant (the 100 busiest of a semaphore; the rest as tenant=\"*\").",
+            &waiting,
+        );
+    }
     out
+}
+
+/// How many tenants of one semaphore get series of their own in `/metrics`: the busiest
+/// (most units held, then most waiters); the others are summed under [`OTHER_TENANTS`].
+const TENANT_SERIES: usize = 100;
+
+/// The `tenant` label of the tenants past [`TENANT_SERIES`] (as the library's own metrics).
+const OTHER_TENANTS: &str = redsem::OTHER_TENANTS;
+
+/// `(tenant, held, waiters)` of each tenant, the busiest `bound` by name and the others
+/// summed under [`OTHER_TENANTS`] (absent when there are none).
+fn bounded_tenants<'a>(
+    tenants: impl Iterator<Item = (&'a str, u64, u64)>,
+    bound: usize,
+) -> Vec<(String, u64, u64)> {
+    let mut all: Vec<(&str, u64, u64)> = tenants.collect();
+    all.sort_by(|a, b| (b.1, b.2, a.0).cmp(&(a.1, a.2, b.0)));
+    let mut rows: Vec<(String, u64, u64)> = all
+        .iter()
+        .take(bound)
+        .map(|(name, held, waiters)| (tenant_name(name).to_owned(), *held, *waiters))
+        .collect();
+    if all.len() > bound {
+        let (held, waiters) = all[bound..]
+            .iter()
+            .fold((0, 0), |(h, w), t| (h + t.1, w + t.2));
+        rows.push((OTHER_TENANTS.to_owned(), held, waiters));
+    }
+    rows
 }
 
 /// Text for HTML: `&`, `<`, `>`, `"` and `'` escaped.
@@ -538,6 +593,26 @@ mod tests {
             escape("<script>'x' & \"y\"</script>"),
             "&lt;script&gt;&#39;x&#39; &amp; &quot;y&quot;&lt;/script&gt;"
         );
+    }
+
+    #[test]
+    fn only_the_busiest_tenants_get_series_and_the_rest_are_summed() {
+        let tenants = [
+            ("a", 1, 0),
+            ("b", 3, 2),
+            ("", 2, 0),
+            ("c", 0, 5),
+            ("d", 0, 1),
+        ];
+        let rows = bounded_tenants(tenants.into_iter(), 3);
+        let rows: Vec<(&str, u64, u64)> =
+            rows.iter().map(|(n, h, w)| (n.as_str(), *h, *w)).collect();
+        assert_eq!(
+            rows,
+            [("b", 3, 2), ("(default)", 2, 0), ("a", 1, 0), ("*", 0, 6)]
+        );
+        let few = bounded_tenants([("a", 1, 0)].into_iter(), 3);
+        assert_eq!(few, [("a".to_owned(), 1, 0)]);
     }
 
     #[test]

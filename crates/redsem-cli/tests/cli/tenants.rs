@@ -204,6 +204,17 @@ fn serve_shows_tenants_on_its_page_and_in_its_json() {
         .find(|e| e["name"] == "plain")
         .expect("plain listed");
     assert!(plain.get("tenants").is_none(), "{plain}");
+    let (code, metrics) = get(port, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("\nredsem_tenant_used{name=\"llm\",tenant=\"acme\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nredsem_tenant_waiters{name=\"llm\",tenant=\"acme\"} 0\n"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("tenant_used{name=\"plain\""), "{metrics}");
     serve.signal(Signal::SIGTERM);
     assert_eq!(serve.wait().code(), 0);
 }

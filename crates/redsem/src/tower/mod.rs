@@ -59,6 +59,14 @@
 //! permit's fencing token, slot and id, for handlers that pass the token on to the storage
 //! they protect. Other request types can receive it by implementing [`CarryLease`].
 //!
+//! # Tenants
+//!
+//! [`LeaseLimitLayer::tenant_from`] takes each request's [`Tenant`](crate::Tenant) from the
+//! request (a header, an API key's owner): the requests then share the limit in the
+//! semaphore's fair shares, so one caller's flood does not keep another's requests waiting
+//! behind it (see [`Tenant`](crate::Tenant) for the grant order, weights and caps).
+//! `examples/axum_limit.rs` takes it from an `x-tenant` header.
+//!
 //! # Examples
 //!
 //! An axum route limited to 4 requests in flight over all replicas; a request waits up to
