@@ -58,6 +58,21 @@ pub struct Meta {
     /// What the server that took writes at the end counted since it last started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_calls: Option<ServerCalls>,
+    /// The tenants the soak drives on its lease semaphores, with their weights and caps
+    /// (none named: the default tenant, weight 1, no cap).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<TenantConf>,
+}
+
+/// A tenant of a lease semaphore, as every request naming it configures it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct TenantConf {
+    /// The lease semaphore.
+    pub name: String,
+    pub tenant: String,
+    pub weight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<u32>,
 }
 
 /// Commands a server counted since it last started (a restart or a failover starts over).
@@ -91,6 +106,9 @@ pub struct LeaseOp {
     pub task: u32,
     pub name: String,
     pub op: String,
+    /// The tenant the request named (none: the default tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub units: u32,
     pub inv_us: u64,
     pub ret_us: u64,

@@ -3,11 +3,13 @@
 
 mod checker;
 mod edge;
+mod engine;
 mod history;
 mod look;
 mod nemesis;
 mod ops;
 mod task;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -20,42 +22,12 @@ use std::time::{Duration, Instant};
 use redsem::{Engine, LeaseOptions, PermitOptions, Redsem, RedsemOptions, ServingEngine};
 use redsem_test::{FaultProxy, RedisSentinels, RedisServer};
 
+use engine::{EngineMode, describe, engine_fallbacks, engine_report, served_by, server_calls};
 use history::{Final, Meta, Record};
 
 const USAGE: &str = "usage: redsem-soak [--duration 60s] [--seed N] [--clients 3] [--tasks 6] \
 [--deployment single|volatile|sentinel] [--lease-ms 1000] [--data-dir DIR] [--history FILE] \
 [--no-edges] [--no-cancels] [--engine scripts|native|mixed] [--module PATH] | --check FILE";
-
-/// Which engine the soak's clients use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EngineMode {
-    /// Every client `Engine::Scripts` (the Lua library by `FCALL`).
-    Scripts,
-    /// Every client `Engine::Native` (redsem's module, `REDSEM.<OP>`).
-    Native,
-    /// Clients alternate, client 0 native, client 1 scripts, ..., on the same semaphores.
-    Mixed,
-}
-
-impl EngineMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            EngineMode::Scripts => "scripts",
-            EngineMode::Native => "native",
-            EngineMode::Mixed => "mixed",
-        }
-    }
-
-    /// The engine client `c` asks for (the control client asks as client 0).
-    fn client(self, c: usize) -> Engine {
-        match self {
-            EngineMode::Scripts => Engine::Scripts,
-            EngineMode::Native => Engine::Native,
-            EngineMode::Mixed if c.is_multiple_of(2) => Engine::Native,
-            EngineMode::Mixed => Engine::Scripts,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -276,53 +248,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// How many clients report another engine at the end than the one they asked for.
-fn engine_fallbacks(meta: &Meta) -> usize {
-    meta.client_engines_at_end
-        .iter()
-        .zip(&meta.client_engines)
-        .filter(|(end, asked)| end != asked)
-        .count()
-}
-
-/// The line before the summary: each client's engine (asked and checked at connect, and at
-/// the end), and what the server that took writes at the end counted.
-fn engine_report(meta: &Meta) -> String {
-    let engine = meta.engine.as_deref().unwrap_or("scripts");
-    let mut text = format!("engine: {engine}");
-    if !meta.client_engines.is_empty() {
-        let clients: Vec<String> = meta
-            .client_engines
-            .iter()
-            .enumerate()
-            .map(|(c, e)| match meta.client_engines_at_end.get(c) {
-                Some(end) if end != e => format!("client{c} {e}, at the end {end}"),
-                _ => format!("client{c} {e}"),
-            })
-            .collect();
-        text.push_str(&format!(" ({})", clients.join(", ")));
-    }
-    if let Some(calls) = &meta.server_calls {
-        // The module runs its Lua by `FCALL` within the command, which the server counts
-        // among its `FCALL`s.
-        let lua = calls.module_lua.unwrap_or(0);
-        text.push_str(&format!(
-            "; the primary since it last started: {} REDSEM.<OP>",
-            calls.redsem_commands
-        ));
-        if let Some(native) = calls.native_paths {
-            text.push_str(&format!(
-                " ({native} by a native path, {lua} by the module's Lua)"
-            ));
-        }
-        text.push_str(&format!(
-            ", {} other FCALL",
-            calls.fcall.saturating_sub(lua)
-        ));
-    }
-    text
-}
-
 /// The servers of one run.
 pub enum Deployment {
     /// One `redis-server` (`single`, `volatile`).
@@ -453,9 +378,14 @@ fn run(args: &Args) -> Vec<Record> {
     let rec = Arc::new(task::Recorder::new());
     let lease = args.lease;
     let waiter_lease = args.lease;
-    let capacity: BTreeMap<String, u32> = [("a", 1), ("b", 2), ("c", 3)]
-        .map(|(n, c)| (n.to_owned(), c))
-        .into();
+    let capacity: BTreeMap<String, u32> = [
+        ("a", 1),
+        ("b", 2),
+        ("c", 3),
+        (tenants::SEMAPHORE, tenants::CAPACITY),
+    ]
+    .map(|(n, c)| (n.to_owned(), c))
+    .into();
     let permits: BTreeMap<String, u32> = if volatile {
         BTreeMap::new()
     } else {
@@ -474,6 +404,7 @@ fn run(args: &Args) -> Vec<Record> {
         client_engines: (0..targets.len())
             .map(|c| args.engine.client(c).as_str().to_owned())
             .collect(),
+        tenants: tenants::configured(),
         ..Meta::default()
     }));
     let mut options = RedsemOptions::default()
@@ -542,6 +473,7 @@ fn run(args: &Args) -> Vec<Record> {
         let ready_tx = ready_tx.clone();
         let served_at_end = Arc::clone(&served_at_end[c]);
         let (seed, tasks, cancels) = (args.seed, args.tasks, args.cancels);
+        let clients = u32::try_from(targets.len()).unwrap_or(1);
         let look_url = audit_url.clone();
         let edges = args.edges.then(|| {
             (
@@ -604,15 +536,12 @@ fn run(args: &Args) -> Vec<Record> {
                             stop_rx.clone(),
                         )));
                     }
-                    for t in 0..tasks {
-                        let leases = capacity
-                            .iter()
-                            .map(|(name, &cap)| {
-                                redsem
-                                    .lease_semaphore_with(name, cap, lease_options.clone())
-                                    .unwrap_or_else(|e| panic!("{e}"))
-                            })
-                            .collect();
+                    let client = u32::try_from(c).unwrap_or(0);
+                    for t in 0..tasks + tenants::flood_tasks(client, clients) {
+                        // A flooding task: lease rounds on the tenants' semaphore only.
+                        let flood = t >= tasks;
+                        let leases =
+                            tenants::leases(&redsem, &capacity, &lease_options, client, flood);
                         let psems = permits
                             .iter()
                             .map(|(name, &initial)| {
@@ -622,11 +551,11 @@ fn run(args: &Args) -> Vec<Record> {
                                 (sem, initial)
                             })
                             .collect();
-                        let edge = edges.as_ref().map(|(gate, probe, url, options)| {
+                        let edge = edges.as_ref().filter(|_| !flood);
+                        let edge = edge.map(|(gate, probe, url, options)| {
                             edge_kit(gate, &redsem, probe, url.as_deref(), options, &capacity)
                         });
                         let r = redsem.clone();
-                        let client = u32::try_from(c).unwrap_or(0);
                         let task = task::Task {
                             client,
                             task: t,
@@ -640,7 +569,11 @@ fn run(args: &Args) -> Vec<Record> {
                             rng: redsem_verify::rng::Rng::new(
                                 seed ^ (u64::from(client) << 32 | u64::from(t)) ^ 0x5eed,
                             ),
-                            weights: if volatile { [1, 0, 0] } else { [60, 25, 15] },
+                            weights: if volatile || flood {
+                                [1, 0, 0]
+                            } else {
+                                [60, 25, 15]
+                            },
                             // Across a failover permits can be lost for good (a release or
                             // a give-back the new primary missed, docs/SOAK.md): waits get
                             // a limit there.
@@ -783,73 +716,6 @@ fn run(args: &Args) -> Vec<Record> {
     )
 }
 
-/// `Ok` if `redsem` reports being served by the engine it asked for, else what it reports.
-fn served_by(redsem: &Redsem, asked: Engine, who: &str) -> Result<(), String> {
-    let served = redsem.engine();
-    if served.name() == asked.as_str() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{who} asked for the {asked} engine and is served by {}",
-            describe(&served)
-        ))
-    }
-}
-
-/// The engine as `Redsem::engine()` reports it, with why the scripts.
-fn describe(served: &ServingEngine) -> String {
-    match served {
-        ServingEngine::Scripts { why, .. } => format!("scripts ({why})"),
-        other => other.to_string(),
-    }
-}
-
-/// What the server on `port` counted since it last started: its `REDSEM.<OP>` and `FCALL`
-/// commands (`INFO commandstats`) and, with the module, `REDSEM.ENGINE`'s calls served by a
-/// native path and by the Lua within. `None` if it does not answer.
-fn server_calls(port: u16) -> Option<history::ServerCalls> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .ok()?;
-    con.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut con)
-        .ok()?;
-    let mut calls = history::ServerCalls::default();
-    for line in stats.lines() {
-        let Some((name, rest)) = line
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
-        else {
-            continue;
-        };
-        let n: u64 = rest
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        if name == "fcall" {
-            calls.fcall += n;
-        } else if name.starts_with("redsem.") && name != "redsem.engine" {
-            calls.redsem_commands += n;
-        }
-    }
-    // ["native", version, library, native calls, Lua calls]; an error without the module.
-    let engine: redis::RedisResult<Vec<redis::Value>> = redis::cmd("REDSEM.ENGINE").query(&mut con);
-    if let Ok(reply) = engine {
-        let int = |i: usize| {
-            reply
-                .get(i)
-                .and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
-        };
-        calls.native_paths = int(3);
-        calls.module_lua = int(4);
-    }
-    Some(calls)
-}
-
 /// What one task needs for its edge holds: handles with the edge lease (without and with
 /// keep-alive) and on the direct probe client, per lease semaphore, and an auditor.
 fn edge_kit(
@@ -902,60 +768,4 @@ async fn retried<T, F: Future<Output = redsem::Result<T>>>(
 /// How long before the end the nemesis stops, so the last faults heal before the final checks.
 fn settle(duration: Duration) -> Duration {
     (duration / 5).min(Duration::from_secs(5))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mixed_alternates_native_first_and_the_others_ask_alike() {
-        let asked = |mode: EngineMode| -> Vec<Engine> { (0..4).map(|c| mode.client(c)).collect() };
-        assert_eq!(asked(EngineMode::Scripts), [Engine::Scripts; 4]);
-        assert_eq!(asked(EngineMode::Native), [Engine::Native; 4]);
-        assert_eq!(
-            asked(EngineMode::Mixed),
-            [
-                Engine::Native,
-                Engine::Scripts,
-                Engine::Native,
-                Engine::Scripts
-            ]
-        );
-    }
-
-    #[test]
-    fn a_history_from_before_the_engine_choice_reads_as_scripts() {
-        let line = r#"{"type":"meta","seed":7,"deployment":"single","capacity":{},"permits":{},"latch_count":12,"lease_ms":1000,"waiter_lease_ms":1000}"#;
-        let records = history::read(line.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        let Some(Record::Meta(meta)) = records.first() else {
-            panic!("no meta in {records:?}")
-        };
-        assert_eq!(meta.engine, None);
-        assert_eq!(engine_fallbacks(meta), 0);
-        assert_eq!(engine_report(meta), "engine: scripts");
-    }
-
-    #[test]
-    fn a_client_on_another_engine_at_the_end_is_counted_and_named() {
-        let meta = Meta {
-            engine: Some("mixed".into()),
-            client_engines: vec!["native".into(), "scripts".into()],
-            client_engines_at_end: vec!["scripts".into(), "scripts".into()],
-            server_calls: Some(history::ServerCalls {
-                redsem_commands: 10,
-                fcall: 7,
-                native_paths: Some(6),
-                module_lua: Some(4),
-            }),
-            ..Meta::default()
-        };
-        assert_eq!(engine_fallbacks(&meta), 1);
-        assert_eq!(
-            engine_report(&meta),
-            "engine: mixed (client0 native, at the end scripts, client1 scripts); the primary \
-             since it last started: 10 REDSEM.<OP> (6 by a native path, 4 by the module's Lua), \
-             3 other FCALL"
-        );
-    }
 }

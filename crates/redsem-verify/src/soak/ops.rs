@@ -177,6 +177,7 @@ impl Task {
             client: self.client,
             task: self.task,
             name: sem.name().to_owned(),
+            tenant: sem.options().tenant.as_ref().map(|t| t.name().to_owned()),
             units,
             ..LeaseOp::default()
         };

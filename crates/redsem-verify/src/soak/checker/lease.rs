@@ -356,7 +356,10 @@ pub(super) fn check_looks(
     out.extend(found);
 }
 
+/// The `fifo` rule over `ops`: every request of a semaphore without tenants, or one tenant's
+/// (`rule` `tenant_fifo`: first in, first out within a tenant).
 pub(super) fn check_fifo(
+    rule: &'static str,
     name: &str,
     ops: &[&LeaseOp],
     faults: &[Fault],
@@ -391,12 +394,15 @@ pub(super) fn check_fifo(
         let a = waiters[prefix[before - 1]].1;
         if a.token > b.token {
             if reported < 3 {
+                let tenant = b.tenant.as_deref().map(|t| format!(" of tenant {t:?}"));
                 out.push(Violation {
-                    rule: "fifo",
+                    rule,
                     at_us: b.ret_us,
                     detail: format!(
-                        "{name}: token {:?} invoked after token {:?} was queued, but granted first",
-                        b.token, a.token
+                        "{name}: token {:?} invoked after token {:?}{} was queued, but granted first",
+                        b.token,
+                        a.token,
+                        tenant.unwrap_or_default()
                     ),
                     excerpt: vec![Record::Lease(a.clone()), Record::Lease((*b).clone())],
                 });

@@ -23,6 +23,10 @@
 //!   longer than the background release takes; a cancelled acquire leaves no request queued
 //!   and no unit held. (A cancelled permit release is counted given back by `permits`, a
 //!   cancelled count-down counted by `latch`.)
+//! * `tenant_cap`, `tenant_share`, `tenant_fifo` on a semaphore whose tenants the history
+//!   configures (`tenants.rs`): no tenant above its cap; no grant to a tenant that surely
+//!   held more per weight than a surely waiting tenant whose head surely fitted its cap could
+//!   have; `fifo` within each tenant (in place of `fifo` across them).
 //!
 //! Under `deployment == "volatile"` (no persistence, restarts lose the state) the capacity and
 //! slot rules compare only grants made between the same two state losses, as README's "Safety by
@@ -35,6 +39,7 @@ use std::collections::BTreeMap;
 mod latch;
 mod lease;
 mod permits;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +47,7 @@ use super::history::{Fault, LatchOp, LeaseOp, Look, Meta, PermitOp, Record};
 use latch::{check_latch, set_acknowledged};
 use lease::{check_capacity_and_slots, check_fifo, check_lease_ends, check_looks, check_tokens};
 use permits::check_permits;
+use tenants::{check_caps, check_shares};
 
 /// One broken guarantee, with the records that show it.
 #[derive(Debug, Clone)]
@@ -94,7 +100,15 @@ pub fn check(records: &[Record]) -> Vec<Violation> {
             .collect();
         check_capacity_and_slots(name, capacity, ops, &losses, &mut out);
         check_tokens(name, ops, &mut out);
-        check_fifo(name, ops, &faults, &meta, &mut out);
+        if meta.tenants.iter().any(|t| t.name == *name) {
+            for group in tenants::by_tenant(ops).values() {
+                check_fifo("tenant_fifo", name, group, &faults, &meta, &mut out);
+            }
+            check_caps(name, ops, &meta.tenants, &losses, &mut out);
+            check_shares(name, ops, &meta.tenants, &faults, &losses, &meta, &mut out);
+        } else {
+            check_fifo("fifo", name, ops, &faults, &meta, &mut out);
+        }
         if meta.deployment != "sentinel" {
             check_lease_ends(name, ops, &losses, &mut out);
         }
