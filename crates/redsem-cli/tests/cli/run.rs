@@ -309,7 +309,13 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     let child = world.pid_in(&pidfile);
     world.server.stop();
     let out = running.wait().expect(76);
-    assert!(out.error().contains("renewals failed"), "{out:?}");
+    // Why the lease is given up: the renewals failed (the server is gone), or, on a machine
+    // slow enough that a renewal came after the 300 ms lease ended but before the server
+    // stopped, the server no longer had it. Either way the command gets SIGTERM, then SIGKILL.
+    assert!(
+        out.error().contains("renewals failed") || out.error().contains("lost the lease"),
+        "{out:?}"
+    );
     assert!(out.error().contains("SIGKILL"), "{out:?}");
     assert!(out.error().contains("after SIGTERM"), "{out:?}");
     assert!(!alive(child));
