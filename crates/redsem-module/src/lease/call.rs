@@ -71,6 +71,8 @@ pub(super) struct Call<'a> {
     pub(super) low: u64,
     pub(super) session: SessionRecord,
     pub(super) budget: u64,
+    /// Waiters granted by promote() so far (see general.rs, MAX_GRANTS).
+    pub(super) granted: usize,
     pub(super) checked: bool,
     pub(super) defer_idle: bool,
     /// The caller's wake channel; the grants made to waiters on it; the wake-ups to publish.
@@ -146,6 +148,7 @@ impl<'a> Call<'a> {
             low: hex(low)?,
             session: SessionRecord::parse(Vec::new(), None)?,
             budget: WORK_BUDGET,
+            granted: 0,
             checked: false,
             defer_idle: false,
             mine: mine.map(<[u8]>::to_vec),

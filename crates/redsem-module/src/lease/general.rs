@@ -20,6 +20,10 @@ use crate::record::{Native, decimal, decimal_text, hex, join};
 
 /// lease/layout.lua: MAX_UNITS.
 pub(super) const MAX_UNITS: u64 = 4096;
+/// The most waiters one native call grants: the call's reads and writes are kept in lists
+/// searched by name, fine for the few a release or a group commit admits, not for the
+/// thousands one release may admit after a capacity is raised (those calls run the Lua).
+const MAX_GRANTS: usize = 64;
 
 impl Call<'_> {
     /// grant(id, 1, label, lease, expires): a unit's slot, lease entry, token and record.
@@ -68,6 +72,9 @@ impl Call<'_> {
     /// promote(): grant, in arrival order, every waiter at the head of the queue that fits.
     pub(super) unsafe fn promote(&mut self) -> Native<()> {
         while self.c.qlen > 0 && self.budget > 0 {
+            if self.granted == MAX_GRANTS {
+                return None; // (a call that admits a crowd: the Lua, which does it in one pass)
+            }
             let head = self.queue.first(self.ctx)?; // (none: repair())
             match self.record(&head)? {
                 None | Some(Record::Holder { .. }) => {
@@ -103,6 +110,7 @@ impl Call<'_> {
                     }
                     let (token, slot) =
                         self.grant(&head, k, &label, lease, u64::try_from(ends).ok()?)?;
+                    self.granted += 1;
                     self.queue.set(&head, None);
                     self.set(QLEN, self.c.qlen.saturating_sub(1));
                     let message = join(&[

@@ -226,7 +226,8 @@ mod tests {
     /// A call whose keys are all empty (a key given as an empty slice) is not sent.
     #[tokio::test]
     async fn a_call_without_keys_is_not_sent() {
-        let server = RedisServer::start();
+        // (With the module's engine under test, its server loads the module.)
+        let server = crate::script::test_support::start_server(&[]);
         let mut conn = crate::script::test_support::connect(&server).await;
         let err = within(
             LIMIT,
