@@ -470,3 +470,44 @@ async fn a_new_session_record_leaves_an_earlier_prune_time_where_it_is() {
         [Some(soon.to_string())]
     );
 }
+
+#[tokio::test]
+async fn a_late_copy_of_an_acquire_below_its_sessions_low_mark_takes_nothing() {
+    // A client gives up on an acquire whose first copy is still on its way; its next call
+    // carries a low mark past the acquire's number. The late copy that arrives then is stale:
+    // answered GONE, and no permit is taken (a permit acquire leaves no record to find it by,
+    // so only the low mark stands between the copy and a second grant).
+    let (_server, mut conn, k) = start_with_count(2).await;
+    let client = Session::new();
+    let given_up = client.open();
+    let given_up_n = given_up.n();
+    drop(given_up);
+    let next = client.open();
+    assert_eq!(
+        script::permit_add(&mut conn, &k, "r1", 0, Caller::new(&client, next.n()))
+            .await
+            .expect("add"),
+        Addition::Applied(2)
+    );
+    drop(next);
+    for wait in [false, true] {
+        let late = script::permit_acquire(
+            &mut conn,
+            &k,
+            "late",
+            1,
+            wait,
+            LONG,
+            CHANNEL,
+            Caller::new(&client, given_up_n),
+        )
+        .await
+        .expect("the late copy");
+        assert_eq!(
+            late,
+            PermitAcquire::Gone,
+            "wait {wait}: the late copy is not applied"
+        );
+    }
+    assert_eq!(available(&mut conn).await, 2);
+}
