@@ -501,17 +501,8 @@ unsafe fn fast_acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]
 /// The slot of a holder record of one unit without a label, "h|token|1|at|lease|slot|"
 /// (`^h|%d+|1|%d+|%d+|(%d+)|$`).
 fn one_unit_slot(raw: &[u8]) -> Option<u64> {
-    let mut parts = raw.split(|&c| c == b'|');
-    let (h, t, k, at, lease, slot, label) = (
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-    );
-    if h != b"h" || k != b"1" || !label.is_empty() || parts.next().is_some() {
+    let [h, t, k, at, lease, slot, label] = view::seven_fields(raw)?;
+    if h != b"h" || k != b"1" || !label.is_empty() {
         return None;
     }
     let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);

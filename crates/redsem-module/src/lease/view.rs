@@ -258,11 +258,6 @@ pub(super) enum Record {
     },
 }
 
-/// Plain decimal digits (as `%d+` matches them) read as a count.
-pub(super) fn digits(b: &[u8]) -> Native<u64> {
-    decimal(b)
-}
-
 /// Slots as runs, "0-2,7": only runs of plain numbers.
 pub(super) fn slots_of(text: &[u8]) -> Native<Vec<u64>> {
     if let Some(one) = decimal(text) {
@@ -284,6 +279,17 @@ pub(super) fn slots_of(text: &[u8]) -> Native<Vec<u64>> {
     Some(slots)
 }
 
+/// A record's seven `|`-separated fields (the last takes the rest), as parse() and the fast
+/// release read them.
+pub(super) fn seven_fields(raw: &[u8]) -> Option<[&[u8]; 7]> {
+    let mut p = raw.splitn(7, |&c| c == b'|');
+    let mut out = [&raw[..0]; 7];
+    for field in &mut out {
+        *field = p.next()?;
+    }
+    Some(out)
+}
+
 /// parse(raw): Some(None) for no record; None (declined) for one read otherwise than plainly.
 pub(super) fn parse(raw: Option<&[u8]>) -> Native<Option<Record>> {
     let Some(raw) = raw else {
@@ -291,20 +297,11 @@ pub(super) fn parse(raw: Option<&[u8]>) -> Native<Option<Record>> {
     };
     match raw.first() {
         Some(b'h') => {
-            let mut p = raw.splitn(7, |&c| c == b'|');
-            let (_, t, k, a, lease, slots, label) = (
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-            );
-            digits(t)?;
-            digits(a)?;
-            digits(lease)?;
-            let (k, slots) = (digits(k)?, slots_of(slots)?);
+            let [_, t, k, a, lease, slots, label] = seven_fields(raw)?;
+            decimal(t)?;
+            decimal(a)?;
+            decimal(lease)?;
+            let (k, slots) = (decimal(k)?, slots_of(slots)?);
             Some(Some(Record::Holder {
                 k,
                 slots,
@@ -312,22 +309,13 @@ pub(super) fn parse(raw: Option<&[u8]>) -> Native<Option<Record>> {
             }))
         }
         Some(b'w') => {
-            let mut p = raw.splitn(7, |&c| c == b'|');
-            let (_, k, since, lease, wl, clen, rest) = (
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-                p.next()?,
-            );
-            digits(since)?;
+            let [_, k, since, lease, wl, clen, rest] = seven_fields(raw)?;
+            decimal(since)?;
             let (k, lease, wl, clen) = (
-                digits(k)?,
-                digits(lease)?,
-                digits(wl)?,
-                digits(clen)? as usize,
+                decimal(k)?,
+                decimal(lease)?,
+                decimal(wl)?,
+                decimal(clen)? as usize,
             );
             if clen > rest.len() {
                 return None;
