@@ -83,6 +83,9 @@ struct Schedule {
     leases: BTreeMap<Duration, usize>,
     /// A driver task is running (or spawned and not yet polled).
     running: bool,
+    /// When the driver wakes by itself (`None`: only when woken): a new timer that comes
+    /// later needs no wake-up.
+    wakes_at: Option<Duration>,
 }
 
 struct Entry {
@@ -159,12 +162,16 @@ impl Keepalive {
             again: false,
         };
         entry.at = entry.event_at();
+        let at = entry.at;
         let start = {
             let mut schedule = lock(&self.inner.schedule);
             schedule.insert(ticket, entry, lease);
             let first = schedule.timers.first().is_some_and(|&(_, t)| t == ticket);
             if schedule.running {
-                if first {
+                // The driver sleeps past this timer only if it wakes by itself later: an
+                // uncontended loop of acquire and release then wakes it about once per quarter
+                // of a lease, not once per permit.
+                if first && schedule.wakes_at.is_none_or(|wakes| at < wakes) {
                     self.inner.wake.notify_one();
                 }
                 false
@@ -308,8 +315,8 @@ impl Schedule {
 
     /// Handle every timer due at `now`: the permits whose validity has ended are taken out
     /// (returned in `lost`), the ones due for renewal are marked in flight (returned in
-    /// `renew`). Returns how long the driver may sleep before the next event (`None`: nothing
-    /// is scheduled).
+    /// `renew`). Returns how long the driver may sleep before the next event (`None`: until
+    /// woken, nothing being scheduled), and notes when that is.
     fn fire(
         &mut self,
         now: Duration,
@@ -340,9 +347,21 @@ impl Schedule {
             // Now later than `now`: a renewal in the future, or the validity.
             self.reschedule(ticket);
         }
-        let first = self.timers.first()?.0;
-        let shortest = self.leases.first_key_value().map_or(first, |(l, _)| *l);
-        Some(first.saturating_sub(now).min(shortest / 4))
+        let nap = match self.timers.first() {
+            Some(&(first, _)) => {
+                let shortest = self.leases.first_key_value().map_or(first, |(l, _)| *l);
+                Some(first.saturating_sub(now).min(shortest / 4))
+            }
+            // Nothing scheduled: sleep on until the wake-up set before, if it is still
+            // ahead (a permit scheduled meanwhile whose timer comes before it wakes the
+            // driver), else until woken.
+            None => self
+                .wakes_at
+                .filter(|&wakes| wakes > now)
+                .map(|wakes| wakes - now),
+        };
+        self.wakes_at = nap.map(|nap| now + nap);
+        nap
     }
 
     /// A renewal of `ticket` answered (at `now`). Returns the permit if Redis said it is no
@@ -379,7 +398,9 @@ struct Running(Arc<Inner>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        lock(&self.0.schedule).running = false;
+        let mut schedule = lock(&self.0.schedule);
+        schedule.running = false;
+        schedule.wakes_at = None;
     }
 }
 

@@ -288,7 +288,6 @@ impl CountDownLatch {
         self.inner
             .redsem
             .run_to_end(
-                "latch_count_down",
                 async move {
                     let seq = inner.redsem.session().open();
                     let counted = retry_once("count_down", || async {

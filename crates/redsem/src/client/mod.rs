@@ -376,28 +376,35 @@ impl Redsem {
         }
     }
 
-    /// Run `work`, the call `what` (one that gives something back: a release, a count-down) to its end
-    /// even if the caller stops waiting for it: it runs as a task of its own, tracked for
-    /// [`Redsem::flush`], and this future only waits for its answer. Dropping this future
-    /// (a `select!`, a timeout, a cancelled asyncio task) leaves the call to finish in the
-    /// background, so nothing it gives back is stranded until a lease ends.
+    /// Run `work`, a call that gives something back (a release, a count-down), to its end
+    /// even if the caller stops waiting for it. It runs in place, in the caller's task, and
+    /// counts for [`Redsem::flush`] while it does; dropping this future (a `select!`, a
+    /// timeout, a cancelled asyncio task) hands what is left of it to a task of its own,
+    /// tracked the same way, so nothing it gives back is stranded until a lease ends. (In
+    /// place, not spawned: a task per call cost an uncontended cycle a wake-up of another
+    /// worker thread.)
     ///
-    /// Outside a tokio runtime `work` runs in place.
+    /// Outside a tokio runtime `work` runs in place and is lost with its future.
     pub(crate) async fn run_to_end<T: Send + 'static>(
         &self,
-        what: &'static str,
         work: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return work.await;
         };
-        match self.shared.background.spawn_on(work, &handle).await {
-            Ok(answer) => answer,
-            Err(failed) => Err(crate::Error::Protocol {
-                script: what,
-                detail: format!("the call's task failed: {failed}"),
-            }),
-        }
+        let mut rest = ToTheEnd {
+            work: Some(Box::pin(work)),
+            background: self.shared.background.clone(),
+            handle,
+            _counted: self.shared.background.token(),
+        };
+        let answer = std::future::poll_fn(|cx| match rest.work.as_mut() {
+            Some(work) => work.as_mut().poll(cx),
+            None => std::task::Poll::Pending,
+        })
+        .await;
+        rest.work = None;
+        answer
     }
 
     /// Whether wake-ups go by sharded pub/sub: on a Redis Cluster whose primaries have it
@@ -566,5 +573,28 @@ impl Redsem {
                 Notifier::start(place, shared.wake_channel.clone(), shared.closed.clone())
             })
             .await
+    }
+}
+
+/// The part of a [`Redsem::run_to_end`] call not yet run: spawned, tracked, when its awaiter
+/// drops it.
+struct ToTheEnd<W: Future + Send + 'static> {
+    work: Option<std::pin::Pin<Box<W>>>,
+    background: TaskTracker,
+    handle: tokio::runtime::Handle,
+    /// Counts the call for [`Redsem::flush`] while it runs in place.
+    _counted: tokio_util::task::task_tracker::TaskTrackerToken,
+}
+
+impl<W: Future + Send + 'static> Drop for ToTheEnd<W> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            self.background.spawn_on(
+                async move {
+                    let _ = work.await;
+                },
+                &self.handle,
+            );
+        }
     }
 }

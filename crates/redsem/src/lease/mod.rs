@@ -470,10 +470,7 @@ impl LeaseSemaphore {
         let released = self
             .inner
             .redsem
-            .run_to_end(
-                "lease_release",
-                async move { inner.release(owned.as_str()).await }.instrument(span),
-            )
+            .run_to_end(async move { inner.release(owned.as_str()).await }.instrument(span))
             .await?;
         match released {
             Release::Released | Release::Dequeued => Ok(()),

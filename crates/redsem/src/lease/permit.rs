@@ -445,7 +445,6 @@ impl LeasePermit {
             .sem
             .redsem
             .run_to_end(
-                "lease_release",
                 async move {
                     let released = state.sem.release(state.id.as_str()).await;
                     drop(done);

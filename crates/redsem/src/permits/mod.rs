@@ -531,7 +531,7 @@ impl PermitSemaphore {
         let inner = self.inner.clone();
         self.inner
             .redsem
-            .run_to_end("permit_add", async move {
+            .run_to_end(async move {
                 inner.add(delta, what).await?;
                 if what == "release" {
                     inner
