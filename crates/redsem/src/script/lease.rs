@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::acks::{Acked, Scripting};
 use super::library::{
-    LEASE_ACQUIRE, LEASE_BATCH, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY,
+    Call, LEASE_ACQUIRE, LEASE_BATCH, LEASE_POLL, LEASE_REFRESH, LEASE_RELEASE, LEASE_SET_CAPACITY,
     LEASE_STATUS, LEASE_TIDY,
 };
 use super::reply::{Reply, confirmed, millis};
@@ -131,18 +131,23 @@ pub(crate) struct Request<'a> {
 }
 
 impl Request<'_> {
-    /// The tenant's name, weight and cap as the scripts take them ("" for none).
-    fn tenant_args(&self) -> [Vec<u8>; 3] {
-        match self.tenant {
-            None => [Vec::new(), Vec::new(), Vec::new()],
-            Some(t) => [
-                t.name().as_bytes().to_vec(),
-                t.weight_of().to_string().into_bytes(),
-                t.cap_of()
-                    .map(|c| c.to_string())
-                    .unwrap_or_default()
-                    .into_bytes(),
-            ],
+    /// The tenant's name, weight and cap as the scripts take them ("" for none), added to
+    /// `call`.
+    fn tenant_args(&self, call: Call) -> Call {
+        tenant_args(self.tenant, call)
+    }
+}
+
+/// A tenant's name, weight and cap as the scripts take them ("" for none), added to `call`.
+fn tenant_args(tenant: Option<&Tenant>, call: Call) -> Call {
+    match tenant {
+        None => call.arg("").arg("").arg(""),
+        Some(t) => {
+            let call = call.arg(t.name()).arg(t.weight_of());
+            match t.cap_of() {
+                Some(cap) => call.arg(cap),
+                None => call.arg(""),
+            }
         }
     }
 }
@@ -190,12 +195,7 @@ pub(crate) async fn lease_acquire(
         .arg(Hex(req.call.seq))
         .arg(req.call.session.id())
         .arg(Hex(req.call.session.low()));
-    let acked = req
-        .tenant_args()
-        .iter()
-        .fold(call, |call, arg| call.arg(&arg[..]))
-        .invoke_acked(conn)
-        .await?;
+    let acked = req.tenant_args(call).invoke_acked(conn).await?;
     lease_granted("lease_acquire", acked)
 }
 
@@ -303,49 +303,103 @@ pub(crate) async fn lease_release(
     Err(why)
 }
 
-/// One operation of a group commit (`lease_batch`), its arguments encoded.
+/// One operation of a group commit (`lease_batch`).
 #[derive(Debug, Clone)]
-pub(crate) struct BatchOp {
-    args: Vec<Vec<u8>>,
-    /// Whether its change waits for the replica acknowledgements the client asks for (a
-    /// withdrawal does not: see `Redsem::conn_unacked`).
-    pub(crate) acked: bool,
+pub(crate) enum BatchOp {
+    /// A new request, as `lease_acquire` takes it (the channel is the batch's).
+    Acquire {
+        id: String,
+        capacity: u32,
+        units: u32,
+        lease: Duration,
+        label: String,
+        one_per_label: bool,
+        wait: bool,
+        waiter_lease: Duration,
+        seq: u64,
+        tenant: Option<Tenant>,
+    },
+    /// A release (`kind` "r") or a withdrawal ("w") of `id` by the call numbered `seq` (the
+    /// session is the batch's: the same client's).
+    Release {
+        kind: &'static str,
+        id: String,
+        seq: u64,
+    },
 }
 
 impl BatchOp {
     /// A new request, as `lease_acquire` takes it (the channel is the batch's).
     pub(crate) fn acquire(req: &Request<'_>) -> BatchOp {
-        let mut args = vec![
-            b"a".to_vec(),
-            req.id.as_bytes().to_vec(),
-            req.capacity.to_string().into_bytes(),
-            req.units.to_string().into_bytes(),
-            millis(req.lease).to_string().into_bytes(),
-            req.label.as_bytes().to_vec(),
-            if req.one_per_label { b"1" } else { b"0" }.to_vec(),
-            if req.wait {
-                b"wait".to_vec()
-            } else {
-                b"try".to_vec()
-            },
-            millis(req.waiter_lease).to_string().into_bytes(),
-            Hex(req.call.seq).to_string().into_bytes(),
-        ];
-        args.extend(req.tenant_args());
-        BatchOp { args, acked: true }
+        BatchOp::Acquire {
+            id: req.id.to_owned(),
+            capacity: req.capacity,
+            units: req.units,
+            lease: req.lease,
+            label: req.label.to_owned(),
+            one_per_label: req.one_per_label,
+            wait: req.wait,
+            waiter_lease: req.waiter_lease,
+            seq: req.call.seq,
+            tenant: req.tenant.cloned(),
+        }
     }
 
     /// A release of `id` (the session is the batch's: the same client's).
     pub(crate) fn release(id: &str, by: ReleaseBy<'_>) -> BatchOp {
         let (_, kind, seq) = by.parts();
-        BatchOp {
-            args: vec![
-                kind.as_bytes().to_vec(),
-                id.as_bytes().to_vec(),
-                Hex(seq).to_string().into_bytes(),
-            ],
-            // A withdrawal needs no acknowledgement: see `Redsem::conn_unacked`.
-            acked: kind == "r",
+        BatchOp::Release {
+            kind,
+            id: id.to_owned(),
+            seq,
+        }
+    }
+
+    /// Whether its change waits for the replica acknowledgements the client asks for (a
+    /// withdrawal does not: see `Redsem::conn_unacked`).
+    pub(crate) fn acked(&self) -> bool {
+        match self {
+            BatchOp::Acquire { .. } => true,
+            BatchOp::Release { kind, .. } => *kind == "r",
+        }
+    }
+
+    /// Its arguments as `lease_batch` takes them, added to `call`: "a" and those of
+    /// `lease_acquire` but the channel, the session and its low mark; or "r"/"w", the id and
+    /// the number.
+    fn batched(&self, call: Call) -> Call {
+        match self {
+            BatchOp::Acquire { seq, tenant, .. } => {
+                let call = self.acquire_head(call.arg("a")).arg(Hex(*seq));
+                tenant_args(tenant.as_ref(), call)
+            }
+            BatchOp::Release { kind, id, seq } => call.arg(*kind).arg(id).arg(Hex(*seq)),
+        }
+    }
+
+    /// An acquire's arguments from its id to its waiter lease, added to `call`.
+    fn acquire_head(&self, call: Call) -> Call {
+        match self {
+            BatchOp::Acquire {
+                id,
+                capacity,
+                units,
+                lease,
+                label,
+                one_per_label,
+                wait,
+                waiter_lease,
+                ..
+            } => call
+                .arg(id)
+                .arg(*capacity)
+                .arg(*units)
+                .arg(millis(*lease))
+                .arg(label)
+                .arg(if *one_per_label { "1" } else { "0" })
+                .arg(if *wait { "wait" } else { "try" })
+                .arg(millis(*waiter_lease)),
+            BatchOp::Release { .. } => call,
         }
     }
 }
@@ -379,9 +433,7 @@ pub(crate) async fn lease_batch(
         .arg(session.id())
         .arg(Hex(session.low()));
     for op in ops {
-        for arg in &op.args {
-            call = call.arg(&arg[..]);
-        }
+        call = op.batched(call);
     }
     let acked = call.invoke_acked(conn).await?;
     let (replies, mut r) = Reply::batch("lease_batch", acked.reply, ops.len())?;
@@ -428,40 +480,28 @@ async fn lease_single(
     session: &Session,
     op: &BatchOp,
 ) -> Result<BatchReply> {
-    let call = match op.args.first().map(Vec::as_slice) {
-        // "a", then the arguments of lease_acquire up to its channel, the channel, the
-        // sequence number, the session's, and the tenant's.
-        Some(b"a") if op.args.len() == 13 => op.args[10..13].iter().fold(
-            op.args[1..9]
-                .iter()
-                .fold(LEASE_ACQUIRE.key(&keys.all[..]), |call, arg| {
-                    call.arg(&arg[..])
-                })
+    let call = match op {
+        BatchOp::Acquire { seq, tenant, .. } => {
+            let call = op
+                .acquire_head(LEASE_ACQUIRE.key(&keys.all[..]))
                 .arg(channel)
-                .arg(&op.args[9][..])
+                .arg(Hex(*seq))
                 .arg(session.id())
-                .arg(Hex(session.low())),
-            |call, arg| call.arg(&arg[..]),
-        ),
-        // "r" | "w", id, number: lease_release takes id, channel, number, session, low
-        // mark, kind.
-        Some(kind @ (b"r" | b"w")) if op.args.len() == 3 => LEASE_RELEASE
+                .arg(Hex(session.low()));
+            tenant_args(tenant.as_ref(), call)
+        }
+        // lease_release takes id, channel, number, session, low mark, kind.
+        BatchOp::Release { kind, id, seq } => LEASE_RELEASE
             .key(&keys.all[..])
-            .arg(&op.args[1][..])
+            .arg(id)
             .arg(channel)
-            .arg(&op.args[2][..])
+            .arg(Hex(*seq))
             .arg(session.id())
             .arg(Hex(session.low()))
-            .arg(kind),
-        _ => {
-            return Err(Error::Protocol {
-                script: "lease_batch",
-                detail: "an operation of unknown kind".into(),
-            });
-        }
+            .arg(*kind),
     };
     let acked = call.invoke_acked(conn).await?;
-    if op.args[0] == b"a" {
+    if let BatchOp::Acquire { .. } = op {
         return Ok(BatchReply {
             replies: vec![acked.reply],
             idle: false,

@@ -30,7 +30,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{LazyLock, OnceLock};
 
 use redis::{
-    ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs,
+    Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind,
+    ToRedisArgs,
 };
 
 use super::acks::{Acked, Scripting, Sent, send, shortfall};
@@ -342,30 +343,72 @@ impl Op {
     pub(crate) fn key(&'static self, key: impl ToRedisArgs) -> Call {
         Call {
             op: self,
-            keys: Vec::new(),
-            args: Vec::new(),
+            command: redis::cmd(self.command()),
+            keys: 0,
+            args: 0,
         }
         .key(key)
     }
 }
 
-/// The keys and arguments of one call of an [`Op`].
+/// The keys and arguments of one call of an [`Op`], written once, as the module's command
+/// (`REDSEM.<OP> key... arg...`): the native engine sends it as it is, and `FCALL` and
+/// `EVALSHA` copy its keys and arguments behind their own heads.
 pub(crate) struct Call {
     op: &'static Op,
-    keys: Vec<Vec<Vec<u8>>>,
-    args: Vec<Vec<Vec<u8>>>,
+    command: Cmd,
+    /// How many of the command's arguments are keys (they come first).
+    keys: usize,
+    /// How many are arguments, after the keys.
+    args: usize,
 }
 
 impl Call {
     /// Add key(s) (a slice adds each).
     pub(crate) fn key(mut self, key: impl ToRedisArgs) -> Call {
-        self.keys.push(key.to_redis_args());
+        let before = self.command.args_iter().len();
+        if self.args > 0 {
+            // A key after arguments (no caller does this): the keys must come first.
+            let mut command = redis::cmd(self.op.command());
+            let mut old = self.command.args_iter().skip(1);
+            for _ in 0..self.keys {
+                if let Some(Arg::Simple(key)) = old.next() {
+                    command.arg(key);
+                }
+            }
+            let added = command.args_iter().len();
+            command.arg(key);
+            self.keys += command.args_iter().len() - added;
+            for arg in old {
+                if let Arg::Simple(arg) = arg {
+                    command.arg(arg);
+                }
+            }
+            self.command = command;
+            return self;
+        }
+        self.command.arg(key);
+        self.keys += self.command.args_iter().len() - before;
         self
     }
 
+    /// Add argument(s) (a slice adds each).
     pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Call {
-        self.args.push(arg.to_redis_args());
+        let before = self.command.args_iter().len();
+        self.command.arg(arg);
+        self.args += self.command.args_iter().len() - before;
         self
+    }
+
+    /// The keys, then the arguments: the command's arguments after its name.
+    fn keys_and_args(&self) -> (impl Iterator<Item = &[u8]>, impl Iterator<Item = &[u8]>) {
+        let simple = |arg| match arg {
+            Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        };
+        let mut all = self.command.args_iter().skip(1).filter_map(simple);
+        let keys: Vec<&[u8]> = all.by_ref().take(self.keys).collect();
+        (keys.into_iter(), all)
     }
 
     /// Run it: `FCALL`, loading the library if the server lacks it, or `EVALSHA` where
@@ -398,21 +441,14 @@ impl Call {
     async fn run(&self, conn: &mut impl Scripting, acks: Option<ReplicaAcks>) -> Sent {
         // No call goes out without keys: a proxy routes a script by them, and one with none
         // it cannot route (ElastiCache Serverless, cluster proxies refuse it).
-        if self.keys.iter().all(Vec::is_empty) {
+        if self.keys == 0 {
             return Sent {
                 reply: Err(no_keys(self.op)),
                 wait: None,
             };
         }
         if conn.engine().is_some_and(EngineState::is_native) {
-            let mut command = redis::cmd(self.op.command());
-            for key in &self.keys {
-                command.arg(key);
-            }
-            for arg in &self.args {
-                command.arg(arg);
-            }
-            let sent = send(conn, &command, acks).await;
+            let sent = send(conn, &self.command, acks).await;
             match &sent.reply {
                 // Not run: no module there (any more), or not for this user. This call and
                 // every later one go by the scripts.
@@ -428,12 +464,7 @@ impl Call {
             .functions_refused()
             .is_some_and(|r| r.load(Ordering::Relaxed));
         if !refused {
-            let keys: Vec<&Vec<u8>> = self.keys.iter().flatten().collect();
-            let mut fcall = redis::cmd("FCALL");
-            fcall.arg(self.op.function()).arg(keys.len()).arg(&keys);
-            for arg in &self.args {
-                fcall.arg(arg);
-            }
+            let fcall = self.headed(&["FCALL".as_bytes(), self.op.function().as_bytes()]);
             let mut sent = send(conn, &fcall, acks).await;
             if matches!(&sent.reply, Err(e) if unknown_function(e)) {
                 crate::observe::script_reloaded();
@@ -464,10 +495,11 @@ impl Call {
         let script = self.op.script();
         if acks.is_none() {
             let mut invocation = script.prepare_invoke();
-            for key in &self.keys {
+            let (keys, args) = self.keys_and_args();
+            for key in keys {
                 invocation.key(key);
             }
-            for arg in &self.args {
+            for arg in args {
                 invocation.arg(arg);
             }
             return Sent {
@@ -475,12 +507,7 @@ impl Call {
                 wait: None,
             };
         }
-        let keys: Vec<&Vec<u8>> = self.keys.iter().flatten().collect();
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(keys.len()).arg(&keys);
-        for arg in &self.args {
-            evalsha.arg(arg);
-        }
+        let evalsha = self.headed(&["EVALSHA".as_bytes(), script.get_hash().as_bytes()]);
         let sent = send(conn, &evalsha, acks).await;
         match &sent.reply {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -494,6 +521,33 @@ impl Call {
             }
             _ => sent,
         }
+    }
+
+    /// `FCALL fn` or `EVALSHA sha` (`head`), the number of keys, the keys and the arguments.
+    fn headed(&self, head: &[&[u8]]) -> Cmd {
+        let (keys, args) = self.keys_and_args();
+        let mut command = Cmd::with_capacity(
+            self.command.args_iter().len() + 2,
+            self.command
+                .args_iter()
+                .map(|a| match a {
+                    Arg::Simple(bytes) => bytes.len(),
+                    _ => 0,
+                })
+                .sum::<usize>()
+                + 64,
+        );
+        for part in head {
+            command.arg(*part);
+        }
+        command.arg(self.keys);
+        for key in keys {
+            command.arg(key);
+        }
+        for arg in args {
+            command.arg(arg);
+        }
+        command
     }
 }
 
