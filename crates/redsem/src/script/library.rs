@@ -341,9 +341,12 @@ impl Op {
 
     /// Start a call with its first key.
     pub(crate) fn key(&'static self, key: impl ToRedisArgs) -> Call {
+        // Room for a lease acquire's 6 keys and 16 arguments without growing.
+        let mut command = Cmd::with_capacity(24, 512);
+        command.arg(self.command());
         Call {
             op: self,
-            command: redis::cmd(self.command()),
+            command,
             keys: 0,
             args: 0,
         }
