@@ -21,9 +21,7 @@ impl Group for LeaseGroup {
     const SCRIPT: &'static str = "lease_batch";
 
     async fn send(&self, ops: Vec<BatchOp>) -> Result<Sent> {
-        let mut conn = self
-            .redsem
-            .conn_acked_if(ops.iter().any(BatchOp::acked));
+        let mut conn = self.redsem.conn_acked_if(ops.iter().any(BatchOp::acked));
         let shared = &self.redsem.shared;
         let batch = script::lease_batch(
             &mut conn,

@@ -1,0 +1,123 @@
+//! The client's side of a cycle, for counting its instructions with callgrind
+//! (`scripts/client_instructions.py` runs it twice under valgrind and takes the difference, so
+//! start-up and connecting cancel out).
+//!
+//! ```text
+//! client_cycle URL lease|polling|contended CYCLES
+//! ```
+//!
+//! * `lease`: one redsem client, capacity 5, `try_acquire` then `release`, back to back.
+//! * `polling`: the polling baseline's cycle as redsem-bench's S9 sends it (one `EVALSHA` of
+//!   its attempt script, one `ZREM`) on a plain multiplexed connection.
+//! * `contended`: 64 tasks of one redsem client, capacity 8, `acquire`, one `yield_now`,
+//!   `release` (S2's loop).
+//!
+//! Prints the time per cycle (meaningless under valgrind; a sanity check otherwise). Exits 1
+//! with the error if a call fails.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// The polling baseline's attempt, as `src/sem.rs` sends it (limit 5, lock timeout 10 s).
+const POLL_ATTEMPT: &str = r"
+local key, limit, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
+local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now - lease)
+if redis.call('ZCARD', key) >= limit then
+  return 0
+end
+redis.call('ZADD', key, now, id)
+redis.call('PEXPIRE', key, lease)
+return 1
+";
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+async fn lease(url: &str, cycles: usize) -> Result<(), Failure> {
+    let client = redsem::Redsem::connect(url).await?;
+    let sem = client.lease_semaphore("client-cycle", 5)?;
+    for _ in 0..cycles {
+        sem.try_acquire().await?.release().await?;
+    }
+    Ok(())
+}
+
+async fn polling(url: &str, cycles: usize) -> Result<(), Failure> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let attempt = redis::Script::new(POLL_ATTEMPT);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    for i in 0..cycles {
+        let id = format!("{:032x}", rand::random::<u128>());
+        let granted: i64 = attempt
+            .key("client-cycle-poll")
+            .arg(5)
+            .arg(&id)
+            .arg(now + i as u64)
+            .arg(10_000)
+            .invoke_async(&mut conn)
+            .await?;
+        if granted != 1 {
+            return Err("the polling attempt was refused with nobody holding".into());
+        }
+        let _: i64 = redis::cmd("ZREM")
+            .arg("client-cycle-poll")
+            .arg(&id)
+            .query_async(&mut conn)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn contended(url: &str, cycles: usize) -> Result<(), Failure> {
+    let client = redsem::Redsem::connect(url).await?;
+    let sem = client.lease_semaphore("client-cycle-contended", 8)?;
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let sem = sem.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..cycles / 64 {
+                let permit = sem.acquire().await?;
+                tokio::task::yield_now().await;
+                permit.release().await?;
+            }
+            Ok::<(), redsem::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let (Some(url), Some(kind), Some(Ok(cycles))) = (
+        args.get(1),
+        args.get(2),
+        args.get(3).map(|n| n.parse::<usize>()),
+    ) else {
+        eprintln!("usage: client_cycle URL lease|polling|contended CYCLES");
+        return ExitCode::from(2);
+    };
+    let started = Instant::now();
+    let done = match kind.as_str() {
+        "lease" => lease(url, cycles).await,
+        "polling" => polling(url, cycles).await,
+        "contended" => contended(url, cycles).await,
+        _ => {
+            eprintln!("unknown cycle {kind:?}: lease, polling or contended");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(err) = done {
+        eprintln!("client_cycle {kind}: {err}");
+        return ExitCode::FAILURE;
+    }
+    let per_cycle = started.elapsed().as_secs_f64() * 1e6 / cycles.max(1) as f64;
+    println!("{kind}: {cycles} cycles, {per_cycle:.1} µs per cycle");
+    ExitCode::SUCCESS
+}
