@@ -89,6 +89,24 @@ impl<'a> Caller<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hex(pub(crate) u64);
 
+impl Hex {
+    /// The digits, lowercase, without leading zeros ("0" for 0), in a buffer and its used
+    /// tail: written on every call, so without the formatting machinery.
+    fn digits(&self) -> ([u8; 16], usize) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 16];
+        let (mut n, mut start) = (self.0, 16);
+        loop {
+            start -= 1;
+            buf[start] = DIGITS[(n & 0xf) as usize];
+            n >>= 4;
+            if n == 0 {
+                return (buf, start);
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Hex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:x}", self.0)
@@ -100,7 +118,8 @@ impl redis::ToRedisArgs for Hex {
     where
         W: ?Sized + redis::RedisWrite,
     {
-        out.write_arg(self.to_string().as_bytes());
+        let (buf, start) = self.digits();
+        out.write_arg(&buf[start..]);
     }
 }
 
@@ -147,10 +166,13 @@ mod tests {
         assert_eq!(Hex(0).to_string(), "0");
         assert_eq!(Hex(255).to_string(), "ff");
         assert_eq!(Hex(1 << 52).to_string(), "10000000000000");
-        assert_eq!(
-            redis::ToRedisArgs::to_redis_args(&Hex(4096)),
-            vec![b"1000".to_vec()]
-        );
+        for n in [0, 1, 15, 16, 255, 4096, 1 << 52, u64::MAX - 1, u64::MAX] {
+            assert_eq!(
+                redis::ToRedisArgs::to_redis_args(&Hex(n)),
+                vec![format!("{n:x}").into_bytes()],
+                "{n}"
+            );
+        }
     }
 
     #[test]
