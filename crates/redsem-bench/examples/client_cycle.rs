@@ -3,7 +3,7 @@
 //! start-up and connecting cancel out).
 //!
 //! ```text
-//! client_cycle URL lease|polling|contended CYCLES
+//! client_cycle URL lease|polling|contended|floor CYCLES
 //! ```
 //!
 //! * `lease`: one redsem client, capacity 5, `try_acquire` then `release`, back to back.
@@ -11,6 +11,10 @@
 //!   its attempt script, one `ZREM`) on a plain multiplexed connection.
 //! * `contended`: 64 tasks of one redsem client, capacity 8, `acquire`, one `yield_now`,
 //!   `release` (S2's loop).
+//! * `floor`: the lease cycle's two calls as the native engine takes them
+//!   (`REDSEM.LEASE_ACQUIRE`, `REDSEM.LEASE_RELEASE`: the same keys, arguments and replies as
+//!   the library's, one session) sent by bare redis-rs with no library around them: what the
+//!   protocol's commands and replies cost a client by themselves. Needs the module.
 //!
 //! Prints the time per cycle (meaningless under valgrind; a sanity check otherwise). Exits 1
 //! with the error if a call fails.
@@ -92,6 +96,64 @@ async fn contended(url: &str, cycles: usize) -> Result<(), Failure> {
     Ok(())
 }
 
+async fn floor(url: &str, cycles: usize) -> Result<(), Failure> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+        .iter()
+        .map(|part| format!("client-cycle:{{lease:floor}}:{part}"))
+        .collect();
+    let session = format!("{:032x}", rand::random::<u128>());
+    let status = |reply: &redis::Value| match reply {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    };
+    for i in 0..cycles as u64 {
+        let id = format!("{:032x}", rand::random::<u128>());
+        let (acquire, release) = (2 * i + 1, 2 * i + 2);
+        let granted: redis::Value = redis::cmd("REDSEM.LEASE_ACQUIRE")
+            .arg(&keys)
+            .arg(&id)
+            .arg(5)
+            .arg(1)
+            .arg(30_000)
+            .arg("")
+            .arg("0")
+            .arg("try")
+            .arg(10_000)
+            .arg("c")
+            .arg(format!("{acquire:x}"))
+            .arg(&session)
+            .arg(format!("{acquire:x}"))
+            .arg("")
+            .arg("")
+            .arg("")
+            .query_async(&mut conn)
+            .await?;
+        if status(&granted) != "GRANTED" {
+            return Err(format!("acquire answered {granted:?}").into());
+        }
+        let released: redis::Value = redis::cmd("REDSEM.LEASE_RELEASE")
+            .arg(&keys)
+            .arg(&id)
+            .arg("c")
+            .arg(format!("{release:x}"))
+            .arg(&session)
+            .arg(format!("{release:x}"))
+            .arg("r")
+            .query_async(&mut conn)
+            .await?;
+        if status(&released) != "RELEASED" {
+            return Err(format!("release answered {released:?}").into());
+        }
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -100,7 +162,7 @@ async fn main() -> ExitCode {
         args.get(2),
         args.get(3).map(|n| n.parse::<usize>()),
     ) else {
-        eprintln!("usage: client_cycle URL lease|polling|contended CYCLES");
+        eprintln!("usage: client_cycle URL lease|polling|contended|floor CYCLES");
         return ExitCode::from(2);
     };
     let started = Instant::now();
@@ -108,8 +170,9 @@ async fn main() -> ExitCode {
         "lease" => lease(url, cycles).await,
         "polling" => polling(url, cycles).await,
         "contended" => contended(url, cycles).await,
+        "floor" => floor(url, cycles).await,
         _ => {
-            eprintln!("unknown cycle {kind:?}: lease, polling or contended");
+            eprintln!("unknown cycle {kind:?}: lease, polling, contended or floor");
             return ExitCode::from(2);
         }
     };

@@ -12,6 +12,9 @@ Rows:
   lease       redsem try_acquire + release, one client, capacity 5
   polling     the polling baseline's EVALSHA attempt + ZREM (as redsem-bench's S9)
   contended   64 tasks of one client, capacity 8, acquire + yield + release (S2's loop)
+  floor       the lease cycle's two module commands (same keys, arguments and replies) sent by
+              bare redis-rs, no library: what the protocol's messages cost a client by
+              themselves (with --module only)
 
 Usage:
   cargo build --release -p redsem-bench --example client_cycle
@@ -90,7 +93,7 @@ def main():
     try:
         engine = "native engine" if module else "scripts (FCALL)"
         print(f"client instructions per cycle, redsem on the {engine}; {cycles} and {3 * cycles} cycles")
-        for kind in ("lease", "polling", "contended"):
+        for kind in ("lease", "polling", "contended") + (("floor",) if module else ()):
             few = count(port, kind, cycles, workdir)
             many = count(port, kind, 3 * cycles, workdir)
             print(f"{kind:<10} {(many - few) / (2 * cycles) / 1000:8.1f} k instructions per cycle")
