@@ -406,3 +406,68 @@ async fn permit_releases_and_count_downs_cut_while_the_connection_is_busy_are_al
         "every cut release and count-down is applied, once"
     );
 }
+
+/// `Redsem::flush` waits for a release under way in another task, as for one cut: a program
+/// that spawns its releases and flushes before exiting gives every unit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_releases_under_way_in_other_tasks() {
+    let ctx = TestContext::start().await;
+    let proxy = redsem_test::FaultProxy::start(ctx.server.port());
+    let redsem = connect_url(&proxy.url()).await;
+    const HELD: u32 = 4;
+    let sem = redsem
+        .lease_semaphore_with("flush-under-way", HELD, long_lease())
+        .expect("semaphore");
+    let mut permits = Vec::new();
+    for _ in 0..HELD {
+        permits.push(
+            within(LIMIT, "try_acquire", sem.try_acquire())
+                .await
+                .expect("a unit is free"),
+        );
+    }
+    // Nothing reaches Redis until thawed: each release is sent and waits for its reply.
+    proxy.set_frozen(true);
+    let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel();
+    let releases: Vec<_> = permits
+        .into_iter()
+        .map(|permit| {
+            let started = started.clone();
+            tokio::spawn(async move {
+                let mut release = pin!(permit.release());
+                let first = std::future::poll_fn(|cx| Poll::Ready(release.as_mut().poll(cx))).await;
+                let _ = started.send(());
+                match first {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => release.await,
+                }
+            })
+        })
+        .collect();
+    for _ in 0..HELD {
+        within(LIMIT, "a release under way", all_started.recv())
+            .await
+            .expect("started");
+    }
+    let flushed = tokio::time::timeout(Duration::from_millis(300), redsem.flush()).await;
+    assert!(
+        flushed.is_err(),
+        "flush returned while {HELD} releases were still waiting for Redis"
+    );
+    proxy.set_frozen(false);
+    within(LIMIT, "flush", redsem.flush()).await;
+    let observer = ctx
+        .redsem
+        .lease_semaphore("flush-under-way", HELD)
+        .expect("semaphore");
+    let status = within(LIMIT, "status", observer.status())
+        .await
+        .expect("status");
+    assert_eq!(status.holders.len(), 0, "units still held after flush");
+    for release in releases {
+        within(LIMIT, "release task", release)
+            .await
+            .expect("task")
+            .expect("released");
+    }
+}
