@@ -69,7 +69,7 @@ OPS = {
     "permit": ["permit_acquire", "permit_batch", "permit_poll", "permit_withdraw", "permit_add", "permit_try_set",
                "permit_available", "permit_drain", "permit_delete"],
 }
-SEM_RS = os.path.join(ROOT, "crates", "redsem-bench", "src", "sem.rs")
+POLL_LUA = os.path.join(ROOT, "crates", "redsem-bench", "src", "poll_attempt.lua")
 
 
 def h(n):
@@ -78,10 +78,8 @@ def h(n):
 
 
 def poll_attempt():
-    """The polling baseline's attempt script, read from redsem-bench's sem.rs (POLL_ATTEMPT)."""
-    source = open(SEM_RS).read()
-    start = source.index('const POLL_ATTEMPT: &str = r"') + len('const POLL_ATTEMPT: &str = r"')
-    return source[start:source.index('";', start)]
+    """The polling baseline's attempt script, as redsem-bench sends it (src/poll_attempt.lua)."""
+    return open(POLL_LUA).read()
 
 
 def lua_file(primitive, op):

@@ -319,17 +319,7 @@ impl BenchSem for Seeds {
 /// KEYS[1]: the holders zset (id → client clock ms of the grant or last refresh).
 /// ARGV: limit, id, the caller's clock in ms, lock timeout in ms.
 /// Returns 1 when granted, 0 when full.
-const POLL_ATTEMPT: &str = r"
-local key, limit, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
-local now, lease = tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now - lease)
-if redis.call('ZCARD', key) >= limit then
-  return 0
-end
-redis.call('ZADD', key, now, id)
-redis.call('PEXPIRE', key, lease)
-return 1
-";
+const POLL_ATTEMPT: &str = include_str!("poll_attempt.lua");
 
 /// The polling semaphore's refresh: the same reaping, then a new time for `id` if it still
 /// holds. KEYS and ARGV as [`POLL_ATTEMPT`]; returns 1 when refreshed, 0 when the unit is lost.

@@ -328,14 +328,7 @@ async fn releases_cut_while_the_connection_is_busy_all_still_happen() {
         .redsem
         .lease_semaphore_with("cut-busy", HELD, long_lease())
         .expect("semaphore");
-    let mut permits = Vec::new();
-    for _ in 0..HELD {
-        permits.push(
-            within(LIMIT, "try_acquire", sem.try_acquire())
-                .await
-                .expect("a unit is free"),
-        );
-    }
+    let permits = take_all(&sem, HELD as usize).await;
     let busy = BusyConnection::start(&sem);
     cut_all(permits.into_iter().map(|p| p.release()).collect()).await;
     busy.stop().await;
@@ -418,14 +411,7 @@ async fn flush_waits_for_releases_under_way_in_other_tasks() {
     let sem = redsem
         .lease_semaphore_with("flush-under-way", HELD, long_lease())
         .expect("semaphore");
-    let mut permits = Vec::new();
-    for _ in 0..HELD {
-        permits.push(
-            within(LIMIT, "try_acquire", sem.try_acquire())
-                .await
-                .expect("a unit is free"),
-        );
-    }
+    let permits = take_all(&sem, HELD as usize).await;
     // Nothing reaches Redis until thawed: each release is sent and waits for its reply.
     proxy.set_frozen(true);
     let (started, mut all_started) = tokio::sync::mpsc::unbounded_channel();

@@ -8,7 +8,7 @@ use redsem::{LeasePermit, LeaseSemaphore, PermitId};
 use redsem_test::FaultProxy;
 use tokio::time::Instant;
 
-use crate::support::{LIMIT, TestContext, connect_url, short, within};
+use crate::support::{LIMIT, TestContext, connect_url, short, take_all, within};
 
 /// How late a timer may fire on a busy 2-core machine before a test calls it a failure.
 const SCHEDULING_SLACK: Duration = Duration::from_millis(150);
@@ -18,19 +18,6 @@ fn tasks() -> usize {
     tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks()
-}
-
-/// Take `n` units of `sem` one by one.
-async fn take(sem: &LeaseSemaphore, n: usize) -> Vec<LeasePermit> {
-    let mut permits = Vec::with_capacity(n);
-    for _ in 0..n {
-        permits.push(
-            within(LIMIT, "try_acquire", sem.try_acquire())
-                .await
-                .expect("a free unit"),
-        );
-    }
-    permits
 }
 
 /// For each live permit of `sem`, when its lease ends on the server, counted from its grant
@@ -62,7 +49,7 @@ async fn five_hundred_short_leases_on_one_client_are_all_renewed_by_one_task() {
         .lease_semaphore_with("many", N as u32, short(300))
         .expect("semaphore");
     let before = tasks();
-    let permits = take(&sem, N).await;
+    let permits = take_all(&sem, N).await;
     let during = tasks();
     println!(
         "{N} permits with keepalive: {before} tasks before, {during} while held \
@@ -119,11 +106,11 @@ async fn a_client_cut_off_from_redis_loses_its_permits_before_the_server_lease_e
         .redsem
         .lease_semaphore_with("s", 6, options)
         .expect("semaphore");
-    let near = take(&sem_near, 3).await;
+    let near = take_all(&sem_near, 3).await;
     // Every command of the cut-off client reaches Redis 100 ms after it was sent, so its
     // server leases end at least 100 ms after the permits' local validity.
     proxy.set_delay(Duration::from_millis(100));
-    let far = take(&sem_far, 3).await;
+    let far = take_all(&sem_far, 3).await;
     none_lost_for(&far, Duration::from_millis(1_000)).await;
 
     proxy.set_refusing(true);
@@ -182,7 +169,7 @@ async fn releasing_and_dropping_some_permits_leaves_the_others_renewals_alone() 
         .redsem
         .lease_semaphore_with("s", 40, short(300))
         .expect("semaphore");
-    let mut permits = take(&sem, 40).await;
+    let mut permits = take_all(&sem, 40).await;
     let stay: Vec<LeasePermit> = permits.split_off(20);
     let first = lease_ends(&sem).await;
     let settle_half = async {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redsem::{Error, LeaseSemaphore, Redsem, RedsemOptions};
+use redsem::{Error, LeasePermit, LeaseSemaphore, Redsem, RedsemOptions};
 pub(crate) use redsem_test::{RedisServer, within};
 
 mod topology;
@@ -482,4 +482,17 @@ pub(crate) fn skip_without(needs: Needs, test: &str, why: &str) -> bool {
         eprintln!("skipped {test}: the server has {what}; the test {why}");
     }
     !present
+}
+
+/// Take `n` units of `sem` one by one.
+pub(crate) async fn take_all(sem: &LeaseSemaphore, n: usize) -> Vec<LeasePermit> {
+    let mut permits = Vec::with_capacity(n);
+    for _ in 0..n {
+        permits.push(
+            within(LIMIT, "try_acquire", sem.try_acquire())
+                .await
+                .expect("a free unit"),
+        );
+    }
+    permits
 }
