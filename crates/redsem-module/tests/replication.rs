@@ -314,3 +314,63 @@ fn a_server_restarted_from_its_aof_holds_what_the_native_paths_wrote() {
     server.restart();
     assert_eq!(contents(&mut server.connection()), before);
 }
+
+#[test]
+fn a_native_call_that_changes_nothing_announces_no_write() {
+    let path = module().display().to_string();
+    let server = RedisServer::start_with(&["--loadmodule", &path]);
+    let mut conn = server.connection();
+    let mut seq = 0;
+    let keys =
+        ["leases", "queue", "state", "slots", "tenants", "tqueue"].map(|k| format!("{{n}}:{k}"));
+    // A holder, so that the semaphore is live.
+    let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_ACQUIRE")
+        .arg(&keys)
+        .arg(&[
+            "h", "2", "1", "30000", "", "0", "try", "5000", "ch", "1", "sess", "1",
+        ])
+        .query(&mut conn)
+        .expect("lease_acquire");
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"GRANTED".to_vec()))
+    );
+    seq += 1;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "notify-keyspace-events", "KEA"])
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let mut listener = server.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub
+        .subscribe(format!("__keyspace@0__:{}", keys[2]))
+        .expect("SUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("a read timeout");
+    // The withdrawal of a request nobody made (no number to mark): NOTHELD, nothing written,
+    // by the general native path.
+    let (native, _) = served(&mut conn);
+    let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_RELEASE")
+        .arg(&keys)
+        .arg(&["nobody", "ch", "0", "sess", &format!("{:x}", seq + 1), "w"])
+        .query(&mut conn)
+        .expect("lease_release");
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"NOTHELD".to_vec()))
+    );
+    assert_eq!(served(&mut conn).0, native + 1, "served natively");
+    // The first event on the state after it is the marker's.
+    let _: () = redis::cmd("EXPIRE")
+        .arg(&keys[2])
+        .arg(100_000)
+        .query(&mut conn)
+        .expect("EXPIRE");
+    let event: String = pubsub
+        .get_message()
+        .expect("an event")
+        .get_payload()
+        .expect("its text");
+    assert_eq!(event, "expire");
+}
