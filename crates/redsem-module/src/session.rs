@@ -175,3 +175,136 @@ impl SessionRecord {
         Some(Some(t))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(raw: &[u8]) -> SessionRecord {
+        SessionRecord::parse(b"s:x".to_vec(), Some(raw.to_vec())).expect("a plain record")
+    }
+
+    /// A time at which a record expiring at 0x100000 needs no renewal yet (one ms later it
+    /// does).
+    const FRESH: u64 = 0x100000 - SESSION_MS + SESSION_RENEW_MS - 1;
+
+    #[test]
+    fn a_record_is_parsed_as_session_reads_it() {
+        let none = SessionRecord::parse(b"s:x".to_vec(), None).unwrap();
+        assert_eq!(
+            (none.sl, &none.sx[..], none.sm, none.sp),
+            (0, &b"0"[..], 0, 0)
+        );
+        assert!(none.marks.is_none() && !none.dirty);
+        let s = record(b"3|1f4|5|,4=R,5=G1");
+        assert_eq!((s.sl, &s.sx[..], s.sm, s.sp), (3, &b"1f4"[..], 5, 9));
+        let bare = record(b"a|1f4|b|");
+        assert_eq!((bare.sl, bare.sm, bare.sp), (10, 11, 9));
+        for odd in [&b"x|1|1|"[..], b"1|x|1|", b"1|1|x|", b"1|1|1", b"1|1"] {
+            assert!(
+                SessionRecord::parse(Vec::new(), Some(odd.to_vec())).is_none(),
+                "{}",
+                String::from_utf8_lossy(odd)
+            );
+        }
+    }
+
+    #[test]
+    fn marks_are_read_in_order_the_last_of_a_number_winning() {
+        let marks = |t: &[u8]| SessionRecord::marks_of(t);
+        assert_eq!(marks(b""), Some(Vec::new()));
+        assert_eq!(
+            marks(b",4=R,5=G1,4=D"),
+            Some(vec![
+                (b"4".to_vec(), b"D".to_vec()),
+                (b"5".to_vec(), b"G1".to_vec())
+            ])
+        );
+        for odd in [&b"4=R"[..], b",4", b",4=", b",x=R", b",4=R=D", b",4=R,"] {
+            assert_eq!(marks(odd), None, "{}", String::from_utf8_lossy(odd));
+        }
+    }
+
+    #[test]
+    fn a_call_is_stale_below_the_low_mark_and_its_mark_found_by_its_number() {
+        let s = record(b"3|1f4|14|,4=R,5=G1,14=D");
+        assert!(s.stale(2) && !s.stale(3) && !s.stale(4));
+        let mark = |seq: &[u8]| {
+            s.mark(
+                seq,
+                u64::from_str_radix(std::str::from_utf8(seq).unwrap(), 16).unwrap(),
+            )
+        };
+        assert_eq!(mark(b"4"), Some(Some(b"R".to_vec())));
+        assert_eq!(mark(b"5"), Some(Some(b"G1".to_vec())));
+        assert_eq!(mark(b"14"), Some(Some(b"D".to_vec())));
+        assert_eq!(mark(b"6"), Some(None));
+        assert_eq!(mark(b"15"), Some(None));
+        // ",4=" is not ",14=", and a number above the highest marked has no mark.
+        let s = record(b"0|1f4|14|,14=R");
+        assert_eq!(s.mark(b"4", 4), Some(None));
+        assert_eq!(s.mark(b"14", 0x14), Some(Some(b"R".to_vec())));
+        let s = record(b"0|1f4|3|,14=R");
+        assert_eq!(s.mark(b"14", 0x14), Some(None));
+        // No marks at all; an empty mark.
+        assert_eq!(record(b"0|1f4|0|").mark(b"0", 0), Some(None));
+        assert_eq!(record(b"0|1f4|5|,4=,5=R").mark(b"4", 4), Some(None));
+        // Marks kept in a table: looked up there.
+        let mut s = record(b"3|100000|5|,5=R");
+        s.put(3, b"6", b"D", FRESH).unwrap();
+        assert_eq!(s.mark(b"6", 6), Some(Some(b"D".to_vec())));
+        assert_eq!(s.mark(b"5", 5), Some(Some(b"R".to_vec())));
+        assert_eq!(s.mark(b"7", 7), Some(None));
+    }
+
+    #[test]
+    fn a_put_past_every_mark_writes_the_record_with_one_mark() {
+        let mut s = record(b"3|100000|5|,5=R");
+        assert_eq!(s.put(6, b"6", b"R", FRESH), Some(None));
+        assert_eq!(s.raw.as_deref(), Some(&b"6|100000|6|,6=R"[..]));
+        assert_eq!((s.sl, s.sm, s.sp, s.dirty), (6, 6, 12, true));
+        assert!(s.marks.is_none());
+        assert_eq!(s.text(), Some(Some(b"6|100000|6|,6=R".to_vec())));
+        assert_eq!(s.mark(b"6", 6), Some(Some(b"R".to_vec())));
+        // A low mark lower than the record's: the record's stands.
+        let mut s = record(b"3|100000|2|,2=R");
+        assert_eq!(s.put(1, b"a", b"D", FRESH), Some(None));
+        assert_eq!(s.raw.as_deref(), Some(&b"3|100000|a|,a=D"[..]));
+        // No record: made, and renewed.
+        let mut s = SessionRecord::parse(b"s:x".to_vec(), None).unwrap();
+        assert_eq!(s.put(1, b"1", b"R", 5), Some(Some(5 + SESSION_MS)));
+        assert_eq!(s.raw.as_deref(), Some(&b"1|927c5|1|,1=R"[..]));
+    }
+
+    #[test]
+    fn a_record_is_renewed_once_renewed_long_enough_ago() {
+        let mut s = record(b"3|100000|5|,5=R");
+        let now = FRESH + 1;
+        assert_eq!(s.put(6, b"6", b"R", now), Some(Some(now + SESSION_MS)));
+        let sx = format!("{:x}", now + SESSION_MS);
+        assert_eq!(s.sx, sx.as_bytes());
+        assert_eq!(s.raw, Some(format!("6|{sx}|6|,6=R").into_bytes()));
+    }
+
+    #[test]
+    fn marks_in_flight_are_kept_in_a_table_and_written_above_the_low_mark() {
+        let mut s = record(b"3|100000|5|,4=R,5=G1");
+        assert_eq!(s.put(4, b"6", b"X", FRESH), Some(None));
+        assert_eq!(s.put(4, b"5", b"D", FRESH), Some(None));
+        assert_eq!(s.sl, 4);
+        assert_eq!(s.text(), Some(Some(b"4|100000|6|,4=R,5=D,6=X".to_vec())));
+        // The low mark passes 4 and 5: their marks go, the top is the highest kept.
+        assert_eq!(s.put(6, b"c", b"R", FRESH), Some(None));
+        assert_eq!(s.text(), Some(Some(b"6|100000|c|,6=X,c=R".to_vec())));
+        // Every mark passed: the top is 0.
+        let mut s = record(b"3|100000|5|,5=R");
+        s.put(3, b"4", b"R", FRESH).unwrap();
+        s.sl = 6;
+        assert_eq!(s.text(), Some(Some(b"6|100000|0|".to_vec())));
+        // A record with nothing to keep marks from: declined, as the Lua fails.
+        let mut s = SessionRecord::parse(b"s:x".to_vec(), None).unwrap();
+        assert_eq!(s.put(0, b"0", b"R", 5), None);
+        // A number or an expiry that is no hexadecimal: declined.
+        assert_eq!(record(b"3|100000|5|").put(6, b"g", b"R", FRESH), None);
+    }
+}

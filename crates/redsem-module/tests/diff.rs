@@ -64,3 +64,83 @@ fn the_native_engine_answers_every_call_as_the_scripts() {
         "only {native} of {calls} calls took a native path"
     );
 }
+
+/// A waiter too large for a shrunk capacity, left at the head of the queue when the grant of
+/// the waiter before it filled every unit, waits there until a unit is freed (the Lua's
+/// promote_left() does not read the head while every unit is held): a call meanwhile, served
+/// by the general native path, finds it still queued, as the scripts do.
+#[test]
+fn a_waiter_left_at_the_head_by_a_shrink_waits_while_every_unit_is_held() {
+    use redis::Value;
+    use redsem_verify::diff::dump;
+    use redsem_verify::diff::engine::{Engine, plant_clock};
+
+    let server = server(&config(1, 0));
+    let mut conn = server.connection();
+    plant_clock(&mut conn, 1_800_000_000_000_000).expect("the clock");
+    let mut served = Vec::new();
+    let mut replies = Vec::new();
+    for kind in [EngineKind::Scripts, EngineKind::Native] {
+        let engine = Engine::load(&mut conn, kind, "shrink", &[]).expect("the engine");
+        let keys: Vec<String> = ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+            .iter()
+            .map(|k| format!("{{{}}}:{k}", kind.name()))
+            .collect();
+        let call = |conn: &mut redis::Connection, op: &str, args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            engine.call(conn, op, &keys, &args)
+        };
+        // (Each call's number is its low mark too: every earlier call is answered.)
+        let acquire = |conn: &mut redis::Connection, id: &str, k: &str, mode: &str, s: u64| {
+            let (cap, s) = (if s < 0x10 { "3" } else { "1" }, format!("{s:x}"));
+            call(
+                conn,
+                "lease_acquire",
+                &[
+                    id, cap, k, "30000", "", "0", mode, "5000", "ch", &s, "sess", &s, "", "", "",
+                ],
+            )
+        };
+        let mut got: Vec<Value> = Vec::new();
+        for (i, id) in ["h1", "h2", "h3"].into_iter().enumerate() {
+            got.push(acquire(&mut conn, id, "1", "try", 1 + i as u64));
+        }
+        got.push(acquire(&mut conn, "w1", "1", "wait", 4));
+        got.push(acquire(&mut conn, "w2", "2", "wait", 5));
+        got.push(call(&mut conn, "lease_set_capacity", &["1"]));
+        // The holders go; the last release grants w1, which fills the one unit: w2 (two units,
+        // more than the capacity) is now the head.
+        for (i, id) in ["h1", "h2", "h3"].into_iter().enumerate() {
+            let s = format!("{:x}", 0x10 + i);
+            got.push(call(
+                &mut conn,
+                "lease_release",
+                &[id, "ch", &s, "sess", &s, "r"],
+            ));
+        }
+        // A try while every unit is held: BUSY, one held, one queued.
+        let before = support::served(&mut conn).0;
+        got.push(acquire(&mut conn, "x", "1", "try", 0x20));
+        served.push(support::served(&mut conn).0 - before);
+        let contents: Vec<_> = keys
+            .iter()
+            .map(|k| dump::key(&mut conn, k).expect("a key's contents"))
+            .collect();
+        replies.push((got, contents));
+    }
+    assert_eq!(
+        served,
+        [0, 1],
+        "the last call served by the general native path"
+    );
+    let last = replies[1].0.last().cloned();
+    assert_eq!(
+        last,
+        Some(Value::Array(vec![
+            Value::BulkString(b"BUSY".to_vec()),
+            Value::Int(1),
+            Value::Int(1)
+        ]))
+    );
+    assert_eq!(replies[0], replies[1]);
+}

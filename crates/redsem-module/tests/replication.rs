@@ -146,6 +146,64 @@ fn contended(conn: &mut Connection, seq: &mut u64, tag: &str, rounds: u64) {
     }
 }
 
+/// `n` holders of one unit with a label on the keys tagged `tag` (capacity 16), then each
+/// released: the general native paths serve them all (the fast paths take no label), and the
+/// slot bitmap grows past its first byte, then has every bit cleared.
+fn labelled(conn: &mut Connection, seq: &mut u64, tag: &str, n: u64) {
+    let keys = ["leases", "queue", "state", "slots", "tenants", "tqueue"]
+        .map(|k| format!("{{{tag}}}:{k}"));
+    let word = |reply: &[redis::Value]| match reply.first() {
+        Some(redis::Value::BulkString(w)) => String::from_utf8_lossy(w).into_owned(),
+        other => format!("{other:?}"),
+    };
+    let ids: Vec<String> = (0..n).map(|i| format!("l{seq}-{i}")).collect();
+    for id in &ids {
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_ACQUIRE")
+            .arg(&keys)
+            .arg(&[
+                id.as_str(),
+                "16",
+                "1",
+                "30000",
+                "lbl",
+                "0",
+                "try",
+                "5000",
+                "ch",
+                &s,
+                "sess",
+                &s,
+                "",
+                "",
+                "",
+            ])
+            .query(conn)
+            .expect("lease_acquire");
+        assert_eq!(word(&reply), "GRANTED", "{reply:?}");
+    }
+    let slots: Vec<u8> = redis::cmd("GET")
+        .arg(&keys[3])
+        .query(conn)
+        .expect("GET slots");
+    let want = (0..n).fold(vec![0u8; n.div_ceil(8) as usize], |mut b, i| {
+        b[(i / 8) as usize] |= 0x80 >> (i % 8);
+        b
+    });
+    assert_eq!(slots, want, "the slot bitmap after {n} grants");
+    for id in &ids {
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_RELEASE")
+            .arg(&keys)
+            .arg(&[id.as_str(), "ch", &s, "sess", &s, "r"])
+            .query(conn)
+            .expect("lease_release");
+        assert_eq!(word(&reply), "RELEASED", "{reply:?}");
+    }
+}
+
 /// Set up the permit semaphore with 3 permits (by the Lua: a first call).
 fn set_permits(conn: &mut Connection, seq: &mut u64) {
     *seq += 1;
@@ -177,19 +235,37 @@ fn a_replica_without_the_module_holds_what_the_native_paths_wrote() {
     // Before any replica: no backlog, nothing listens (the writes are not replicated).
     cycles(&mut conn, &mut seq, 20);
     contended(&mut conn, &mut seq, "c1", 10);
+    labelled(&mut conn, &mut seq, "g1", 10);
     let (native_before, _) = served(&mut conn);
     assert!(
-        native_before >= 100,
-        "only {native_before} native calls of 113"
+        native_before >= 119,
+        "only {native_before} native calls of 133"
     );
     // A replica attached now loads a snapshot of those, then follows the stream.
     let replica = RedisServer::start_replica_of(&primary);
+    replica.wait_replicated_from(&primary);
+    // A subscriber on the replica hears the wake-ups the native paths publish: those on the
+    // channel "other" (every second round of `contended`), as the Lua's PUBLISH reaches it.
+    let mut listener = replica.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub.subscribe("other").expect("SUBSCRIBE");
     cycles(&mut conn, &mut seq, 20);
     contended(&mut conn, &mut seq, "c2", 10);
+    labelled(&mut conn, &mut seq, "g2", 10);
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("a read timeout");
+    let heard: Vec<String> = (0..5)
+        .map(|_| {
+            let message = pubsub.get_message().expect("a wake-up on the replica");
+            message.get_payload().expect("its text")
+        })
+        .collect();
+    assert!(heard.iter().all(|m| m.starts_with('w')), "{heard:?}");
     let (native_after, _) = served(&mut conn);
     assert!(
-        native_after - native_before >= 105,
-        "only {} native calls of 113",
+        native_after - native_before >= 124,
+        "only {} native calls of 133",
         native_after - native_before
     );
     replica.wait_replicated_from(&primary);
@@ -230,10 +306,71 @@ fn a_server_restarted_from_its_aof_holds_what_the_native_paths_wrote() {
     set_permits(&mut conn, &mut seq);
     cycles(&mut conn, &mut seq, 20);
     contended(&mut conn, &mut seq, "c1", 10);
+    labelled(&mut conn, &mut seq, "g1", 10);
     let (native, _) = served(&mut conn);
-    assert!(native >= 100, "only {native} native calls of 113");
+    assert!(native >= 119, "only {native} native calls of 133");
     let before = contents(&mut conn);
     drop(conn);
     server.restart();
     assert_eq!(contents(&mut server.connection()), before);
+}
+
+#[test]
+fn a_native_call_that_changes_nothing_announces_no_write() {
+    let path = module().display().to_string();
+    let server = RedisServer::start_with(&["--loadmodule", &path]);
+    let mut conn = server.connection();
+    let mut seq = 0;
+    let keys =
+        ["leases", "queue", "state", "slots", "tenants", "tqueue"].map(|k| format!("{{n}}:{k}"));
+    // A holder, so that the semaphore is live.
+    let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_ACQUIRE")
+        .arg(&keys)
+        .arg(&[
+            "h", "2", "1", "30000", "", "0", "try", "5000", "ch", "1", "sess", "1",
+        ])
+        .query(&mut conn)
+        .expect("lease_acquire");
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"GRANTED".to_vec()))
+    );
+    seq += 1;
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "notify-keyspace-events", "KEA"])
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let mut listener = server.connection();
+    let mut pubsub = listener.as_pubsub();
+    pubsub
+        .subscribe(format!("__keyspace@0__:{}", keys[2]))
+        .expect("SUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("a read timeout");
+    // The withdrawal of a request nobody made (no number to mark): NOTHELD, nothing written,
+    // by the general native path.
+    let (native, _) = served(&mut conn);
+    let reply: Vec<redis::Value> = redis::cmd("REDSEM.LEASE_RELEASE")
+        .arg(&keys)
+        .arg(&["nobody", "ch", "0", "sess", &format!("{:x}", seq + 1), "w"])
+        .query(&mut conn)
+        .expect("lease_release");
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"NOTHELD".to_vec()))
+    );
+    assert_eq!(served(&mut conn).0, native + 1, "served natively");
+    // The first event on the state after it is the marker's.
+    let _: () = redis::cmd("EXPIRE")
+        .arg(&keys[2])
+        .arg(100_000)
+        .query(&mut conn)
+        .expect("EXPIRE");
+    let event: String = pubsub
+        .get_message()
+        .expect("an event")
+        .get_payload()
+        .expect("its text");
+    assert_eq!(event, "expire");
 }

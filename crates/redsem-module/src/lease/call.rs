@@ -493,3 +493,138 @@ unsafe fn publish(ctx: *mut RedisModuleCtx, channel: &[u8], message: &[u8], repl
         api!(RedisModule_FreeCallReply)(reply);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::ManuallyDrop;
+
+    use super::*;
+
+    /// A call over no keys, for its in-memory parts (never dropped: it opened no key).
+    fn call() -> ManuallyDrop<Call<'static>> {
+        ManuallyDrop::new(Call {
+            ctx: ptr::null_mut(),
+            argv: &[],
+            keys: Keys([ptr::null_mut(); 4]),
+            leases: Zset::new(ptr::null_mut()),
+            queue: Zset::new(ptr::null_mut()),
+            bits: Vec::new(),
+            stored_bits: 0,
+            slots_stored: false,
+            touched: Vec::new(),
+            fields: Vec::new(),
+            c: Counters::default(),
+            dirty: [false; 8],
+            now: 0,
+            now_us: 0,
+            low: 0,
+            session: SessionRecord::parse(Vec::new(), None).unwrap(),
+            budget: WORK_BUDGET,
+            granted: 0,
+            checked: false,
+            defer_idle: false,
+            mine: None,
+            handed: Vec::new(),
+            outbox: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn each_counter_is_set_and_marked_changed() {
+        for (i, name) in COUNTER_NAMES.iter().enumerate() {
+            let mut c = call();
+            c.set(i, 7);
+            let v = &c.c;
+            let got = [
+                v.used,
+                v.qlen,
+                v.seq,
+                v.nh,
+                v.nt,
+                v.next,
+                v.tnext,
+                v.tok.unwrap_or(0),
+            ];
+            let want: [u64; 8] = std::array::from_fn(|j| if j == i { 7 } else { 0 });
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(name));
+            assert_eq!(c.c.tok.is_some(), i == TOK);
+            assert!((0..8).all(|j| c.dirty[j] == (j == i)));
+        }
+    }
+
+    #[test]
+    fn a_field_put_replaces_the_one_read_and_is_marked_changed() {
+        let mut c = call();
+        c.fields.push((b"a".to_vec(), Some(b"1".to_vec()), false));
+        c.fields.push((b"b".to_vec(), Some(b"2".to_vec()), false));
+        c.put(b"b", None);
+        c.put(b"c", Some(b"3".to_vec()));
+        assert_eq!(
+            c.fields,
+            vec![
+                (b"a".to_vec(), Some(b"1".to_vec()), false),
+                (b"b".to_vec(), None, true),
+                (b"c".to_vec(), Some(b"3".to_vec()), true),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_slot_bitmap_copy_is_read_and_written_as_bitpos_and_setbit() {
+        let mut c = call();
+        assert_eq!(c.first_clear(), 0);
+        c.bits = vec![0xff, 0b1110_1111];
+        assert_eq!(c.first_clear(), 11);
+        c.bits = vec![0xff, 0xff];
+        assert_eq!(c.first_clear(), 16);
+        c.bits = vec![0x7f];
+        assert_eq!(c.first_clear(), 0);
+
+        let mut c = call();
+        c.set_bit(10, true).unwrap();
+        assert_eq!(c.bits, [0x00, 0x20]);
+        c.set_bit(0, true).unwrap();
+        c.set_bit(17, true).unwrap();
+        assert_eq!(c.bits, [0x80, 0x20, 0x40]);
+        c.set_bit(10, false).unwrap();
+        c.set_bit(3, false).unwrap();
+        assert_eq!(c.bits, [0x80, 0x00, 0x40]);
+        assert_eq!(c.touched, [10, 0, 17, 10, 3]);
+        // The copy stops at MAX_BITMAP bytes: past it, declined, nothing changed.
+        let last = MAX_BITMAP as u64 * 8 - 1;
+        assert_eq!(c.set_bit(last + 1, true), None);
+        assert_eq!(c.bits.len(), 3);
+        assert_eq!(c.set_bit(last, true), Some(()));
+        assert_eq!(c.bits.len(), MAX_BITMAP);
+        assert_eq!(c.bits[MAX_BITMAP - 1], 0x01);
+        assert_eq!(c.set_bit(MAX_BIT + 1, true), None);
+    }
+
+    #[test]
+    fn a_call_is_idle_with_nothing_held_or_queued_and_hands_back_its_grants() {
+        let mut c = call();
+        assert!(c.idle());
+        c.c.used = 1;
+        assert!(!c.idle());
+        c.c.used = 0;
+        c.c.qlen = 1;
+        assert!(!c.idle());
+        c.handed.push(b"q1|5|0|0".to_vec());
+        let reply = c.released(bulk(b"RELEASED"), true);
+        assert_eq!(
+            format!("{reply:?}"),
+            format!(
+                "{:?}",
+                Reply::Array(vec![bulk(b"RELEASED"), Reply::Int(1), bulk(b"q1|5|0|0")])
+            )
+        );
+        let reply = c.released(bulk(b"NOTHELD"), false);
+        assert_eq!(
+            format!("{reply:?}"),
+            format!(
+                "{:?}",
+                Reply::Array(vec![bulk(b"NOTHELD"), Reply::Int(0), bulk(b"q1|5|0|0")])
+            )
+        );
+    }
+}

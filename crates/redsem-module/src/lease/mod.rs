@@ -631,3 +631,108 @@ fn zero() -> *mut RedisModuleString {
 fn one() -> *mut RedisModuleString {
     bit_text(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A settled state: capacity 2, one holder, its lease ending at 20 s, no session record
+    /// registered for pruning; read at 10 s.
+    const NOW: u64 = 10_000;
+
+    fn state() -> Fields<'static> {
+        let mut s: Fields = [None; FIELDS];
+        s[CAP] = Some(b"2");
+        s[USED] = Some(b"1");
+        s[QLEN] = Some(b"0");
+        s[NH] = Some(b"1");
+        s[NEXT] = Some(b"20000");
+        s[LAYOUT_AT] = Some(LAYOUT);
+        s
+    }
+
+    fn with(changes: &[(usize, Option<&'static [u8]>)]) -> Fields<'static> {
+        let mut s = state();
+        for &(i, v) in changes {
+            s[i] = v;
+        }
+        s
+    }
+
+    #[test]
+    fn a_fast_path_takes_only_a_settled_state_of_its_layout() {
+        assert_eq!(quiet(&state(), NOW, true), Some((2, 1, 1, 20_000)));
+        assert_eq!(quiet(&state(), NOW, false), Some((2, 1, 1, 20_000)));
+        // Nothing held: the counters agree at zero.
+        let empty = with(&[(USED, None), (NH, Some(b"0"))]);
+        assert_eq!(quiet(&empty, NOW, true), Some((2, 0, 0, 20_000)));
+        // An idle TTL of 0 is none.
+        assert!(quiet(&with(&[(IDLE, Some(b"0"))]), NOW, true).is_some());
+        for (why, s) in [
+            ("no capacity", with(&[(CAP, None)])),
+            ("someone queued", with(&[(QLEN, Some(b"1"))])),
+            ("no queue count", with(&[(QLEN, None)])),
+            ("another layout", with(&[(LAYOUT_AT, Some(b"3"))])),
+            ("no layout", with(&[(LAYOUT_AT, None)])),
+            ("no holder count", with(&[(NH, None)])),
+            ("an idle TTL", with(&[(IDLE, Some(b"5"))])),
+            ("a count written oddly", with(&[(USED, Some(b"01x"))])),
+            ("holders but no units", with(&[(USED, Some(b"0"))])),
+            ("units but no holders", with(&[(NH, Some(b"0"))])),
+            ("a lease end due", with(&[(NEXT, Some(b"10000"))])),
+            ("no lease end", with(&[(NEXT, None)])),
+            ("a session record due", with(&[(TNEXT, Some(b"8000"))])),
+        ] {
+            assert_eq!(quiet(&s, NOW, false), None, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_fast_acquire_needs_a_free_unit_and_a_session_record_is_due_after_its_lag() {
+        let full = with(&[(USED, Some(b"2"))]);
+        assert_eq!(quiet(&full, NOW, true), None);
+        assert_eq!(quiet(&full, NOW, false), Some((2, 2, 1, 20_000)));
+        // A lease end one millisecond ahead is not due.
+        let next = with(&[(NEXT, Some(b"10001"))]);
+        assert_eq!(quiet(&next, NOW, true), Some((2, 1, 1, 10_001)));
+        // A session record registered for pruning is due PRUNE_LAG_MS after its expiry.
+        let not_due = (NOW - PRUNE_LAG_MS + 1).to_string().into_bytes().leak();
+        let due = (NOW - PRUNE_LAG_MS).to_string().into_bytes().leak();
+        assert!(quiet(&with(&[(TNEXT, Some(not_due))]), NOW, true).is_some());
+        assert!(quiet(&with(&[(TNEXT, Some(due))]), NOW, true).is_none());
+        // One registered later than now is not due either; none registered, 0, neither.
+        assert!(quiet(&with(&[(TNEXT, Some(b"10500"))]), NOW, true).is_some());
+        assert!(quiet(&with(&[(TNEXT, Some(b"0"))]), NOW, true).is_some());
+    }
+
+    #[test]
+    fn a_counter_absent_reads_as_zero_and_one_written_oddly_as_none() {
+        let s = with(&[(USED, Some(b"7")), (TOK, Some(b"-1"))]);
+        assert_eq!(count(&s, USED), Some(7));
+        assert_eq!(count(&s, TNEXT), Some(0));
+        assert_eq!(count(&s, TOK), None);
+    }
+
+    #[test]
+    fn the_fast_release_reads_the_slot_of_a_plain_one_unit_holder_record() {
+        assert_eq!(one_unit_slot(b"h|17|1|100|5000|3|"), Some(3));
+        assert_eq!(one_unit_slot(b"h|17|1|100|5000|4294967295|"), Some(MAX_BIT));
+        for odd in [
+            &b"h|17|1|100|5000|4294967296|"[..], // past the last bit SETBIT takes
+            b"h|17|2|100|5000|3-4|",             // two units
+            b"h|17|1|100|5000|3|a",              // a label
+            b"w|1|100|5000|300|2|c0",            // a waiter
+            b"x|17|1|100|5000|3|",
+            b"h|1x|1|100|5000|3|",
+            b"h||1|100|5000|3|",
+            b"h|17|1|1.5|5000|3|",
+            b"h|17|1||5000|3|",
+            b"h|17|1|100|-1|3|",
+            b"h|17|1|100||3|",
+            b"h|17|1|100|5000|3",
+            b"h|17|1|100|5000||",
+        ] {
+            assert_eq!(one_unit_slot(odd), None, "{}", String::from_utf8_lossy(odd));
+        }
+    }
+}
