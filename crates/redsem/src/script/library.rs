@@ -367,29 +367,15 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    /// Add key(s) (a slice adds each).
+    /// Add key(s) (a slice adds each), before any argument: the keys come first.
     pub(crate) fn key(mut self, key: impl ToRedisArgs) -> Call {
+        debug_assert_eq!(
+            self.args,
+            0,
+            "a key after the arguments of {}",
+            self.op.function()
+        );
         let before = self.command.args_iter().len();
-        if self.args > 0 {
-            // A key after arguments (no caller does this): the keys must come first.
-            let mut command = redis::cmd(self.op.command());
-            let mut old = self.command.args_iter().skip(1);
-            for _ in 0..self.keys {
-                if let Some(Arg::Simple(key)) = old.next() {
-                    command.arg(key);
-                }
-            }
-            let added = command.args_iter().len();
-            command.arg(key);
-            self.keys += command.args_iter().len() - added;
-            for arg in old {
-                if let Arg::Simple(arg) = arg {
-                    command.arg(arg);
-                }
-            }
-            self.command = command;
-            return self;
-        }
         self.command.arg(key);
         self.keys += self.command.args_iter().len() - before;
         self
