@@ -113,14 +113,37 @@ def library():
     return source
 
 
+def free_port():
+    """A port nothing listens on now, for a throwaway server."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def dump_count(directory, pid):
+    """Have callgrind (process `pid`, writing `directory`/out*) dump its counts, and return the
+    instructions executed since its last dump."""
+    before = set(glob.glob(f"{directory}/out*"))
+    subprocess.run(["callgrind_control", "--dump", str(pid)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    for _ in range(300):
+        new = sorted(set(glob.glob(f"{directory}/out*")) - before)
+        if new:
+            time.sleep(0.3)  # written in full
+            for line in open(new[-1]):
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        time.sleep(0.1)
+    raise SystemExit("callgrind wrote no dump")
+
+
 class Server:
     """redis-server under callgrind; `count()` dumps and returns the instructions since the last."""
 
     def __init__(self):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
+        self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="redsem-ir-")
         self.proc = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.dir}/out",
@@ -138,18 +161,7 @@ class Server:
         raise SystemExit("redis-server under valgrind did not start")
 
     def count(self):
-        before = set(glob.glob(f"{self.dir}/out*"))
-        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        for _ in range(200):
-            new = sorted(set(glob.glob(f"{self.dir}/out*")) - before)
-            if new:
-                time.sleep(0.3)  # written in full
-                for line in open(new[-1]):
-                    if line.startswith(("summary:", "totals:")):
-                        return int(line.split()[1])
-            time.sleep(0.1)
-        raise SystemExit("callgrind wrote no dump")
+        return dump_count(self.dir, self.proc.pid)
 
     def stop(self):
         self.proc.kill()

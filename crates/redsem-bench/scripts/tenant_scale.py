@@ -34,14 +34,12 @@ CAPACITY = 16
 LEASE = 3_600_000  # an hour: nothing expires while a row is filled (under valgrind too)
 
 
-def keys(name):
-    return [f"b:{{lease:{name}}}:{part}" for part in
-            ["leases", "queue", "state", "slots", "tenants", "tqueue"]]
+keys = si.lease_keys
 
 
 class Server:
     def __init__(self, callgrind):
-        self.port = free_port()
+        self.port = si.free_port()
         self.dir = si.tempfile.mkdtemp(prefix="redsem-ts-")
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", self.dir]
@@ -65,30 +63,11 @@ class Server:
 
     def count(self):
         """Instructions since the last count (callgrind's dump)."""
-        before = set(si.glob.glob(f"{self.dir}/out*"))
-        subprocess.run(["callgrind_control", "--dump", str(self.proc.pid)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        for _ in range(300):
-            new = sorted(set(si.glob.glob(f"{self.dir}/out*")) - before)
-            if new:
-                time.sleep(0.3)
-                for line in open(new[-1]):
-                    if line.startswith(("summary:", "totals:")):
-                        return int(line.split()[1])
-            time.sleep(0.1)
-        raise SystemExit("callgrind wrote no dump")
+        return si.dump_count(self.dir, self.proc.pid)
 
     def stop(self):
         self.proc.kill()
         self.proc.wait()
-
-
-def free_port():
-    s = si.socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def row(server, name, tenants, waiters, grants):
