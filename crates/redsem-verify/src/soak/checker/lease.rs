@@ -6,6 +6,23 @@ use std::collections::{BTreeMap, HashMap};
 use super::super::history::{Fault, LeaseOp, Look, Meta, Record};
 use super::*;
 
+/// The believed intervals of `grants` as a sweep: (instant, whether it starts, index in
+/// `grants`), in time order, ends before starts at the same instant (intervals are half-open).
+/// Grants believed for no time are left out.
+pub(super) fn believed_events(grants: &[&LeaseOp]) -> Vec<(u64, bool, usize)> {
+    let mut events: Vec<(u64, bool, usize)> = Vec::new();
+    for (i, op) in grants.iter().enumerate() {
+        if let Some((start, end)) = op.believed()
+            && end > start
+        {
+            events.push((start, true, i));
+            events.push((end, false, i));
+        }
+    }
+    events.sort_unstable();
+    events
+}
+
 pub(super) fn check_capacity_and_slots(
     name: &str,
     capacity: u32,
@@ -32,17 +49,7 @@ pub(super) fn check_capacity_and_slots(
         }
     }
     for grants in by_epoch.values() {
-        // Ends before starts at the same instant: intervals are half-open.
-        let mut events: Vec<(u64, bool, usize)> = Vec::new();
-        for (i, op) in grants.iter().enumerate() {
-            if let Some((start, end)) = op.believed()
-                && end > start
-            {
-                events.push((start, true, i));
-                events.push((end, false, i));
-            }
-        }
-        events.sort_by_key(|&(t, is_start, i)| (t, is_start, i));
+        let events = believed_events(grants);
         let mut active: Vec<usize> = Vec::new();
         let mut used: u64 = 0;
         let mut slot_owner: HashMap<u32, usize> = HashMap::new();

@@ -58,16 +58,7 @@ pub(super) fn check_caps(
             }
         }
         for grants in by_epoch.values() {
-            let mut events: Vec<(u64, bool, usize)> = Vec::new();
-            for (i, op) in grants.iter().enumerate() {
-                if let Some((start, end)) = op.believed()
-                    && end > start
-                {
-                    events.push((start, true, i));
-                    events.push((end, false, i));
-                }
-            }
-            events.sort_unstable();
+            let events = super::lease::believed_events(grants);
             let mut active: Vec<usize> = Vec::new();
             let mut held = 0;
             for (_, is_start, i) in events {
