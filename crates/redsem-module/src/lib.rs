@@ -10,7 +10,7 @@
 //! One command per operation, `REDSEM.<OPERATION>` (`lease_acquire`, `permit_add`, ...: the
 //! functions of the Lua library, crates/redsem/lua), taking the operation's keys and then its
 //! ARGV exactly as the function takes them. No `numkeys`: every operation of a primitive takes
-//! the same keys (the lease semaphore and the latch four, the permit semaphore six).
+//! the same keys (the lease semaphore six, the latch four, the permit semaphore six).
 //!
 //! Each command first tries its native path, if the operation has one (today the uncontended
 //! cycles: `lease`, `permit`): the Lua's fast path done through the module key API, taken only
@@ -23,13 +23,16 @@
 //! Load arguments, for tests and measurement only: `library <name>` (run the functions of the
 //! library `<name>`, loaded by the test, instead of the shipped one), `clock <key>` (read the
 //! time from the list `<key>`, `[seconds, microseconds]`), `noreplicate` (do not replicate the
-//! native paths' writes: what that costs, never for use).
+//! native paths' writes: what that costs, never for use). And one for use: `skiplist-at N`
+//! (keep a lease semaphore's sorted sets as skip lists from N members, 16 unless given; 0:
+//! leave them to Redis's `zset-max-listpack-entries`; see `encoding`).
 
 #![allow(unsafe_code)]
 
 mod api;
 mod clock;
 mod delegate;
+mod encoding;
 mod lease;
 mod permit;
 mod record;
@@ -150,6 +153,10 @@ unsafe fn configure(argv: &[*mut RedisModuleString]) -> Result<(), String> {
                 clock::plant(&value().ok_or("`clock` wants a key")?)?;
                 i += 1;
             }
+            "skiplist-at" => {
+                encoding::configure(&value().ok_or("`skiplist-at` wants a number")?)?;
+                i += 1;
+            }
             "noreplicate" => replicate::switch_off(),
             other => return Err(format!("unknown load argument `{other}`")),
         }
@@ -194,6 +201,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
             );
             return ERR;
         }
+        encoding::init(ctx);
         lease::init();
         permit::init();
         let names: Vec<(&'static str, usize)> = redsem::protocol_operations().collect();

@@ -144,3 +144,37 @@ fn a_waiter_left_at_the_head_by_a_shrink_waits_while_every_unit_is_held() {
     );
     assert_eq!(replies[0], replies[1]);
 }
+
+/// The same with the module keeping every lease set of two members or more as a skip list
+/// (`skiplist-at 2`): the scripts' copies stay listpacks, and every reply and key is the same.
+#[test]
+fn the_native_engine_answers_as_the_scripts_with_its_sets_in_skip_lists() {
+    let mut args = config(1, 0).server_args().expect("the module's arguments");
+    args.extend(["skiplist-at".to_owned(), "2".to_owned()]);
+    let server = RedisServer::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut conn = server.connection();
+    let mut skiplists = 0;
+    for seed in [5, 6] {
+        let report = run(&server, &config(seed, 2_500));
+        if let Some(divergence) = &report.divergence {
+            panic!("seed {seed}: {divergence}");
+        }
+        assert_eq!(report.steps, 2_500);
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).expect("KEYS");
+        for key in keys {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).expect("TYPE");
+            if kind == "zset" {
+                let encoding: String = redis::cmd("OBJECT")
+                    .arg("ENCODING")
+                    .arg(&key)
+                    .query(&mut conn)
+                    .expect("OBJECT ENCODING");
+                skiplists += usize::from(encoding == "skiplist");
+            }
+        }
+    }
+    assert!(
+        skiplists > 0,
+        "no set was left a skip list at the runs' ends"
+    );
+}

@@ -428,6 +428,9 @@ unsafe fn fast_acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]
 
     // The writes: SETBIT, ZADD, HSET (with `next` if this lease ends first).
     set_bit(slots, slot, true);
+    if key_type(leases) != raw::REDISMODULE_KEYTYPE_EMPTY {
+        crate::encoding::crowded(ctx, leases, api!(RedisModule_ValueLength)(leases) + 1);
+    }
     let mut flags = 0;
     api!(RedisModule_ZsetAdd)(leases, ends as f64, argv[5], &mut flags);
     let (mut b1, mut b2, mut b3) = ([0u8; 20], [0u8; 20], [0u8; 20]);

@@ -5,6 +5,7 @@
 use crate::api::{
     self, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, key_type, raw,
 };
+use crate::encoding;
 use crate::record::{Native, decimal, decimal_text, join};
 use crate::replicate::Effects;
 
@@ -190,6 +191,11 @@ impl Zset {
         effects: &mut Effects,
     ) {
         let (mut added, mut removed) = (false, false);
+        let adds = self.changes.iter().filter(|(_, s)| s.is_some()).count();
+        if adds > 0 && key_type(self.key) != raw::REDISMODULE_KEYTYPE_EMPTY {
+            let stored = api!(RedisModule_ValueLength)(self.key);
+            encoding::crowded(ctx, self.key, stored + adds);
+        }
         // The removals first: the insertions then walk a shorter set.
         let (gone, kept): (Vec<_>, Vec<_>) = self.changes.iter().partition(|(_, s)| s.is_none());
         for (member, score) in gone.into_iter().chain(kept) {
