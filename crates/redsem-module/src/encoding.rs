@@ -18,7 +18,9 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::api::{self, RedisModuleCtx, RedisModuleKey, Str, api, key_type, raw};
+use crate::api::{
+    self, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, key_type, raw,
+};
 
 /// A set of this many members or more is kept as a skip list by the native paths, unless
 /// the load argument `skiplist-at N` says otherwise (0: never).
@@ -101,6 +103,40 @@ pub(crate) unsafe fn crowded(ctx: *mut RedisModuleCtx, key: *mut RedisModuleKey,
     {
         let mut deleted = 0;
         api!(RedisModule_ZsetRem)(key, m.ptr, &mut deleted);
+    }
+}
+
+/// Before the Lua serves a call: the crowded sorted sets among its keys (`names`, those at
+/// `sets`) made skip lists, so that the Lua's ZADDs and ZRANGEs on them cost what the native
+/// paths' do. A key is opened for writing only if it is a set that crowded.
+pub(crate) unsafe fn before_lua(
+    ctx: *mut RedisModuleCtx,
+    names: &[*mut RedisModuleString],
+    sets: &[usize],
+) {
+    let at = THRESHOLD.load(Ordering::Relaxed);
+    if at == 0 {
+        return;
+    }
+    let open = api!(RedisModule_OpenKey);
+    let close = api!(RedisModule_CloseKey);
+    for &i in sets {
+        let Some(&name) = names.get(i) else {
+            continue;
+        };
+        let key = open(ctx, name, raw::REDISMODULE_READ as c_int).cast::<RedisModuleKey>();
+        let members = if key_type(key) == raw::REDISMODULE_KEYTYPE_ZSET {
+            api!(RedisModule_ValueLength)(key)
+        } else {
+            0
+        };
+        close(key);
+        if members >= at {
+            let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+            let key = open(ctx, name, mode).cast::<RedisModuleKey>();
+            crowded(ctx, key, members);
+            close(key);
+        }
     }
 }
 

@@ -56,6 +56,8 @@ struct Operation {
     /// How many keys it takes (its primitive's).
     keys: usize,
     native: Option<Native>,
+    /// Which of its keys are sorted sets (see encoding::before_lua).
+    sets: &'static [usize],
 }
 
 static OPERATIONS: OnceLock<Vec<Operation>> = OnceLock::new();
@@ -73,6 +75,18 @@ fn native_path(name: &str) -> Option<Native> {
         "permit_acquire" => Some(permit::fast_acquire),
         "permit_add" => Some(permit::fast_add),
         _ => None,
+    }
+}
+
+/// The keys of the operation `name` that are sorted sets which grow with the waiters (the
+/// layouts: lease/layout.lua, permit/layout.lua).
+fn sorted_sets(name: &str) -> &'static [usize] {
+    if name.starts_with("lease_") {
+        &[0, 1, 4, 5] // leases, queue, tenants, tqueue
+    } else if name.starts_with("permit_") {
+        &[1, 2] // queue, waiters
+    } else {
+        &[]
     }
 }
 
@@ -97,6 +111,7 @@ unsafe fn serve(
         return OK;
     }
     LUA_CALLS.fetch_add(1, Relaxed);
+    encoding::before_lua(ctx, &argv[1..=op.keys], op.sets);
     delegate::run(ctx, &op.function, argv)
 }
 
@@ -215,6 +230,7 @@ pub unsafe extern "C" fn RedisModule_OnLoad(
                 function: Function::of(name, keys),
                 keys,
                 native: native_path(name),
+                sets: sorted_sets(name),
             })
             .collect();
         if OPERATIONS.set(ops).is_err() {
