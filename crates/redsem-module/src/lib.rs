@@ -38,6 +38,7 @@ mod permit;
 mod record;
 mod replicate;
 mod session;
+mod zset;
 
 use std::ffi::{CString, c_int};
 use std::sync::OnceLock;

@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int};
 use std::ptr;
 
-use super::view::{Record, Reply, Zset, bulk, int, parse, send};
+use super::view::{Record, Reply, bulk, int, parse, send};
 use super::{HASH_DELETE, LAYOUT, MAX_BIT, PRUNE_LAG_MS};
 use crate::api::{
     self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, is_or_empty,
@@ -17,6 +17,7 @@ use crate::clock;
 use crate::record::{Native, decimal, decimal_text, hex, join};
 use crate::replicate::Effects;
 use crate::session::SessionRecord;
+use crate::zset::Zset;
 
 /// lease/layout.lua: WORK_BUDGET.
 const WORK_BUDGET: u64 = 4096;
