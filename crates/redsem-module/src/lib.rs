@@ -37,6 +37,7 @@ mod lease;
 mod permit;
 mod record;
 mod replicate;
+mod reply;
 mod session;
 mod zset;
 

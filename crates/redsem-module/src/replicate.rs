@@ -17,7 +17,7 @@
 //! only after `repl-backlog-ttl` without replicas, and then replicating on is merely
 //! wasted work), so the rule errs on the side of replicating.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::{CStr, c_char, c_int};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::api::{ERR, OK, RedisModuleCtx, RedisModuleString, api, raw};
@@ -141,5 +141,41 @@ impl Effects {
             args.as_ptr(),
             args.len(),
         );
+    }
+}
+
+/// `PUBLISH channel message` as the caller's user (ACL checked), errors ignored as the Lua's
+/// pcall ignores them; `SPUBLISH` for a channel whose last byte is '}' (common.lua's rule: a
+/// cluster client's channel in the primitive's slot). Replicated where the Lua's would be
+/// (not in a cluster, which carries messages on its bus).
+pub(crate) unsafe fn publish(
+    ctx: *mut RedisModuleCtx,
+    channel: &[u8],
+    message: &[u8],
+    replicating: bool,
+) {
+    let cluster =
+        api!(RedisModule_GetContextFlags)(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER as c_int != 0;
+    let flags = if replicating && !cluster {
+        c"!CEbb"
+    } else {
+        c"CEbb"
+    };
+    let command = if channel.last() == Some(&b'}') {
+        c"SPUBLISH"
+    } else {
+        c"PUBLISH"
+    };
+    let reply = api!(RedisModule_Call)(
+        ctx,
+        command.as_ptr(),
+        flags.as_ptr(),
+        channel.as_ptr().cast::<c_char>(),
+        channel.len(),
+        message.as_ptr().cast::<c_char>(),
+        message.len(),
+    );
+    if !reply.is_null() {
+        api!(RedisModule_FreeCallReply)(reply);
     }
 }

@@ -15,7 +15,7 @@ use crate::api::{
 };
 use crate::clock;
 use crate::record::{Native, decimal, decimal_text, hex, join};
-use crate::replicate::Effects;
+use crate::replicate::{Effects, publish};
 use crate::session::SessionRecord;
 use crate::zset::Zset;
 
@@ -461,37 +461,6 @@ impl<'a> Call<'a> {
             publish(ctx, channel, message, replicating);
         }
         Some(())
-    }
-}
-
-/// `PUBLISH channel message` as the caller's user (ACL checked), errors ignored as the Lua's
-/// pcall ignores them; `SPUBLISH` for a channel whose last byte is '}' (common.lua's rule: a
-/// cluster client's channel in the primitive's slot). Replicated where the Lua's would be
-/// (not in a cluster, which carries messages on its bus).
-unsafe fn publish(ctx: *mut RedisModuleCtx, channel: &[u8], message: &[u8], replicating: bool) {
-    let cluster =
-        api!(RedisModule_GetContextFlags)(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER as c_int != 0;
-    let flags = if replicating && !cluster {
-        c"!CEbb"
-    } else {
-        c"CEbb"
-    };
-    let command = if channel.last() == Some(&b'}') {
-        c"SPUBLISH"
-    } else {
-        c"PUBLISH"
-    };
-    let reply = api!(RedisModule_Call)(
-        ctx,
-        command.as_ptr(),
-        flags.as_ptr(),
-        channel.as_ptr().cast::<c_char>(),
-        channel.len(),
-        message.as_ptr().cast::<c_char>(),
-        message.len(),
-    );
-    if !reply.is_null() {
-        api!(RedisModule_FreeCallReply)(reply);
     }
 }
 

@@ -1,42 +1,13 @@
 //! What a general native path works on in memory (general.rs): its reply, and the state's
 //! records as lease/layout.lua's parse() reads them (the sorted sets: crate::zset).
 
-use crate::api::{self, RedisModuleCtx};
 use crate::record::{Native, decimal};
+pub(super) use crate::reply::{Reply, bulk, int, send};
 
 use super::general::MAX_UNITS;
 
 /// The largest integer a Lua number holds exactly.
 const EXACT: f64 = 9_007_199_254_740_992.0;
-
-/// A reply, built while the call is worked out and sent once it is written.
-#[derive(Debug)]
-pub(super) enum Reply {
-    Bulk(Vec<u8>),
-    Int(i64),
-    Array(Vec<Reply>),
-}
-
-pub(super) fn bulk(b: &[u8]) -> Reply {
-    Reply::Bulk(b.to_vec())
-}
-
-pub(super) fn int(n: u64) -> Reply {
-    Reply::Int(n as i64)
-}
-
-pub(super) unsafe fn send(ctx: *mut RedisModuleCtx, reply: &Reply) {
-    match reply {
-        Reply::Bulk(b) => api::reply_bulk(ctx, b),
-        Reply::Int(n) => api::reply_integer(ctx, *n),
-        Reply::Array(items) => {
-            api::reply_array(ctx, items.len());
-            for item in items {
-                send(ctx, item);
-            }
-        }
-    }
-}
 
 /// An integer score as the Lua reads it (`tonumber(ZSCORE ...)`), or None if not a plain one.
 pub(super) fn integral(score: f64) -> Native<i64> {
