@@ -13,6 +13,9 @@ pub(crate) use redis_module::raw::{
 
 pub(crate) const OK: c_int = raw::REDISMODULE_OK as c_int;
 pub(crate) const ERR: c_int = raw::REDISMODULE_ERR as c_int;
+/// `REDISMODULE_HASH_DELETE`: the value that deletes a field in `RedisModule_HashSet`.
+#[allow(clippy::manual_dangling_ptr)] // (the C header's value, 1: not a pointer to anything)
+pub(crate) const HASH_DELETE: *mut RedisModuleString = 1usize as *mut RedisModuleString;
 
 /// An API function by its name: filled at load, so never absent in a loaded module.
 macro_rules! api {

@@ -74,8 +74,10 @@ fn native_path(name: &str) -> Option<Native> {
         "lease_acquire" => Some(lease::acquire),
         "lease_release" => Some(lease::release),
         "lease_batch" => Some(lease::batch),
-        "permit_acquire" => Some(permit::fast_acquire),
-        "permit_add" => Some(permit::fast_add),
+        "permit_acquire" => Some(permit::acquire),
+        "permit_add" => Some(permit::add),
+        "permit_poll" => Some(permit::poll),
+        "permit_batch" => Some(permit::batch),
         _ => None,
     }
 }

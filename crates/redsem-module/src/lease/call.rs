@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int};
 use std::ptr;
 
 use super::view::{Record, Reply, bulk, int, parse, send};
-use super::{HASH_DELETE, LAYOUT, MAX_BIT, PRUNE_LAG_MS};
+use super::{LAYOUT, MAX_BIT, PRUNE_LAG_MS};
 use crate::api::{
     self, Keys, Read, RedisModuleCtx, RedisModuleKey, RedisModuleString, Str, api, is_or_empty,
     key_type, raw,
@@ -400,7 +400,7 @@ impl<'a> Call<'a> {
                         state,
                         raw::REDISMODULE_HASH_NONE as c_int,
                         n.ptr,
-                        HASH_DELETE,
+                        api::HASH_DELETE,
                         ptr::null::<c_char>(),
                     );
                     del_args.push(n.ptr);

@@ -343,10 +343,6 @@ unsafe fn set_bit(key: *mut RedisModuleKey, bit: u64, on: bool) {
     }
 }
 
-/// `REDISMODULE_HASH_DELETE`: the value that deletes a field in `RedisModule_HashSet`.
-#[allow(clippy::manual_dangling_ptr)] // (the C header's value, 1: not a pointer to anything)
-const HASH_DELETE: *mut RedisModuleString = 1usize as *mut RedisModuleString;
-
 /// The most bits SETBIT takes (a 512 MB string).
 const MAX_BIT: u64 = (1 << 32) - 1;
 
@@ -579,7 +575,7 @@ unsafe fn fast_release(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]
         sess.ptr,
         v_mark.ptr,
         record.ptr,
-        HASH_DELETE,
+        api::HASH_DELETE,
         ptr::null::<c_char>(),
     );
 

@@ -8,6 +8,8 @@
 //! KEYS (permit/layout.lua): 1 count (string), 2 queue, 3 waiters (not touched here: nobody
 //! waits), 4 records (hash), 5 meta, 6 applied (not touched here).
 
+mod general;
+
 use std::ffi::{c_char, c_int};
 use std::ptr;
 
@@ -204,13 +206,22 @@ unsafe fn name(ctx: *mut RedisModuleCtx, prefix: &[u8], id: &[u8]) -> Option<Str
     Some(Str::new(ctx, Text::of(&[prefix, id])?.as_bytes()))
 }
 
+/// permit_acquire natively: the fast path, else (a live semaphore) the general one.
+pub(crate) unsafe fn acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    fast_acquire(ctx, argv) || general::acquire(ctx, argv)
+}
+
+/// permit_add natively: the fast path, else (a live semaphore) the general one.
+pub(crate) unsafe fn add(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+    fast_add(ctx, argv) || general::add(ctx, argv)
+}
+
+pub(crate) use general::{batch, poll};
+
 /// permit_acquire's fast path: a new request that the count holds, nobody waiting.
 /// ARGV (argv[7..]): 1 id, 2 permits k, 3 mode, 4 waiter lease ms, 5 channel, 6 seq,
 /// 7 session id, 8 low mark. Answers whether it replied.
-pub(crate) unsafe fn fast_acquire(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-) -> bool {
+unsafe fn fast_acquire(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
     if argv.len() != 15 {
         return false;
     }
@@ -260,7 +271,7 @@ pub(crate) unsafe fn fast_acquire(
 
 /// permit_add's fast path: an addition within the range, nobody waiting. ARGV (argv[7..]):
 /// 1 request id, 2 delta, 3 seq, 4 session id, 5 low mark. Answers whether it replied.
-pub(crate) unsafe fn fast_add(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
+unsafe fn fast_add(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> bool {
     if argv.len() != 12 {
         return false;
     }
