@@ -185,7 +185,6 @@ fn the_native_engine_answers_as_the_scripts_with_its_sets_in_skip_lists() {
 /// the module served these calls by its own paths, not the Lua's.
 #[test]
 fn a_contended_permit_semaphore_is_served_natively_as_the_scripts_serve_it() {
-    use redis::Value;
     use redsem_verify::diff::dump;
     use redsem_verify::diff::engine::{Engine, plant_clock};
 
