@@ -23,9 +23,19 @@ pub(crate) struct SessionRecord {
     pub(crate) dirty: bool,
 }
 
+/// The longest record the general native paths take (about 650 marks of calls in flight).
+/// Their marks are kept in a list searched by number, rebuilt on every call: fine for the
+/// calls a client has in flight, slower than the Lua's table for thousands (a client that
+/// never raises its low mark); those calls run the Lua.
+pub(crate) const LONGEST_RECORD: usize = 8192;
+
 impl SessionRecord {
-    /// `session()`: None for a record the Lua would read otherwise than plainly.
+    /// `session()`: None for a record the Lua would read otherwise than plainly, or one
+    /// longer than [`LONGEST_RECORD`].
     pub(crate) fn parse(name: Vec<u8>, raw: Option<Vec<u8>>) -> Native<SessionRecord> {
+        if raw.as_ref().is_some_and(|r| r.len() > LONGEST_RECORD) {
+            return None;
+        }
         let mut s = SessionRecord {
             name,
             raw,
@@ -187,6 +197,18 @@ mod tests {
     /// A time at which a record expiring at 0x100000 needs no renewal yet (one ms later it
     /// does).
     const FRESH: u64 = 0x100000 - SESSION_MS + SESSION_RENEW_MS - 1;
+
+    #[test]
+    fn a_record_longer_than_the_longest_is_declined() {
+        let mark = b",1=R";
+        let mut raw = b"1|100000|1|".to_vec();
+        while raw.len() + mark.len() <= LONGEST_RECORD {
+            raw.extend_from_slice(mark);
+        }
+        assert!(SessionRecord::parse(b"s:x".to_vec(), Some(raw.clone())).is_some());
+        raw.extend_from_slice(mark);
+        assert!(SessionRecord::parse(b"s:x".to_vec(), Some(raw)).is_none());
+    }
 
     #[test]
     fn a_record_is_parsed_as_session_reads_it() {
