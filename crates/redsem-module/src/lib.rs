@@ -12,9 +12,11 @@
 //! ARGV exactly as the function takes them. No `numkeys`: every operation of a primitive takes
 //! the same keys (the lease semaphore six, the latch four, the permit semaphore six).
 //!
-//! Each command first tries its native path, if the operation has one (today the uncontended
-//! cycles: `lease`, `permit`): the Lua's fast path done through the module key API, taken only
-//! where the Lua's would be. Every other call runs the operation's Lua function within the
+//! Each command first tries its native paths, if the operation has them: the uncontended
+//! cycles of both semaphores (the Lua's fast paths done through the module key API, taken only
+//! where the Lua's would be), and their contended calls (`lease/general.rs`,
+//! `permit/general.rs`: worked out in memory, written only when the whole call is one they
+//! take). Every other call runs the operation's Lua function within the
 //! same command (`delegate`): so both engines answer every call alike, one semaphore can be
 //! served by both at once, and a server, replica or client without the module goes on with
 //! the scripts. The differential runner (crates/redsem-verify, docs/DIFFERENTIAL.md) checks
@@ -24,7 +26,7 @@
 //! library `<name>`, loaded by the test, instead of the shipped one), `clock <key>` (read the
 //! time from the list `<key>`, `[seconds, microseconds]`), `noreplicate` (do not replicate the
 //! native paths' writes: what that costs, never for use). And one for use: `skiplist-at N`
-//! (keep a lease semaphore's sorted sets as skip lists from N members, 16 unless given; 0:
+//! (keep a semaphore's sorted sets as skip lists from N members, 16 unless given; 0:
 //! leave them to Redis's `zset-max-listpack-entries`; see `encoding`).
 
 #![allow(unsafe_code)]
