@@ -35,6 +35,7 @@ mod api;
 mod clock;
 mod delegate;
 mod encoding;
+mod hash;
 mod lease;
 mod permit;
 mod record;

@@ -263,3 +263,65 @@ fn a_replica_gets_the_contents_of_a_crowded_lease() {
     // (18 leases and the session's renewal entry).
     assert_eq!(encoding(&mut r, LEASE[0]), "listpack");
 }
+
+/// A call the Lua serves (a permit withdrawal has no native path) finds the crowded sets
+/// among its keys made skip lists first, so the Lua's inserts are cheap too; a small set is
+/// left a listpack.
+#[test]
+fn a_call_the_lua_serves_finds_its_crowded_sets_made_skip_lists() {
+    use support::PERMITS;
+    let server = server(&[], &[]);
+    let mut conn = server.connection();
+    let (_, _, library, _, _): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
+        .query(&mut conn)
+        .expect("REDSEM.ENGINE");
+    // The waiters queued by the scripts (FCALL of the module's own library), which leave
+    // the sets as Redis keeps them: listpacks. (The first module command loads the library.)
+    let _: Value = redis::cmd("REDSEM.PERMIT_TRY_SET")
+        .arg(&PERMITS)
+        .arg(&["set", "0", "1", "sess", "1"])
+        .query(&mut conn)
+        .expect("REDSEM.PERMIT_TRY_SET");
+    let fcall = |conn: &mut Connection, keys: &[&str], n: usize, from: usize| {
+        for i in from..from + n {
+            let s = format!("{:x}", 2 + i);
+            let reply: Value = redis::cmd("FCALL")
+                .arg(format!("{library}_permit_acquire"))
+                .arg(6)
+                .arg(keys)
+                .arg(&[&format!("w{i}"), "1", "wait", "30000", "ch", &s, "sess", &s])
+                .query(conn)
+                .expect("FCALL permit_acquire");
+            assert!(format!("{reply:?}").contains("QUEUED"), "{reply:?}");
+        }
+    };
+    fcall(&mut conn, &PERMITS, 20, 0);
+    assert_eq!(encoding(&mut conn, PERMITS[1]), "listpack");
+    assert_eq!(encoding(&mut conn, PERMITS[2]), "listpack");
+    let reply: Value = redis::cmd("REDSEM.PERMIT_WITHDRAW")
+        .arg(&PERMITS)
+        .arg(&["w0", "0", "sess", "100"])
+        .query(&mut conn)
+        .expect("REDSEM.PERMIT_WITHDRAW");
+    assert!(format!("{reply:?}").contains("WITHDRAWN"), "{reply:?}");
+    assert_eq!(encoding(&mut conn, PERMITS[1]), "skiplist", "the queue");
+    assert_eq!(encoding(&mut conn, PERMITS[2]), "skiplist", "the waiters");
+    assert_eq!(members(&mut conn, PERMITS[1]).len(), 19);
+
+    // A semaphore of 5 waiters: its sets stay listpacks.
+    let small: Vec<String> = PERMITS.iter().map(|k| k.replace("{p}", "{q}")).collect();
+    let small: Vec<&str> = small.iter().map(String::as_str).collect();
+    let _: Value = redis::cmd("REDSEM.PERMIT_TRY_SET")
+        .arg(&small)
+        .arg(&["set", "0", "101", "sess", "101"])
+        .query(&mut conn)
+        .expect("REDSEM.PERMIT_TRY_SET");
+    fcall(&mut conn, &small, 5, 0x200);
+    let _: Value = redis::cmd("REDSEM.PERMIT_WITHDRAW")
+        .arg(&small)
+        .arg(&["w512", "0", "sess", "300"])
+        .query(&mut conn)
+        .expect("REDSEM.PERMIT_WITHDRAW");
+    assert_eq!(encoding(&mut conn, small[1]), "listpack");
+    assert_eq!(members(&mut conn, small[1]).len(), 4);
+}

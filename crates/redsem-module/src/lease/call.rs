@@ -14,6 +14,7 @@ use crate::api::{
     key_type, raw,
 };
 use crate::clock;
+use crate::hash::Fields;
 use crate::record::{Native, decimal, decimal_text, hex, join};
 use crate::replicate::{Effects, publish};
 use crate::session::SessionRecord;
@@ -63,8 +64,8 @@ pub(super) struct Call<'a> {
     pub(super) stored_bits: usize,
     pub(super) slots_stored: bool,
     pub(super) touched: Vec<u64>,
-    /// Fields read (None: absent) and whether the call changed them.
-    pub(super) fields: Vec<(Vec<u8>, Option<Vec<u8>>, bool)>,
+    /// The state hash's fields read and put.
+    pub(super) fields: Fields,
     pub(super) c: Counters,
     pub(super) dirty: [bool; 8],
     pub(super) now: u64,
@@ -141,7 +142,7 @@ impl<'a> Call<'a> {
             stored_bits: 0,
             slots_stored: key_type(slots) != raw::REDISMODULE_KEYTYPE_EMPTY,
             touched: Vec::new(),
-            fields: Vec::new(),
+            fields: Fields::new(state),
             c: Counters::default(),
             dirty: [false; 8],
             now,
@@ -202,32 +203,11 @@ impl<'a> Call<'a> {
 
     /// A field of the state hash, read once (None: absent).
     pub(super) unsafe fn field_opt(&mut self, name: &[u8]) -> Option<Vec<u8>> {
-        if let Some((_, value, _)) = self.fields.iter().find(|(n, _, _)| n == name) {
-            return value.clone();
-        }
-        let n = Str::new(self.ctx, name);
-        let mut value: *mut RedisModuleString = ptr::null_mut();
-        api!(RedisModule_HashGet)(
-            self.keys.0[2],
-            raw::REDISMODULE_HASH_NONE as c_int,
-            n.ptr,
-            &mut value as *mut _,
-            ptr::null::<c_char>(),
-        );
-        let read = (!value.is_null()).then(|| api::bytes(value).to_vec());
-        api::free(self.ctx, value);
-        self.fields.push((name.to_vec(), read.clone(), false));
-        read
+        self.fields.get(self.ctx, name)
     }
 
     pub(super) fn put(&mut self, name: &[u8], value: Option<Vec<u8>>) {
-        match self.fields.iter_mut().find(|(n, _, _)| n == name) {
-            Some(f) => {
-                f.1 = value;
-                f.2 = true;
-            }
-            None => self.fields.push((name.to_vec(), value, true)),
-        }
+        self.fields.put(name, value);
     }
 
     pub(super) fn set(&mut self, counter: usize, value: u64) {
@@ -347,7 +327,7 @@ impl<'a> Call<'a> {
             None
         };
         let ctx = self.ctx;
-        let [leases, queue, state, slots] = self.keys.0;
+        let [leases, queue, _, slots] = self.keys.0;
         let (l_name, q_name, h_name, s_name) =
             (self.argv[1], self.argv[2], self.argv[3], self.argv[4]);
         let mut effects = Effects::new(ctx);
@@ -370,57 +350,11 @@ impl<'a> Call<'a> {
                 writes.push((name.to_vec(), Some(decimal_text(values[i]))));
             }
         }
-        for (name, value, dirty) in &self.fields {
-            if *dirty {
-                writes.push((name.clone(), value.clone()));
-            }
-        }
+        writes.extend(self.fields.changed());
         if let Some(text) = session {
             writes.push((self.session.name.clone(), text));
         }
-        let (mut set_args, mut del_args) = (vec![h_name], vec![h_name]);
-        let mut made = Vec::new();
-        for (name, value) in &writes {
-            let n = Str::new(ctx, name);
-            match value {
-                Some(v) => {
-                    let v = Str::new(ctx, v);
-                    api!(RedisModule_HashSet)(
-                        state,
-                        raw::REDISMODULE_HASH_NONE as c_int,
-                        n.ptr,
-                        v.ptr,
-                        ptr::null::<c_char>(),
-                    );
-                    set_args.extend([n.ptr, v.ptr]);
-                    made.push(v);
-                }
-                None => {
-                    api!(RedisModule_HashSet)(
-                        state,
-                        raw::REDISMODULE_HASH_NONE as c_int,
-                        n.ptr,
-                        api::HASH_DELETE,
-                        ptr::null::<c_char>(),
-                    );
-                    del_args.push(n.ptr);
-                }
-            }
-            made.push(n);
-        }
-        if set_args.len() > 1 {
-            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", h_name);
-            if replicating {
-                effects.replicate(c"HSET", &set_args);
-            }
-        }
-        if del_args.len() > 1 {
-            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hdel", h_name);
-            if replicating {
-                effects.replicate(c"HDEL", &del_args);
-            }
-        }
-        drop(made);
+        self.fields.write(ctx, h_name, &writes, &mut effects);
 
         self.leases.write(ctx, l_name, &mut effects);
         self.queue.write(ctx, q_name, &mut effects);
@@ -482,7 +416,7 @@ mod tests {
             stored_bits: 0,
             slots_stored: false,
             touched: Vec::new(),
-            fields: Vec::new(),
+            fields: Fields::new(ptr::null_mut()),
             c: Counters::default(),
             dirty: [false; 8],
             now: 0,
@@ -520,23 +454,6 @@ mod tests {
             assert_eq!(c.c.tok.is_some(), i == TOK);
             assert!((0..8).all(|j| c.dirty[j] == (j == i)));
         }
-    }
-
-    #[test]
-    fn a_field_put_replaces_the_one_read_and_is_marked_changed() {
-        let mut c = call();
-        c.fields.push((b"a".to_vec(), Some(b"1".to_vec()), false));
-        c.fields.push((b"b".to_vec(), Some(b"2".to_vec()), false));
-        c.put(b"b", None);
-        c.put(b"c", Some(b"3".to_vec()));
-        assert_eq!(
-            c.fields,
-            vec![
-                (b"a".to_vec(), Some(b"1".to_vec()), false),
-                (b"b".to_vec(), None, true),
-                (b"c".to_vec(), Some(b"3".to_vec()), true),
-            ]
-        );
     }
 
     #[test]

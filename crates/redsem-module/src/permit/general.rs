@@ -22,6 +22,7 @@ use crate::api::{
     self, Keys, RedisModuleCtx, RedisModuleString, Str, api, is_or_empty, key_type, raw,
 };
 use crate::clock;
+use crate::hash::Fields;
 use crate::record::{Native, decimal, decimal_text, hex, join};
 use crate::replicate::{Effects, publish};
 use crate::reply::{Reply, bulk, send};
@@ -76,8 +77,8 @@ struct Call<'a> {
     queue: Zset,
     waiters: Zset,
     applied: Zset,
-    /// Fields of records read (None: absent) and whether the call changed them.
-    fields: Vec<(Vec<u8>, Option<Vec<u8>>, bool)>,
+    /// The records hash's fields read and put.
+    fields: Fields,
     count: i64,
     /// The permits this call took (its INCRBY is -taken).
     taken: i64,
@@ -130,8 +131,8 @@ impl<'a> Call<'a> {
             queue: Zset::new(queue),
             waiters: Zset::new(waiters),
             applied: Zset::new(applied),
+            fields: Fields::new(records),
             keys,
-            fields: Vec::new(),
             count: 0,
             taken: 0,
             keep: 0,
@@ -180,33 +181,12 @@ impl<'a> Call<'a> {
 
     /// `field(name)`: a field of records, read once (None: absent).
     unsafe fn field(&mut self, name: &[u8]) -> Option<Vec<u8>> {
-        if let Some((_, value, _)) = self.fields.iter().find(|(n, _, _)| n == name) {
-            return value.clone();
-        }
-        let n = Str::new(self.ctx, name);
-        let mut value: *mut RedisModuleString = ptr::null_mut();
-        api!(RedisModule_HashGet)(
-            self.keys.0[3],
-            raw::REDISMODULE_HASH_NONE as c_int,
-            n.ptr,
-            &mut value as *mut _,
-            ptr::null::<c_char>(),
-        );
-        let read = (!value.is_null()).then(|| api::bytes(value).to_vec());
-        api::free(self.ctx, value);
-        self.fields.push((name.to_vec(), read.clone(), false));
-        read
+        self.fields.get(self.ctx, name)
     }
 
     /// `put(name, value)`.
     fn put(&mut self, name: &[u8], value: Option<Vec<u8>>) {
-        match self.fields.iter_mut().find(|(n, _, _)| n == name) {
-            Some(f) => {
-                f.1 = value;
-                f.2 = true;
-            }
-            None => self.fields.push((name.to_vec(), value, true)),
-        }
+        self.fields.put(name, value);
     }
 
     unsafe fn record(&mut self, id: &[u8]) -> Native<Option<Record>> {
@@ -424,7 +404,7 @@ impl<'a> Call<'a> {
             None
         };
         let ctx = self.ctx;
-        let [count, _, _, records, meta, _] = self.keys.0;
+        let [count, _, _, _, meta, _] = self.keys.0;
         let argv = self.argv;
         let mut effects = Effects::new(ctx);
         let replicating = effects.replicating();
@@ -451,49 +431,11 @@ impl<'a> Call<'a> {
                 writes.push((name.to_vec(), Some(decimal_text(values[i]))));
             }
         }
-        for (name, value, dirty) in &self.fields {
-            if *dirty {
-                writes.push((name.clone(), value.clone()));
-            }
-        }
+        writes.extend(self.fields.changed());
         if let Some(text) = session {
             writes.push((self.session.name.clone(), text));
         }
-        let h_name = argv[4];
-        let (mut set_args, mut del_args) = (vec![h_name], vec![h_name]);
-        let mut made = Vec::new();
-        for (name, value) in &writes {
-            let n = Str::new(ctx, name);
-            let v = value.as_ref().map(|v| Str::new(ctx, v));
-            api!(RedisModule_HashSet)(
-                records,
-                raw::REDISMODULE_HASH_NONE as c_int,
-                n.ptr,
-                v.as_ref().map_or(api::HASH_DELETE, |v| v.ptr),
-                ptr::null::<c_char>(),
-            );
-            match v {
-                Some(v) => {
-                    set_args.extend([n.ptr, v.ptr]);
-                    made.push(v);
-                }
-                None => del_args.push(n.ptr),
-            }
-            made.push(n);
-        }
-        if set_args.len() > 1 {
-            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hset", h_name);
-            if replicating {
-                effects.replicate(c"HSET", &set_args);
-            }
-        }
-        if del_args.len() > 1 {
-            effects.notify(raw::REDISMODULE_NOTIFY_HASH, c"hdel", h_name);
-            if replicating {
-                effects.replicate(c"HDEL", &del_args);
-            }
-        }
-        drop(made);
+        self.fields.write(ctx, argv[4], &writes, &mut effects);
 
         // HINCRBY meta seq 1 (once per ticket: the last value written).
         if let Some(ticket) = self.ticket {
