@@ -374,3 +374,95 @@ fn a_native_call_that_changes_nothing_announces_no_write() {
         .expect("its text");
     assert_eq!(event, "expire");
 }
+
+/// A live permit semaphore by the native contended paths, one session numbered from `*seq`:
+/// the 3 permits taken, four waiters queued, a release that serves the head, its
+/// collection, a group commit of a release and a new waiter, then a release that serves the
+/// rest and leaves a permit over.
+fn permits_contended(conn: &mut Connection, seq: &mut u64) {
+    let mut call = |conn: &mut Connection, op: &str, args: &[&str]| -> String {
+        *seq += 1;
+        let s = format!("{seq:x}");
+        let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        if op == "REDSEM.PERMIT_BATCH" {
+            // ("#": the number of one of its operations, the first the batch's own.)
+            let mut n = *seq;
+            for a in all.iter_mut().filter(|a| *a == "#") {
+                *a = format!("{n:x}");
+                n += 1;
+            }
+            *seq = n - 1;
+            all.splice(1..1, ["psess".to_owned(), s.clone()]);
+        } else {
+            all.extend([s.clone(), "psess".to_owned(), s.clone()]);
+        }
+        let reply: redis::Value = redis::cmd(op)
+            .arg(&PERMITS)
+            .arg(&all)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("{op}: {e}"));
+        format!("{reply:?}")
+    };
+    assert!(
+        call(
+            conn,
+            "REDSEM.PERMIT_ACQUIRE",
+            &["h", "3", "try", "30000", "ch"]
+        )
+        .contains("GRANTED")
+    );
+    for w in ["w1", "w2", "w3", "w4"] {
+        let reply = call(
+            conn,
+            "REDSEM.PERMIT_ACQUIRE",
+            &[w, "1", "wait", "30000", "ch"],
+        );
+        assert!(reply.contains("QUEUED"), "{reply}");
+    }
+    assert!(call(conn, "REDSEM.PERMIT_ADD", &["r1", "1"]).contains("ADDED"));
+    assert!(call(conn, "REDSEM.PERMIT_POLL", &["w1", "30000"]).contains("GRANTED"));
+    let reply = call(
+        conn,
+        "REDSEM.PERMIT_BATCH",
+        &[
+            "ch", "m", "r2", "1", "#", "a", "w5", "2", "wait", "30000", "#",
+        ],
+    );
+    assert!(
+        reply.contains("ADDED") && reply.contains("QUEUED"),
+        "{reply}"
+    );
+    // 5 permits for w3, w4 and w5 (4 of them): one is left, the grants uncollected.
+    let reply = call(conn, "REDSEM.PERMIT_ADD", &["r3", "5"]);
+    assert!(
+        reply.contains("ADDED") && reply.contains("int(1)"),
+        "{reply}"
+    );
+}
+
+#[test]
+fn a_replica_holds_what_the_permits_contended_native_paths_wrote() {
+    let path = module().display().to_string();
+    let primary = RedisServer::start_with(&["--loadmodule", &path]);
+    let replica = RedisServer::start_replica_of(&primary);
+    replica.wait_replicated_from(&primary);
+    let mut conn = primary.connection();
+    let mut seq = 0;
+    set_permits(&mut conn, &mut seq);
+    let (before, _) = served(&mut conn);
+    permits_contended(&mut conn, &mut seq);
+    let (after, _) = served(&mut conn);
+    // Of its 9 calls, the first wait runs by the Lua (the semaphore not live yet).
+    assert!(
+        after - before >= 7,
+        "only {} of 9 calls native",
+        after - before
+    );
+    replica.wait_replicated_from(&primary);
+    let ours = contents(&mut conn);
+    assert!(
+        ours.iter().any(|(k, _)| k.ends_with(":waiters")),
+        "{ours:?}"
+    );
+    assert_eq!(contents(&mut replica.connection()), ours);
+}
