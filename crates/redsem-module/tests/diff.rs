@@ -263,13 +263,10 @@ fn a_contended_permit_semaphore_is_served_natively_as_the_scripts_serve_it() {
     }
     assert_eq!(outcomes[0], outcomes[1]);
     // The scripts' engine is not the module's; of the module's 12 calls, the set and the
-    // first wait (not live yet) run by the Lua, the rest natively.
+    // first wait (not live yet) run by the Lua, every other one natively (a native path that
+    // declined would still answer alike, by the Lua: only this count sees it).
     assert_eq!(served[0], 0);
-    assert!(
-        served[1] >= 9,
-        "only {} of 12 calls served natively",
-        served[1]
-    );
+    assert_eq!(served[1], 10, "calls of 12 served natively");
     let replies = format!("{:?}", outcomes[1]);
     assert!(
         replies.contains("ADDED") && replies.contains("QUEUED"),

@@ -453,11 +453,7 @@ fn a_replica_holds_what_the_permits_contended_native_paths_wrote() {
     permits_contended(&mut conn, &mut seq);
     let (after, _) = served(&mut conn);
     // Of its 9 calls, the first wait runs by the Lua (the semaphore not live yet).
-    assert!(
-        after - before >= 7,
-        "only {} of 9 calls native",
-        after - before
-    );
+    assert_eq!(after - before, 8, "calls of 9 served natively");
     replica.wait_replicated_from(&primary);
     let ours = contents(&mut conn);
     assert!(
