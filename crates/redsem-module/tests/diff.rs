@@ -273,3 +273,57 @@ fn a_contended_permit_semaphore_is_served_natively_as_the_scripts_serve_it() {
         "{replies}"
     );
 }
+
+/// A group commit cut short (an operation missing its last arguments: no client sends one)
+/// is not read past its end by the native paths: the Lua answers it, and the server lives.
+#[test]
+fn a_batch_cut_short_is_answered_by_the_lua_and_the_server_lives() {
+    let server = server(&config(1, 0));
+    let mut conn = server.connection();
+    let permits = [
+        "{c}:count",
+        "{c}:queue",
+        "{c}:waiters",
+        "{c}:records",
+        "{c}:meta",
+        "{c}:applied",
+    ];
+    let leases = [
+        "{d}:leases",
+        "{d}:queue",
+        "{d}:state",
+        "{d}:slots",
+        "{d}:tenants",
+        "{d}:tqueue",
+    ];
+    let cut: [(&str, &[&str], &[&str]); 4] = [
+        (
+            "REDSEM.PERMIT_BATCH",
+            &permits,
+            &["ch", "sess", "1", "a", "w1", "1", "wait", "30000"],
+        ),
+        (
+            "REDSEM.PERMIT_BATCH",
+            &permits,
+            &["ch", "sess", "1", "p", "w1", "30000"],
+        ),
+        (
+            "REDSEM.LEASE_BATCH",
+            &leases,
+            &["ch", "sess", "1", "a", "w1", "4", "1", "30000", ""],
+        ),
+        (
+            "REDSEM.LEASE_BATCH",
+            &leases,
+            &["ch", "sess", "1", "r", "w1"],
+        ),
+    ];
+    for (command, keys, args) in cut {
+        let reply: redis::RedisResult<redis::Value> =
+            redis::cmd(command).arg(keys).arg(args).query(&mut conn);
+        let pong: String = redis::cmd("PING").query(&mut conn).unwrap_or_else(|e| {
+            panic!("{command} {args:?} (answered {reply:?}): the server is gone: {e}")
+        });
+        assert_eq!(pong, "PONG");
+    }
+}
