@@ -327,3 +327,61 @@ fn a_batch_cut_short_is_answered_by_the_lua_and_the_server_lives() {
         assert_eq!(pong, "PONG");
     }
 }
+
+/// A release that could serve more waiters than one call may grant (permit/layout.lua:
+/// MAX_STEPS, 100) grants that many and wakes the next, by either engine alike: the native
+/// path counts its grants and leaves such a crowd to the Lua.
+#[test]
+fn a_release_to_a_crowd_grants_at_most_a_hundred_by_either_engine() {
+    use redsem_verify::diff::dump;
+    use redsem_verify::diff::engine::{Engine, plant_clock};
+
+    let server = server(&config(1, 0));
+    let mut conn = server.connection();
+    plant_clock(&mut conn, 1_800_000_000_000_000).expect("the clock");
+    let mut outcomes = Vec::new();
+    for kind in [EngineKind::Scripts, EngineKind::Native] {
+        let engine = Engine::load(&mut conn, kind, "crowd", &[]).expect("the engine");
+        let keys: Vec<String> = ["count", "queue", "waiters", "records", "meta", "applied"]
+            .iter()
+            .map(|k| format!("{{r{}}}:{k}", kind.name()))
+            .collect();
+        let mut seq = 0u64;
+        let mut call = |conn: &mut redis::Connection, op: &str, args: &[&str]| {
+            seq += 1;
+            let s = format!("{seq:x}");
+            let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+            all.extend([s.clone(), "sess".to_owned(), s]);
+            engine.call(conn, op, &keys, &all)
+        };
+        call(&mut conn, "permit_try_set", &["set", "0"]);
+        for i in 0..120 {
+            let id = format!("w{i:03}");
+            call(
+                &mut conn,
+                "permit_acquire",
+                &[&id, "1", "wait", "30000", "ch"],
+            );
+        }
+        let before = support::served(&mut conn).0;
+        let added = call(&mut conn, "permit_add", &["r", "120"]);
+        let served = support::served(&mut conn).0 - before;
+        let contents: Vec<_> = keys
+            .iter()
+            .map(|k| dump::key(&mut conn, k).expect("a key's contents"))
+            .collect();
+        let granted = contents[3].contents.matches("g|1").count();
+        outcomes.push((added, contents, granted, served));
+    }
+    assert_eq!(outcomes[0].0, outcomes[1].0, "the replies");
+    assert_eq!(outcomes[0].1, outcomes[1].1, "the keys");
+    assert_eq!(
+        (outcomes[0].2, outcomes[1].2),
+        (100, 100),
+        "grants by one release"
+    );
+    assert_eq!(
+        outcomes[1].3, 0,
+        "the native path left the crowd to the Lua"
+    );
+}
