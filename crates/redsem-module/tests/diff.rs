@@ -282,8 +282,9 @@ fn a_contended_permit_semaphore_is_served_natively_as_the_scripts_serve_it() {
     );
 }
 
-/// A group commit cut short (an operation missing its last arguments: no client sends one)
-/// is not read past its end by the native paths: the Lua answers it, and the server lives.
+/// A group commit cut short (its head, or an operation, missing its last arguments: no
+/// client sends one) is not read past its end by the native paths: the Lua answers it, and
+/// the server lives.
 #[test]
 fn a_batch_cut_short_is_answered_by_the_lua_and_the_server_lives() {
     let server = server(&config(1, 0));
@@ -304,7 +305,11 @@ fn a_batch_cut_short_is_answered_by_the_lua_and_the_server_lives() {
         "{d}:tenants",
         "{d}:tqueue",
     ];
-    let cut: [(&str, &[&str], &[&str]); 4] = [
+    let cut: [(&str, &[&str], &[&str]); 8] = [
+        ("REDSEM.PERMIT_BATCH", &permits, &["ch"]),
+        ("REDSEM.PERMIT_BATCH", &permits, &["ch", "sess"]),
+        ("REDSEM.LEASE_BATCH", &leases, &["ch"]),
+        ("REDSEM.LEASE_BATCH", &leases, &["ch", "sess"]),
         (
             "REDSEM.PERMIT_BATCH",
             &permits,
