@@ -305,8 +305,13 @@ fn a_batch_cut_short_is_answered_by_the_lua_and_the_server_lives() {
         "{d}:tenants",
         "{d}:tqueue",
     ];
-    let cut: [(&str, &[&str], &[&str]); 8] = [
+    let cut: [(&str, &[&str], &[&str]); 9] = [
         ("REDSEM.PERMIT_BATCH", &permits, &["ch"]),
+        (
+            "REDSEM.PERMIT_BATCH",
+            &permits,
+            &["ch", "sess", "1", "m", "r1", "1"],
+        ),
         ("REDSEM.PERMIT_BATCH", &permits, &["ch", "sess"]),
         ("REDSEM.LEASE_BATCH", &leases, &["ch"]),
         ("REDSEM.LEASE_BATCH", &leases, &["ch", "sess"]),
