@@ -21,7 +21,8 @@ Usage:
   python3 crates/redsem-bench/scripts/client_instructions.py [cycles] [--module PATH]
 (--module: the throwaway server loads the native engine, so redsem's calls go as
 REDSEM.<OP>; without it they go by FCALL. Default cycles: 1000, a multiple of 64.)
-Needs valgrind and redis-server.
+Needs valgrind, redis-server and the `redis` Python package (server_instructions.py,
+whose free_port() this uses, imports it).
 """
 import os
 import re
@@ -32,19 +33,14 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_instructions as si  # noqa: E402  (its free_port())
+
 BINARY = os.path.join(ROOT, "target", "release", "examples", "client_cycle")
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def start_server(module):
-    port = free_port()
+    port = si.free_port()
     workdir = tempfile.mkdtemp(prefix="redsem-client-ir-")
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
