@@ -53,7 +53,7 @@ fn the_native_engine_answers_every_call_as_the_scripts() {
         calls += report.steps;
     }
     // The native paths were taken: the module answered a good share of the calls without
-    // running the Lua (the uncontended cycles and the lease's general paths: about a fifth).
+    // running the Lua (the uncontended cycles and the general paths of both semaphores: about a fifth).
     let (_, _, _, native, lua): (String, String, String, u64, u64) = redis::cmd("REDSEM.ENGINE")
         .query(&mut server.connection())
         .expect("REDSEM.ENGINE");
